@@ -1,0 +1,3 @@
+from streamproc.cli import main
+
+main()

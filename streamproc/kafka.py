@@ -1,0 +1,40 @@
+"""Which Kafka cluster to talk to, and the faust App configured the one way streamproc runs it."""
+
+from __future__ import annotations
+
+import faust
+
+from streamproc.localkafka import LocalBroker
+from streamproc.settings import Settings
+
+
+class NoBrokerError(RuntimeError):
+    """Neither a configured cluster nor a running local broker."""
+
+
+def resolve_bootstrap(settings: Settings) -> str:
+    """The configured cluster, else the running built-in broker."""
+    if settings.kafka_bootstrap:
+        return settings.kafka_bootstrap
+    status = LocalBroker(settings).status()
+    if status.bootstrap is None:
+        raise NoBrokerError(
+            "no Kafka broker: set STREAMPROC_KAFKA_BOOTSTRAP=host:port or start the built-in one "
+            "with `streamproc broker start`"
+        )
+    return status.bootstrap
+
+
+def make_faust_app(settings: Settings, app_id: str, partitions: int) -> faust.App:
+    """A faust App with RocksDB (rocksdict) tables under the data dir, no web server, full acks."""
+    return faust.App(
+        app_id,
+        broker=f"kafka://{resolve_bootstrap(settings)}",
+        store="rocksdb://",
+        datadir=str(settings.data_dir / "faust"),
+        topic_partitions=partitions,
+        topic_replication_factor=1,
+        producer_acks=-1,
+        web_enabled=False,
+        consumer_auto_offset_reset="earliest",
+    )

@@ -1,0 +1,326 @@
+"""The built-in single-node Apache Kafka broker (KRaft), assembled from Maven Central jars, run with plain java.
+
+Machines without Docker still get a real broker: the jars are fetched once with Maven and cached outside
+the work tree; start/stop/status are idempotent and survive crashes and stale data directories.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamproc.settings import Settings
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>streamproc</groupId>
+  <artifactId>local-kafka</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{version}</version>
+    </dependency>
+    <!-- the broker's POM brings no logging binding: without one it runs but logs nothing -->
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-reload4j</artifactId><version>1.7.36</version></dependency>
+    <dependency><groupId>ch.qos.reload4j</groupId><artifactId>reload4j</artifactId><version>1.2.25</version></dependency>
+  </dependencies>
+</project>
+"""
+
+_LOG4J = """log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka=INFO
+log4j.logger.org.apache.kafka=INFO
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.log.LogCleaner=WARN
+"""
+
+_READY_MARK = "Kafka Server started"
+_COMPLETE_MARK = ".complete"
+
+
+class LocalKafkaError(RuntimeError):
+    """The local broker could not be fetched, started or stopped; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    pid: int | None
+    bootstrap: str | None
+    version: str
+
+    def describe(self) -> str:
+        if self.running:
+            return f"running: Kafka {self.version} pid {self.pid} at {self.bootstrap}"
+        return "stopped"
+
+
+def require_tool(name: str, what_to_install: str) -> str:
+    """Return the path of ``name`` or raise with the package to install."""
+    path = shutil.which(name)
+    if path is None:
+        raise LocalKafkaError(f"'{name}' is not on PATH: install {what_to_install} to run the local broker")
+    return path
+
+
+def ensure_jars(settings: Settings) -> Path:
+    """Fetch the broker's jars from Maven Central once; later calls are offline and instant."""
+    libs = settings.kafka_jars_dir
+    if (libs / _COMPLETE_MARK).exists():
+        return libs
+    require_tool("java", "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
+    mvn = require_tool("mvn", "Maven (Debian: apt-get install maven)")
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=libs.parent) as work:
+        pom = Path(work) / "pom.xml"
+        pom.write_text(_POM.format(version=settings.local_kafka_version))
+        staged = Path(work) / "libs"
+        proc = subprocess.run(
+            [mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
+             "-DincludeScope=runtime", f"-DoutputDirectory={staged}"],
+            capture_output=True, text=True, check=False,
+        )
+        if proc.returncode != 0 or not any(staged.glob("kafka_2.13-*.jar")):
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            raise LocalKafkaError(
+                f"Maven could not fetch Kafka {settings.local_kafka_version} jars:\n" + "\n".join(tail)
+            )
+        (staged / _COMPLETE_MARK).write_text(settings.local_kafka_version)
+        if libs.exists():
+            shutil.rmtree(libs)
+        staged.rename(libs)
+    return libs
+
+
+def new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding, never starting with '-'."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def server_properties(port: int, controller_port: int, log_dir: Path) -> str:
+    """Broker+controller on loopback with every replication setting a single node can satisfy."""
+    return "\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        "inter.broker.listener.name=PLAINTEXT",
+        "controller.listener.names=CONTROLLER",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        f"log.dirs={log_dir}",
+        "num.partitions=1",
+        "default.replication.factor=1",
+        "min.insync.replicas=1",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=1",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=1",
+        "group.initial.rebalance.delay.ms=0",
+        "log.cleaner.dedupe.buffer.size=16777216",
+        "auto.create.topics.enable=false",
+        "",
+    ])
+
+
+class LocalBroker:
+    """One KRaft broker under ``settings.local_kafka_dir``; every method is safe to call in any state."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.home = settings.local_kafka_dir
+        self.data_dir = self.home / "data"
+        self.logs_dir = self.home / "logs"
+        self.state_file = self.home / "broker.json"
+        self.log_file = self.logs_dir / "kafka.out"
+
+    # -- state -------------------------------------------------------------------------------------------
+    def _read_state(self) -> dict[str, int]:
+        try:
+            state = json.loads(self.state_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        return {k: int(v) for k, v in state.items() if isinstance(v, int)}
+
+    def _write_state(self, **state: int) -> None:
+        self.state_file.write_text(json.dumps(state))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialise start/stop between processes (two test sessions, a user and the demo)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.home / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _is_our_broker(pid: int) -> bool:
+        """True if ``pid`` is alive and is a Kafka broker (guards against a recycled pid)."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        return b"kafka.Kafka" in cmdline
+
+    def status(self) -> BrokerStatus:
+        state = self._read_state()
+        pid, port = state.get("pid"), state.get("port")
+        running = pid is not None and port is not None and self._is_our_broker(pid) and port_accepts(port)
+        return BrokerStatus(
+            running=running,
+            pid=pid if running else None,
+            bootstrap=f"127.0.0.1:{port}" if running else None,
+            version=self.settings.local_kafka_version,
+        )
+
+    # -- start -------------------------------------------------------------------------------------------
+    def _choose_ports(self, previous: dict[str, int]) -> tuple[int, int]:
+        """Configured ports, or (for 0) the previous run's ports when free, so the address survives restarts."""
+        chosen = []
+        for key, configured in (("port", self.settings.local_kafka_port),
+                                ("controller_port", self.settings.local_kafka_controller_port)):
+            if configured:
+                if port_accepts(configured):
+                    raise LocalKafkaError(
+                        f"port {configured} on 127.0.0.1 is taken by another program; "
+                        f"set STREAMPROC_LOCAL_KAFKA_{key.upper()} to a free port (or 0 for any)"
+                    )
+                chosen.append(configured)
+            elif previous.get(key) and not port_accepts(previous[key]):
+                chosen.append(previous[key])
+            else:
+                chosen.append(free_port())
+        return chosen[0], chosen[1]
+
+    def _format_storage(self, classpath: str, java: str, properties: Path) -> None:
+        """Format the log dir, reusing its cluster id; a dir that cannot be formatted is wiped and redone."""
+        meta = self.data_dir / "meta.properties"
+        cluster_id = None
+        if meta.exists():
+            for line in meta.read_text().splitlines():
+                if line.startswith("cluster.id="):
+                    cluster_id = line.split("=", 1)[1].strip()
+        for attempt in range(2):
+            cmd = [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
+                   "-t", cluster_id or new_cluster_id(), "-c", str(properties), "--ignore-formatted"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                                  env={**os.environ, "KAFKA_LOG4J_OPTS": ""})
+            if proc.returncode == 0:
+                return
+            if attempt == 0:
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+                cluster_id = None
+                continue
+            raise LocalKafkaError(f"kafka StorageTool format failed: {(proc.stdout + proc.stderr).strip()}")
+
+    def start(self, timeout: float = 120.0) -> BrokerStatus:
+        """Start the broker and return once it accepts connections; a no-op when it already runs."""
+        with self._locked():
+            current = self.status()
+            if current.running:
+                return current
+            self._kill_stale()
+            java = require_tool("java", "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
+            libs = ensure_jars(self.settings)
+            classpath = str(libs / "*")
+            port, controller_port = self._choose_ports(self._read_state())
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            properties = self.home / "server.properties"
+            properties.write_text(server_properties(port, controller_port, self.data_dir))
+            log4j = self.home / "log4j.properties"
+            log4j.write_text(_LOG4J)
+            self._format_storage(classpath, java, properties)
+            heap = f"{self.settings.local_kafka_heap_mb}m"
+            cmd = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                   f"-Dkafka.logs.dir={self.logs_dir}", f"-Dlog4j.configuration=file:{log4j}",
+                   "-cp", classpath, "kafka.Kafka", str(properties)]
+            with open(self.log_file, "ab") as out:
+                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            self._write_state(pid=proc.pid, port=port, controller_port=controller_port)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise LocalKafkaError(f"the broker exited with {proc.returncode}:\n{self._log_tail()}")
+                if port_accepts(port):
+                    return self.status()
+                time.sleep(0.2)
+            self._terminate(proc.pid, grace=10)
+            raise LocalKafkaError(f"the broker did not open port {port} within {timeout:.0f}s:\n{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    # -- stop --------------------------------------------------------------------------------------------
+    def _kill_stale(self) -> None:
+        """A broker left behind whose port is closed (hung, half-started) is killed before a new start."""
+        pid = self._read_state().get("pid")
+        if pid is not None and self._is_our_broker(pid):
+            self._terminate(pid, grace=10)
+
+    @staticmethod
+    def _terminate(pid: int, grace: float) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not LocalBroker._is_our_broker(pid):
+                return
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        while LocalBroker._is_our_broker(pid):
+            time.sleep(0.1)
+
+    def stop(self, grace: float = 60.0) -> bool:
+        """Stop the broker (controlled shutdown, SIGKILL after ``grace`` s); returns whether one was running."""
+        with self._locked():
+            pid = self._read_state().get("pid")
+            was_running = pid is not None and self._is_our_broker(pid)
+            if was_running and pid is not None:
+                self._terminate(pid, grace)
+            state = self._read_state()
+            state.pop("pid", None)
+            self._write_state(**state)
+            return was_running

@@ -1,0 +1,58 @@
+"""Create topics up front and refuse to run on a topic whose partition count differs from the plan.
+
+Co-partitioning is what keeps per-request state local to the worker that owns a request, so a
+mismatched topic is a configuration error to stop on, not something to work around.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+
+class TopicMismatchError(RuntimeError):
+    """An existing topic has another partition count than streamproc needs."""
+
+
+def _partition_counts(metadata: list[dict[str, object]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for topic in metadata:
+        if topic.get("error_code", 0) == 0:
+            partitions = topic.get("partitions")
+            counts[str(topic["topic"])] = len(partitions) if isinstance(partitions, list) else 0
+    return counts
+
+
+async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], replication: int = 1) -> None:
+    """Create the missing topics; raise :class:`TopicMismatchError` for an existing one of the wrong size."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [NewTopic(name, count, replication) for name, count in partitions_by_topic.items()
+                   if name not in existing]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass  # another worker created them first
+        names = list(partitions_by_topic)
+        for _ in range(50):  # a new topic's metadata can lag its creation by a moment
+            counts = _partition_counts(await admin.describe_topics(names))
+            if all(counts.get(name, 0) > 0 for name in names):
+                break
+            await asyncio.sleep(0.1)
+        wrong = {name: counts.get(name, 0) for name, want in partitions_by_topic.items()
+                 if counts.get(name, 0) != want}
+        if wrong:
+            details = ", ".join(f"{name} has {have} (needs {partitions_by_topic[name]})"
+                                for name, have in wrong.items())
+            raise TopicMismatchError(
+                f"topic partition counts differ from the configuration: {details}; every request-carrying "
+                "topic must have the same partition count: recreate the topics or change the setting"
+            )
+    finally:
+        await admin.close()
