@@ -27,11 +27,13 @@ def resolve_bootstrap(settings: Settings) -> str:
 
 def make_faust_app(settings: Settings, app_id: str, partitions: int) -> faust.App:
     """A faust App with RocksDB (rocksdict) tables under the data dir, no web server, full acks."""
+    datadir = settings.data_dir / "faust" / app_id
+    datadir.mkdir(parents=True, exist_ok=True)
     return faust.App(
         app_id,
         broker=f"kafka://{resolve_bootstrap(settings)}",
         store="rocksdb://",
-        datadir=str(settings.data_dir / "faust"),
+        datadir=str(datadir),
         topic_partitions=partitions,
         topic_replication_factor=1,
         producer_acks=-1,

@@ -7,7 +7,6 @@ Run a worker with ``python -m streamproc.roundtrip APP_ID IN_TOPIC OUT_TOPIC PAR
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +67,9 @@ class Worker:
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
 
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def stop(self, timeout: float = 60.0) -> int:
         assert self.process is not None, "worker not started"
         self.process.send_signal(signal.SIGTERM)
@@ -92,15 +94,17 @@ async def produce(bootstrap: str, topic: str, records: Iterable[tuple[str, int]]
     return sent
 
 
-async def read_all(bootstrap: str, topic: str, expected: int, timeout: float) -> list[tuple[str, int]]:
-    """Read ``topic`` from the beginning until ``expected`` records arrived or ``timeout`` passed."""
+async def read_all(bootstrap: str, topic: str, expected: int, wait_s: float,
+                   alive: Callable[[], bool] = lambda: True) -> list[tuple[str, int]]:
+    """Read ``topic`` from the beginning until ``expected`` records arrived, ``wait_s`` passed or the
+    producing side died (``alive`` turned false)."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False, group_id=None)
     await consumer.start()
     records: list[tuple[str, int]] = []
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + wait_s
     try:
-        while len(records) < expected and time.monotonic() < deadline:
+        while len(records) < expected and time.monotonic() < deadline and alive():
             batches = await consumer.getmany(timeout_ms=500)
             for batch in batches.values():
                 records.extend((m.key.decode(), int(m.value)) for m in batch)
@@ -126,7 +130,8 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
     started = time.monotonic()
     run_id = uuid.uuid4().hex[:8]
     bootstrap = resolve_bootstrap(settings)
-    in_topic, out_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.in", f"{settings.topic_prefix}.roundtrip.{run_id}.out"
+    in_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.in"
+    out_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.out"
     await ensure_topics(bootstrap, {in_topic: partitions, out_topic: partitions})
     worker = Worker(settings, f"streamproc-roundtrip-{run_id}", in_topic, out_topic, partitions, log_path)
     keys = [f"key-{i}" for i in range(records)]
@@ -134,7 +139,7 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
     worker.start()
     try:
         await produce(bootstrap, in_topic, ((k, 1) for k in keys))
-        first = await read_all(bootstrap, out_topic, records, timeout=120)
+        first = await read_all(bootstrap, out_topic, records, wait_s=120, alive=worker.alive)
     finally:
         worker.stop()
     first_ok = sorted(first) == sorted((k, 1) for k in keys)
@@ -142,7 +147,7 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
     worker.start()
     try:
         await produce(bootstrap, in_topic, ((k, 1) for k in keys))
-        both = await read_all(bootstrap, out_topic, 2 * records, timeout=120)
+        both = await read_all(bootstrap, out_topic, 2 * records, wait_s=120, alive=worker.alive)
     finally:
         worker.stop()
     totals_by_key: dict[str, list[int]] = defaultdict(list)

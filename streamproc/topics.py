@@ -7,6 +7,7 @@ mismatched topic is a configuration error to stop on, not something to work arou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -35,10 +36,8 @@ async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], 
         missing = [NewTopic(name, count, replication) for name, count in partitions_by_topic.items()
                    if name not in existing]
         if missing:
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another worker created them first
                 await admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass  # another worker created them first
         names = list(partitions_by_topic)
         for _ in range(50):  # a new topic's metadata can lag its creation by a moment
             counts = _partition_counts(await admin.describe_topics(names))

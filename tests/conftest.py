@@ -1,0 +1,39 @@
+"""Shared fixtures: one real Kafka broker for the whole session.
+
+``scripts/test`` starts the built-in broker and exports ``STREAMPROC_KAFKA_BOOTSTRAP``; a bare ``pytest``
+starts its own broker in a temporary directory and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamproc.localkafka import LocalBroker
+from streamproc.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    configured = os.environ.get("STREAMPROC_KAFKA_BOOTSTRAP")
+    if configured:
+        yield configured
+        return
+    broker = LocalBroker(Settings(data_dir=tmp_path_factory.mktemp("session-broker"),
+                                  local_kafka_port=0, local_kafka_controller_port=0))
+    status = broker.start()
+    assert status.bootstrap is not None
+    try:
+        yield status.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
+    """Settings for one test: the session broker, a private data dir and a unique topic prefix."""
+    return Settings(kafka_bootstrap=kafka_bootstrap, data_dir=tmp_path / "data",
+                    topic_prefix=f"t{os.getpid()}-{tmp_path.name[-12:]}".replace("_", "-"))
