@@ -76,3 +76,7 @@ class RequestState:
     last_error_code: str | None = None
     created_ms: int = 0
     updated_ms: int = 0
+    # the record that started the current attempt: its redelivery after a crash is admitted again,
+    # any other record for an id in flight is a duplicate (see state.admit)
+    source_topic: str | None = None
+    source_offset: int | None = None

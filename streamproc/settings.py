@@ -39,6 +39,18 @@ class Settings(BaseSettings):
     local_kafka_controller_port: int = Field(default=9093, ge=0, le=65535)
     local_kafka_heap_mb: int = Field(default=512, ge=256)
 
+    app_id: str = Field(default="streamproc", pattern=r"^[A-Za-z0-9._-]+$",
+                        description="Consumer group and state-table namespace of the workers.")
+    partitions: int = Field(default=8, ge=1, description="Partition count of every request-carrying topic.")
+    in_flight: int = Field(default=256, ge=1, description="LLM calls one worker keeps in flight.")
+    retry_tiers: str = Field(
+        default="5s,30s,2m,10m", pattern=r"^\d+(ms|s|m)(,\d+(ms|s|m))*$",
+        description="Delays of the retry tier topics, shortest first.",
+    )
+    llm_timeout_s: float = Field(default=60.0, gt=0, description="Read timeout of one LLM call.")
+    llm_connect_timeout_s: float = Field(default=5.0, gt=0)
+    worker_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off.")
+
     @property
     def local_kafka_dir(self) -> Path:
         """State of the built-in broker: config, log dirs, pid file."""

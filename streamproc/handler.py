@@ -1,0 +1,240 @@
+"""What happens to one record: admit it against the state table, call the LLM, emit exactly one outcome.
+
+The handler never raises. Every record ends as a result, a retry record, a failure event or a dead letter,
+and every send is awaited before the handler returns, so the dispatcher may ack the record afterwards.
+The only exception is a configuration problem (bad key, unknown model, no quota): that record is held
+unacked and the worker is told to stop, so the batch is not burnt into failure records.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any, Protocol
+
+from streamproc import codec, headers
+from streamproc.classify import ConfigurationProblem, Failure, Success
+from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
+from streamproc.layers import FailureLayer, RequestStatus
+from streamproc.llm_client import CallResult, answer_content, request_body
+from streamproc.retry import Retry, RetryPolicy, Tier, build_repair_request
+from streamproc.state import (
+    Conflict,
+    RecordRef,
+    Skip,
+    Start,
+    admit,
+    input_hash,
+    on_retry_scheduled,
+    on_success,
+    on_terminal_failure,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Disposition(Enum):
+    """What the dispatcher does with the record once the handler returns."""
+
+    ACK = "ack"  # its outcome is safely on Kafka
+    HOLD = "hold"  # never ack: the worker stops and the record is read again after the fix
+
+
+@dataclass(frozen=True)
+class Record:
+    """A consumed Kafka record, independent of the client library."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Mapping[str, bytes]
+
+
+class Sink(Protocol):
+    """Where outcomes go; each method returns once the broker has the record."""
+
+    async def result(self, result: InferenceResult) -> None: ...
+    async def failure(self, event: FailureEvent, headers: headers.Headers) -> None: ...
+    async def retry(self, tier: Tier, request: InferenceRequest, headers: headers.Headers) -> None: ...
+    async def dead_letter(self, record: Record, headers: headers.Headers) -> None: ...
+
+
+class StateStore(Protocol):
+    """The request_state table, seen through the partition of the record being handled."""
+
+    def get(self, request_id: str) -> RequestState | None: ...
+    def put(self, state: RequestState) -> None: ...
+
+
+class Caller(Protocol):
+    async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult: ...
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Handler:
+    """The per-record logic shared by the requests dispatcher and every retry tier."""
+
+    def __init__(self, caller: Caller, sink: Sink, store: StateStore, policy: RetryPolicy,
+                 on_configuration_problem: Callable[[ConfigurationProblem], None],
+                 clock_ms: Callable[[], int] = _now_ms, rng: random.Random | None = None) -> None:
+        self._caller = caller
+        self._sink = sink
+        self._store = store
+        self._policy = policy
+        self._on_configuration_problem = on_configuration_problem
+        self._clock_ms = clock_ms
+        self._rng = rng or random.Random()
+
+    async def handle(self, record: Record) -> Disposition:
+        """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
+        try:
+            return await self._handle(record)
+        except Exception as exc:
+            log.exception("unexpected error handling %s[%d]@%d", record.topic, record.partition, record.offset)
+            return await self._internal_error(record, exc)
+
+    async def _handle(self, record: Record) -> Disposition:
+        hop = headers.read_hop(record.headers)
+        origin = hop.origin or headers.Origin(record.topic, record.partition, record.offset)
+        request = await self._decode(record, origin)
+        if request is None:
+            return Disposition.ACK
+        now = self._clock_ms()
+        try:
+            body = request_body(request)
+        except ValueError as exc:
+            failure = Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
+            await self._terminal(request, failure, hop.attempt, hop.first_failure_ms or now, origin, None)
+            return Disposition.ACK
+
+        admission = admit(self._store.get(request.request_id), request, hop.attempt, now,
+                          source=RecordRef(record.topic, record.offset), replay=hop.replay)
+        if isinstance(admission, Skip):
+            log.debug("skip %s: %s", request.request_id, admission.reason)
+            return Disposition.ACK
+        if isinstance(admission, Conflict):
+            await self._emit_failure(request, admission.failure, hop.attempt, True, now, origin)
+            return Disposition.ACK
+        assert isinstance(admission, Start)
+        state = admission.state
+        self._store.put(state)
+
+        called = await self._caller.call(request, body)
+        outcome = called.outcome
+        if isinstance(outcome, ConfigurationProblem):
+            self._on_configuration_problem(outcome)
+            return Disposition.HOLD
+        if isinstance(outcome, Success):
+            await self._sink.result(InferenceResult(
+                request_id=request.request_id, batch_id=request.batch_id, model=outcome.model,
+                response_json=called.response_body.decode("utf-8", "replace"), content=outcome.content,
+                attempts=hop.attempt, latency_ms=called.latency_ms, completed_ms=self._clock_ms(),
+                input_hash=state.input_hash,
+            ))
+            self._store.put(on_success(state, self._clock_ms()))  # result first, then state (DESIGN §4)
+            return Disposition.ACK
+        await self._after_failure(request, outcome, called, hop, origin, state)
+        return Disposition.ACK
+
+    async def _after_failure(self, request: InferenceRequest, failure: Failure, called: CallResult,
+                             hop: headers.Hop, origin: headers.Origin, state: RequestState) -> None:
+        now = self._clock_ms()
+        first_failure = hop.first_failure_ms or now
+        decision = self._policy.decide(failure, hop.attempt, self._rng)
+        if isinstance(decision, Retry):
+            next_request = (build_repair_request(request, answer_content(called.response_body), failure.message)
+                            if decision.repair else request)
+            due = now + decision.due_in_ms
+            await self._sink.retry(decision.tier, next_request, headers.hop_headers(
+                request.request_id, hop.attempt + 1, origin, failure, first_failure, due_ms=due))
+            await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin)
+            self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now))
+            return
+        await self._terminal(request, failure, hop.attempt, first_failure, origin, state)
+
+    async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,
+                        origin: headers.Origin, state: RequestState | None) -> None:
+        await self._emit_failure(request, failure, attempt, True, first_failure_ms, origin)
+        now = self._clock_ms()
+        if state is not None:
+            self._store.put(on_terminal_failure(state, failure.layer, failure.code, now))
+        elif self._store.get(request.request_id) is None:  # a record rejected before admission
+            self._store.put(RequestState(request.request_id, RequestStatus.FAILED, input_hash(request),
+                                         attempts=attempt, batch_id=request.batch_id, last_layer=failure.layer,
+                                         last_error_code=failure.code, created_ms=now, updated_ms=now))
+
+    async def _emit_failure(self, request: InferenceRequest, failure: Failure, attempt: int, terminal: bool,
+                            first_failure_ms: int, origin: headers.Origin) -> None:
+        event = FailureEvent(
+            request=request, layer=failure.layer, error_code=failure.code, message=failure.message,
+            attempt=attempt, terminal=terminal, first_failure_ms=first_failure_ms,
+            last_failure_ms=self._clock_ms(), http_status=failure.http_status,
+            retry_after_ms=failure.retry_after_ms,
+        )
+        await self._sink.failure(event, headers.hop_headers(request.request_id, attempt, origin, failure,
+                                                            first_failure_ms))
+
+    async def _decode(self, record: Record, origin: headers.Origin) -> InferenceRequest | None:
+        """The record's request, or None once a poison record has been turned into its failure."""
+        key = _text(record.key)
+        try:
+            request = codec.decode(record.value, InferenceRequest)
+        except codec.CodecError as exc:
+            request_id = key or codec.peek_request_id(record.value)
+            reason = f"record {record.topic}[{record.partition}]@{record.offset}: {exc}"
+            if request_id is None:
+                failure = Failure(FailureLayer.BUSINESS, "unreadable_record", f"{reason}; no request id")
+                await self._sink.dead_letter(record, headers.hop_headers(
+                    "", 1, origin, failure, self._clock_ms()) | {headers.ERROR_MESSAGE: reason.encode()[:1000]})
+                return None
+            placeholder = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
+            failure = Failure(FailureLayer.BUSINESS, "undecodable_record", reason)
+            await self._terminal(placeholder, failure, 1, self._clock_ms(), origin, None)
+            return None
+        if key is not None and key != request.request_id:
+            failure = Failure(FailureLayer.BUSINESS, "key_mismatch",
+                              f"record key {key!r} differs from the request id {request.request_id!r}: "
+                              "topics are keyed by request id so that its state stays on one partition")
+            await self._terminal(replace(request, request_id=key), failure, 1, self._clock_ms(), origin, None)
+            return None
+        return request
+
+    async def _internal_error(self, record: Record, exc: Exception) -> Disposition:
+        """Last resort for a bug: a terminal business failure that backfill can replay once it is fixed."""
+        request_id = _text(record.key) or ""
+        try:
+            request = codec.decode(record.value, InferenceRequest)
+        except codec.CodecError:
+            request = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
+        failure = Failure(FailureLayer.BUSINESS, "internal_error", f"{type(exc).__name__}: {exc}"[:1000])
+        origin = headers.Origin(record.topic, record.partition, record.offset)
+        try:
+            await self._emit_failure(request, failure, 1, True, self._clock_ms(), origin)
+        except Exception:
+            log.exception("could not record the internal error of %s; holding the record", request_id)
+            return Disposition.HOLD
+        return Disposition.ACK
+
+
+def _text(data: bytes | None) -> str | None:
+    if not data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _raw_value(value: bytes | None) -> dict[str, str]:
+    """Keep an undecodable value with its failure (base64), so nothing is lost."""
+    return {"raw_value_base64": base64.b64encode(value or b"").decode()}

@@ -1,0 +1,84 @@
+"""One HTTP call to an OpenAI-compatible endpoint, turned into a classified outcome; it never raises.
+
+The connection pool is sized to the in-flight limit, so a worker's concurrency is bounded in one place,
+and the read timeout stays well below the consumer's rebalance timeout (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from streamproc.classify import Outcome, check_completion, classify_exception, classify_http_error
+from streamproc.events import InferenceRequest
+from streamproc.retry import repair_messages
+from streamproc.settings import Settings
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The classified outcome and what came back (the raw body feeds results and repair requests)."""
+
+    outcome: Outcome
+    response_body: bytes
+    latency_ms: int
+
+
+def request_body(request: InferenceRequest) -> dict[str, Any]:
+    """The JSON body to send: the request's own, plus the repair turns on a repair attempt."""
+    body: Any = json.loads(request.body_json)
+    if not isinstance(body, dict):
+        raise ValueError("the request body is not a JSON object")
+    return repair_messages(body, request.repair) if request.repair is not None else body
+
+
+def answer_content(response_body: bytes) -> str:
+    """``choices[0].message.content`` of a response, or '' (for repair prompts; never raises)."""
+    try:
+        content = json.loads(response_body)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return ""
+    return content if isinstance(content, str) else ""
+
+
+class LLMClient:
+    """An httpx client for ``{base_url}/chat/completions`` (and ``/completions``)."""
+
+    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if not settings.llm_base_url:
+            raise ValueError("STREAMPROC_LLM_BASE_URL is not set: the worker has no LLM endpoint to call")
+        headers = {"user-agent": "streamproc"}
+        if settings.llm_api_key is not None:
+            headers["authorization"] = f"Bearer {settings.llm_api_key.get_secret_value()}"
+        self._client = httpx.AsyncClient(
+            base_url=settings.llm_base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(settings.llm_timeout_s, connect=settings.llm_connect_timeout_s),
+            limits=httpx.Limits(max_connections=settings.in_flight, max_keepalive_connections=settings.in_flight),
+            transport=transport,
+        )
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:
+        """POST the body; every outcome, exceptions included, comes back classified."""
+        path = request.url.removeprefix("/v1")
+        started = time.monotonic()
+        try:
+            response = await self._client.post(path, json=body, headers={"x-request-id": request.request_id})
+            content = response.content
+        except Exception as exc:
+            return CallResult(classify_exception(exc), b"", _ms_since(started))
+        latency = _ms_since(started)
+        if response.status_code == 200:
+            return CallResult(check_completion(content, body), content, latency)
+        return CallResult(classify_http_error(response.status_code, response.headers, content), content, latency)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _ms_since(started: float) -> int:
+    return round((time.monotonic() - started) * 1000)

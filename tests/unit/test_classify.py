@@ -1,0 +1,719 @@
+"""Every row of the DESIGN §2 table, the non-layer conditions, text fallbacks and retry hints."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+from typing import Any
+
+import httpx
+import pytest
+
+from streamproc.classify import (
+    ConfigurationProblem,
+    Failure,
+    Success,
+    check_completion,
+    classify_exception,
+    classify_http_error,
+    parse_duration_ms,
+    retry_after_ms,
+)
+from streamproc.layers import FailureLayer
+
+T, S, M, B = FailureLayer.TRANSPORT, FailureLayer.SERVICE, FailureLayer.SEMANTIC, FailureLayer.BUSINESS
+
+
+def openai_error(message: str, type_: str | None, code: str | int | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+
+
+def anthropic_error(type_: str, message: str, **extra: Any) -> bytes:
+    return json.dumps({"type": "error", "error": {"type": type_, "message": message, **extra}}).encode()
+
+
+def vllm_error(message: str, type_: str, code: int) -> bytes:
+    return json.dumps({"object": "error", "message": message, "type": type_, "param": None, "code": code}).encode()
+
+
+NGINX_502 = b"<html><head><title>502 Bad Gateway</title></head><body><center>502 Bad Gateway</center></body></html>"
+
+# (status, body, layer, code): the failure rows of DESIGN §2 as providers actually send them.
+FAILURE_ROWS = [
+    pytest.param(408, b"", T, "request_timeout", id="408"),
+    pytest.param(
+        429,
+        openai_error("Rate limit reached for gpt-4o on requests per min (RPM)", "requests", "rate_limit_exceeded"),
+        S,
+        "rate_limit_exceeded",
+        id="429-openai",
+    ),
+    pytest.param(
+        429,
+        anthropic_error("rate_limit_error", "Number of requests has exceeded your rate limit"),
+        S,
+        "rate_limit_exceeded",
+        id="429-anthropic",
+    ),
+    pytest.param(
+        429,
+        openai_error("Please reduce your rate of requests", "rate_limit_error", "slow_down"),
+        S,
+        "rate_limit_exceeded",
+        id="429-slow_down",
+    ),
+    pytest.param(429, b"Too Many Requests", S, "rate_limit_exceeded", id="429-plain-text"),
+    pytest.param(
+        429,
+        json.dumps({"error": {"code": "429", "message": "Requests have exceeded the token rate limit."}}).encode(),
+        S,
+        "rate_limit_exceeded",
+        id="429-azure-numeric-code",
+    ),
+    pytest.param(500, openai_error("The server had an error", "server_error"), S, "server_error", id="500-openai"),
+    pytest.param(500, anthropic_error("api_error", "Internal server error"), S, "server_error", id="500-anthropic"),
+    pytest.param(500, b"Internal Server Error", S, "http_500", id="500-plain"),
+    pytest.param(502, NGINX_502, S, "http_502", id="502-html"),
+    pytest.param(503, b"", S, "http_503", id="503-empty"),
+    pytest.param(504, b"upstream request timeout", S, "http_504", id="504"),
+    pytest.param(
+        503,
+        openai_error("That model is currently overloaded with other requests.", "server_error"),
+        S,
+        "overloaded",
+        id="503-overloaded-text",
+    ),
+    pytest.param(529, anthropic_error("overloaded_error", "Overloaded"), S, "overloaded", id="529-anthropic"),
+    pytest.param(529, b"", S, "overloaded", id="529-no-body"),
+    pytest.param(409, anthropic_error("conflict_error", "conflict"), S, "conflict", id="409"),
+    pytest.param(
+        400,
+        openai_error(
+            "This model's maximum context length is 128000 tokens.", "invalid_request_error", "context_length_exceeded"
+        ),
+        B,
+        "context_length_exceeded",
+        id="400-context-openai",
+    ),
+    pytest.param(
+        400,
+        anthropic_error("invalid_request_error", "prompt is too long: 208000 tokens > 200000 maximum"),
+        B,
+        "context_length_exceeded",
+        id="400-context-anthropic-text",
+    ),
+    pytest.param(
+        400,
+        vllm_error(
+            "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.",
+            "BadRequestError",
+            400,
+        ),
+        B,
+        "context_length_exceeded",
+        id="400-context-vllm-flat",
+    ),
+    pytest.param(
+        400,
+        json.dumps(
+            {
+                "error": {
+                    "code": 400,
+                    "message": "the request exceeds the available context size",
+                    "type": "exceed_context_size_error",
+                }
+            }
+        ).encode(),
+        B,
+        "context_length_exceeded",
+        id="400-context-llamacpp",
+    ),
+    pytest.param(
+        500,
+        b'{"error": "input length exceeds maximum context length"}',
+        B,
+        "context_length_exceeded",
+        id="500-context-text",
+    ),
+    pytest.param(
+        400,
+        openai_error("Invalid value for 'temperature'", "invalid_request_error", "invalid_value"),
+        B,
+        "invalid_request_error",
+        id="400-invalid-value",
+    ),
+    pytest.param(
+        422,
+        json.dumps({"detail": [{"loc": ["body", "messages"], "msg": "field required"}]}).encode(),
+        B,
+        "invalid_request_error",
+        id="422-fastapi",
+    ),
+    pytest.param(
+        413,
+        anthropic_error("request_too_large", "Request exceeds the maximum size"),
+        B,
+        "request_too_large",
+        id="413-anthropic",
+    ),
+    pytest.param(413, b"<html>413 Request Entity Too Large</html>", B, "request_too_large", id="413-html"),
+    pytest.param(
+        400,
+        openai_error(
+            "Your request was rejected by our safety system", "invalid_request_error", "content_policy_violation"
+        ),
+        B,
+        "content_policy_violation",
+        id="400-content_policy_violation",
+    ),
+    pytest.param(
+        400,
+        json.dumps(
+            {
+                "error": {
+                    "code": "content_filter",
+                    "message": "The response was filtered",
+                    "status": 400,
+                    "innererror": {"code": "ResponsibleAIPolicyViolation"},
+                }
+            }
+        ).encode(),
+        B,
+        "content_policy_violation",
+        id="400-azure-content_filter",
+    ),
+    pytest.param(
+        400,
+        json.dumps(
+            {
+                "error": {
+                    "message": "filtered due to the prompt triggering Azure OpenAI's content management policy",
+                    "innererror": {"code": "ResponsibleAIPolicyViolation"},
+                }
+            }
+        ).encode(),
+        B,
+        "content_policy_violation",
+        id="400-azure-innererror",
+    ),
+    pytest.param(
+        400,
+        b'{"message": "The response was filtered: content management policy"}',
+        B,
+        "content_policy_violation",
+        id="400-policy-text",
+    ),
+    pytest.param(418, b"I'm a teapot", B, "http_418", id="other-4xx"),
+    pytest.param(204, b"", T, "unexpected_status", id="2xx-on-error-path"),
+]
+
+
+@pytest.mark.parametrize(("status", "body", "layer", "code"), FAILURE_ROWS)
+def test_http_error_rows(status: int, body: bytes, layer: FailureLayer, code: str) -> None:
+    outcome = classify_http_error(status, {}, body)
+    assert isinstance(outcome, Failure)
+    assert (outcome.layer, outcome.code, outcome.http_status) == (layer, code, status)
+    assert outcome.message.startswith(f"HTTP {status}")
+
+
+CONFIG_ROWS = [
+    pytest.param(
+        401,
+        openai_error("Incorrect API key provided", "invalid_request_error", "invalid_api_key"),
+        "invalid_api_key",
+        id="401-openai",
+    ),
+    pytest.param(
+        401, anthropic_error("authentication_error", "invalid x-api-key"), "invalid_api_key", id="401-anthropic"
+    ),
+    pytest.param(401, b"", "invalid_api_key", id="401-empty"),
+    pytest.param(403, anthropic_error("permission_error", "no access"), "permission_denied", id="403-anthropic"),
+    pytest.param(
+        403,
+        openai_error(
+            "Country, region, or territory not supported", "request_forbidden", "unsupported_country_region_territory"
+        ),
+        "permission_denied",
+        id="403-country",
+    ),
+    pytest.param(
+        404,
+        openai_error(
+            "The model `gpt-9` does not exist or you do not have access to it.",
+            "invalid_request_error",
+            "model_not_found",
+        ),
+        "model_not_found",
+        id="404-openai",
+    ),
+    pytest.param(
+        404, b'{"error":"model \'llama9\' not found, try pulling it first"}', "model_not_found", id="404-ollama-text"
+    ),
+    pytest.param(
+        404,
+        vllm_error("The model `gpt-4.5-x` does not exist.", "NotFoundError", 404),
+        "model_not_found",
+        id="404-vllm-text",
+    ),
+    pytest.param(
+        404,
+        json.dumps(
+            {"error": {"code": "DeploymentNotFound", "message": "The API deployment for this resource does not exist."}}
+        ).encode(),
+        "model_not_found",
+        id="404-azure",
+    ),
+    pytest.param(
+        404,
+        openai_error("Unknown request URL: POST /v1/chat/completion.", "invalid_request_error", "unknown_url"),
+        "not_found",
+        id="404-wrong-url",
+    ),
+    pytest.param(
+        429,
+        openai_error(
+            "You exceeded your current quota, please check your plan and billing details.",
+            "insufficient_quota",
+            "insufficient_quota",
+        ),
+        "insufficient_quota",
+        id="429-insufficient_quota",
+    ),
+    pytest.param(
+        429,
+        openai_error("You exceeded your current quota.", "insufficient_quota", "project_spend_limit_exceeded"),
+        "insufficient_quota",
+        id="429-project-spend-limit",
+    ),
+    pytest.param(
+        429,
+        anthropic_error("rate_limit_error", "spend limit", details={"error_code": "enforced_spend_limit_reached"}),
+        "insufficient_quota",
+        id="429-anthropic-spend-limit",
+    ),
+    pytest.param(429, b'{"message": "You exceeded your current quota"}', "insufficient_quota", id="429-quota-text"),
+    pytest.param(
+        402, anthropic_error("billing_error", "credit balance too low"), "insufficient_quota", id="402-anthropic"
+    ),
+    pytest.param(307, b"", "unexpected_redirect", id="3xx"),
+]
+
+
+@pytest.mark.parametrize(("status", "body", "code"), CONFIG_ROWS)
+def test_configuration_problems_are_not_failures(status: int, body: bytes, code: str) -> None:
+    outcome = classify_http_error(status, {"retry-after": "5"}, body)
+    assert isinstance(outcome, ConfigurationProblem)
+    assert (outcome.code, outcome.http_status) == (code, status)
+
+
+def test_structured_code_beats_message_text() -> None:
+    body = openai_error("rate limited; also check your quota", "requests", "rate_limit_exceeded")
+    outcome = classify_http_error(429, {}, body)
+    assert isinstance(outcome, Failure)
+    assert outcome.code == "rate_limit_exceeded"
+
+
+def test_code_beats_type() -> None:
+    body = json.dumps({"error": {"type": "rate_limit_error", "code": "insufficient_quota", "message": "x"}}).encode()
+    assert isinstance(classify_http_error(429, {}, body), ConfigurationProblem)
+
+
+def test_structured_code_beats_status() -> None:
+    body = openai_error("too long", "invalid_request_error", "context_length_exceeded")
+    outcome = classify_http_error(500, {}, body)
+    assert isinstance(outcome, Failure)
+    assert (outcome.layer, outcome.code) == (B, "context_length_exceeded")
+
+
+def test_message_keeps_the_provider_identifier_and_text() -> None:
+    body = openai_error("Please reduce your rate of requests", "rate_limit_error", "slow_down")
+    outcome = classify_http_error(429, {}, body)
+    assert outcome.message == "HTTP 429 slow_down: Please reduce your rate of requests"
+
+
+def test_non_json_body_is_excerpted_and_bounded() -> None:
+    outcome = classify_http_error(502, {}, b"<html>\n  bad   gateway\n</html>" + b"x" * 5000)
+    assert outcome.message.startswith("HTTP 502: <html> bad gateway </html>")
+    assert len(outcome.message) <= 1000
+
+
+def test_error_response_carries_the_retry_hint() -> None:
+    outcome = classify_http_error(429, {"retry-after-ms": "1234"}, openai_error("slow", None, "rate_limit_exceeded"))
+    assert isinstance(outcome, Failure)
+    assert outcome.retry_after_ms == 1234
+
+
+def test_retry_hint_from_azure_message() -> None:
+    body = json.dumps({"error": {"code": "429", "message": "Please retry after 6 seconds."}}).encode()
+    outcome = classify_http_error(429, {}, body)
+    assert isinstance(outcome, Failure)
+    assert outcome.retry_after_ms == 6000
+
+
+# --- retry hints ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "message", "expected"),
+    [
+        pytest.param({"retry-after-ms": "1500"}, "", 1500, id="retry-after-ms"),
+        pytest.param({"retry-after-ms": "1500.2"}, "", 1501, id="retry-after-ms-rounded-up"),
+        pytest.param({"Retry-After": "2"}, "", 2000, id="retry-after-seconds-any-case"),
+        pytest.param({"retry-after": "1.1"}, "", 1100, id="retry-after-fractional"),
+        pytest.param({"retry-after-ms": "250", "retry-after": "1"}, "", 250, id="explicit-ms-wins"),
+        pytest.param(
+            {"retry-after": "Wed, 21 Oct 2015 07:28:30 GMT", "date": "Wed, 21 Oct 2015 07:28:00 GMT"},
+            "",
+            30_000,
+            id="http-date-relative-to-date-header",
+        ),
+        pytest.param({"retry-after": "Wed, 21 Oct 2015 07:28:30 GMT"}, "", None, id="http-date-without-date"),
+        pytest.param(
+            {"retry-after": "Wed, 21 Oct 2015 07:27:00 GMT", "date": "Wed, 21 Oct 2015 07:28:00 GMT"},
+            "",
+            0,
+            id="http-date-in-the-past",
+        ),
+        pytest.param({"retry-after": "soon"}, "", None, id="garbage"),
+        pytest.param({"retry-after": "-5"}, "", None, id="negative"),
+        pytest.param({}, "Rate limit reached. Please try again in 1.5s. Visit ...", 1500, id="text-1.5s"),
+        pytest.param({}, "Please try again in 20ms.", 20, id="text-20ms"),
+        pytest.param({}, "Please try again in 6m0s.", 360_000, id="text-6m0s"),
+        pytest.param({}, "Please retry after 20 seconds.", 20_000, id="text-azure-seconds"),
+        pytest.param({}, "Try again in 86400 seconds.", 86_400_000, id="text-daily"),
+        pytest.param({}, "Please try again later.", None, id="text-no-duration"),
+        pytest.param({}, "We retry 3 times", None, id="text-not-a-hint"),
+        pytest.param({"retry-after": "2"}, "Please try again in 20ms", 2000, id="header-beats-text"),
+        pytest.param(
+            {"x-ratelimit-reset-requests": "6m0s", "x-ratelimit-remaining-requests": "0"},
+            "",
+            360_000,
+            id="reset-requests-exhausted",
+        ),
+        pytest.param(
+            {"x-ratelimit-reset-requests": "6m0s", "x-ratelimit-remaining-requests": "12"},
+            "",
+            None,
+            id="reset-ignored-when-not-exhausted",
+        ),
+        pytest.param({"x-ratelimit-reset-tokens": "1s"}, "", None, id="reset-ignored-without-remaining"),
+        pytest.param(
+            {
+                "x-ratelimit-reset-requests": "20ms",
+                "x-ratelimit-remaining-requests": "0",
+                "x-ratelimit-reset-tokens": "1.5s",
+                "x-ratelimit-remaining-tokens": "0",
+            },
+            "",
+            1500,
+            id="both-exhausted-takes-longest",
+        ),
+        pytest.param(
+            {"x-ratelimit-reset-tokens": "6m0s", "x-ratelimit-remaining-tokens": "0"},
+            "try again in 1s",
+            1000,
+            id="text-beats-reset-headers",
+        ),
+        pytest.param({}, "", None, id="nothing"),
+    ],
+)
+def test_retry_after_ms(headers: dict[str, str], message: str, expected: int | None) -> None:
+    assert retry_after_ms(headers, message) == expected
+
+
+def test_retry_after_ms_reads_httpx_headers() -> None:
+    assert retry_after_ms(httpx.Headers({"Retry-After-Ms": "75"})) == 75
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1s", 1000),
+        ("6m0s", 360_000),
+        ("20ms", 20),
+        ("1.5s", 1500),
+        ("1.1s", 1100),
+        ("1h2m3s", 3_723_000),
+        ("17ms", 17),
+        ("0.5", 500),
+        (" 2s ", 2000),
+        ("", None),
+        ("abc", None),
+        ("5x", None),
+        ("1s junk", None),
+        ("s", None),
+    ],
+)
+def test_parse_duration_ms(text: str, expected: int | None) -> None:
+    assert parse_duration_ms(text) == expected
+
+
+# --- 200 responses ---------------------------------------------------------------------------------------
+
+
+def completion(content: str | None = "ok", finish_reason: str = "stop", **message: Any) -> bytes:
+    return json.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "gpt-4o-mini-2024-07-18",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content, **message},
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        }
+    ).encode()
+
+
+CHAT: dict[str, Any] = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"label": {"type": "string", "enum": ["spam", "ham"]}, "score": {"type": "number"}},
+    "required": ["label", "score"],
+    "additionalProperties": False,
+}
+JSON_OBJECT = {**CHAT, "response_format": {"type": "json_object"}}
+JSON_SCHEMA = {
+    **CHAT,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "label", "strict": True, "schema": SCHEMA}},
+}
+
+
+def test_success() -> None:
+    assert check_completion(completion("hello"), CHAT) == Success("hello", "gpt-4o-mini-2024-07-18", 11, 7)
+
+
+def test_success_without_model_or_usage_falls_back_to_the_request() -> None:
+    body = json.dumps({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}).encode()
+    assert check_completion(body, CHAT) == Success("hi", "gpt-4o-mini", 0, 0)
+
+
+def failure_of(outcome: Success | Failure | ConfigurationProblem) -> Failure:
+    assert isinstance(outcome, Failure), outcome
+    return outcome
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        pytest.param(b"<html>gateway</html>", "invalid_response_body", id="not-json"),
+        pytest.param(completion("hello")[:40], "invalid_response_body", id="cut-off"),
+        pytest.param(b"\xff\xfe\xfa", "invalid_response_body", id="undecodable"),
+        pytest.param(b"[1, 2]", "invalid_response_body", id="not-an-object"),
+        pytest.param(b'{"id": "x"}', "missing_choices", id="no-choices"),
+        pytest.param(b'{"choices": []}', "missing_choices", id="empty-choices"),
+        pytest.param(b'{"choices": [{"finish_reason": "stop"}]}', "missing_choices", id="choice-without-message"),
+        pytest.param(
+            b'{"choices": [{"message": {"content": [{"type": "text"}]}}]}',
+            "invalid_response_body",
+            id="content-not-text",
+        ),
+    ],
+)
+def test_broken_200_bodies_are_transport(body: bytes, code: str) -> None:
+    failure = failure_of(check_completion(body, CHAT))
+    assert (failure.layer, failure.code, failure.http_status) == (T, code, 200)
+
+
+@pytest.mark.parametrize("content", ["", None, "  \n\t"])
+def test_empty_content_is_semantic(content: str | None) -> None:
+    failure = failure_of(check_completion(completion(content), CHAT))
+    assert (failure.layer, failure.code) == (M, "empty_content")
+
+
+def test_length_is_truncated_even_with_content() -> None:
+    failure = failure_of(check_completion(completion("The answer is", finish_reason="length"), CHAT))
+    assert (failure.layer, failure.code) == (M, "truncated")
+    assert "7 completion tokens" in failure.message
+
+
+def test_length_with_no_content_is_truncated_not_empty() -> None:
+    failure = failure_of(check_completion(completion("", finish_reason="length"), CHAT))
+    assert failure.code == "truncated"
+
+
+def test_truncated_beats_invalid_json() -> None:
+    failure = failure_of(check_completion(completion('{"label": "sp', finish_reason="length"), JSON_SCHEMA))
+    assert failure.code == "truncated"
+
+
+def test_content_filter_finish_is_business() -> None:
+    failure = failure_of(check_completion(completion(None, finish_reason="content_filter"), CHAT))
+    assert (failure.layer, failure.code) == (B, "content_policy_violation")
+
+
+def test_refusal_is_business() -> None:
+    failure = failure_of(check_completion(completion(None, refusal="I can't help with that."), JSON_SCHEMA))
+    assert (failure.layer, failure.code) == (B, "refusal")
+    assert "I can't help with that." in failure.message
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"label": "spam"', '```json\n{"label": "spam", "score": 1}\n```', "Sure! Here it is", "[1, 2]", "3"],
+)
+def test_invalid_json_when_json_object_asked(content: str) -> None:
+    failure = failure_of(check_completion(completion(content), JSON_OBJECT))
+    assert (failure.layer, failure.code) == (M, "invalid_json")
+
+
+def test_json_object_accepts_any_object() -> None:
+    assert isinstance(check_completion(completion('{"anything": [1]}'), JSON_OBJECT), Success)
+
+
+def test_prose_is_fine_when_no_json_asked() -> None:
+    assert isinstance(check_completion(completion("not { json"), CHAT), Success)
+    text_format = {**CHAT, "response_format": {"type": "text"}}
+    assert isinstance(check_completion(completion("not { json"), text_format), Success)
+
+
+def test_schema_satisfied() -> None:
+    outcome = check_completion(completion('{"label": "spam", "score": 0.9}'), JSON_SCHEMA)
+    assert isinstance(outcome, Success)
+    assert json.loads(outcome.content) == {"label": "spam", "score": 0.9}
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ('{"label": "spam"}', "'score' is a required property"),
+        ('{"label": "eggs", "score": 1}', "'eggs' is not one of ['spam', 'ham']"),
+        ('{"label": "ham", "score": "high"}', "$.score"),
+        ('{"label": "ham", "score": 1, "extra": true}', "Additional properties are not allowed"),
+    ],
+)
+def test_schema_mismatch_carries_the_validator_message(content: str, fragment: str) -> None:
+    failure = failure_of(check_completion(completion(content), JSON_SCHEMA))
+    assert (failure.layer, failure.code) == (M, "schema_mismatch")
+    assert fragment in failure.message
+
+
+def test_schema_request_with_invalid_json_is_invalid_json() -> None:
+    failure = failure_of(check_completion(completion("label: spam"), JSON_SCHEMA))
+    assert failure.code == "invalid_json"
+
+
+def test_invalid_schema_is_the_requests_fault() -> None:
+    bad = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "banana"}}}}
+    failure = failure_of(check_completion(completion("{}"), bad))
+    assert (failure.layer, failure.code) == (B, "invalid_json_schema")
+
+
+def test_validators_are_compiled_once_per_schema() -> None:
+    from streamproc import classify
+
+    same_schema_other_key_order = {
+        **CHAT,
+        "response_format": {"type": "json_schema", "json_schema": {"schema": dict(reversed(list(SCHEMA.items())))}},
+    }
+    check_completion(completion('{"label": "spam", "score": 1}'), JSON_SCHEMA)
+    before = classify._validator.cache_info()
+    check_completion(completion('{"label": "ham", "score": 2}'), same_schema_other_key_order)
+    after = classify._validator.cache_info()
+    assert (after.hits, after.misses) == (before.hits + 1, before.misses)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(b'{"error": {"message": "Rate limit", "code": 429}}', (S, "rate_limit_exceeded"), id="429"),
+        pytest.param(b'{"error": {"message": "upstream died"}}', (S, "http_502"), id="no-status"),
+        pytest.param(
+            b'{"error": {"message": "too long", "code": "context_length_exceeded"}}',
+            (B, "context_length_exceeded"),
+            id="context",
+        ),
+    ],
+)
+def test_error_envelope_in_a_200_is_classified_as_that_error(body: bytes, expected: tuple[FailureLayer, str]) -> None:
+    failure = failure_of(check_completion(body, CHAT))
+    assert (failure.layer, failure.code, failure.http_status) == (*expected, 200)
+    assert failure.message.startswith("200 body carries an error")
+
+
+def test_quota_error_in_a_200_stops_consumption() -> None:
+    body = openai_error("You exceeded your current quota", "insufficient_quota", "insufficient_quota")
+    outcome = check_completion(body, CHAT)
+    assert isinstance(outcome, ConfigurationProblem)
+    assert outcome.code == "insufficient_quota"
+
+
+# --- exceptions ------------------------------------------------------------------------------------------
+
+
+def chained(exc: BaseException, *causes: BaseException) -> BaseException:
+    """``exc`` raised from ``causes[0]``, itself raised from ``causes[1]``..., as httpx → httpcore → OS does."""
+    current = exc
+    for cause in causes:
+        current.__cause__ = cause
+        current = cause
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (httpx.ConnectTimeout("timed out"), "connect_timeout"),
+        (httpx.ReadTimeout("timed out"), "read_timeout"),
+        (httpx.WriteTimeout("timed out"), "write_timeout"),
+        (httpx.PoolTimeout("no connection"), "pool_timeout"),
+        (TimeoutError(), "timeout"),
+        (
+            chained(
+                httpx.ConnectError("[Errno -2] Name or service not known"),
+                OSError("httpcore"),
+                socket.gaierror(-2, "Name or service not known"),
+            ),
+            "dns_error",
+        ),
+        (
+            chained(httpx.ConnectError("[Errno 111] Connection refused"), ConnectionRefusedError(111, "refused")),
+            "connection_refused",
+        ),
+        (chained(httpx.ConnectError("handshake"), ssl.SSLCertVerificationError("bad cert")), "tls_error"),
+        (chained(httpx.ReadError("tls"), ssl.SSLError("decryption failed")), "tls_error"),
+        (httpx.ConnectError("no route"), "connect_error"),
+        (chained(httpx.ReadError("reset"), ConnectionResetError(104, "reset by peer")), "connection_reset"),
+        (httpx.WriteError("broken pipe"), "connection_reset"),
+        (ConnectionResetError(104, "Connection reset by peer"), "connection_reset"),
+        (httpx.RemoteProtocolError("Server disconnected without sending a response."), "server_disconnected"),
+        (
+            httpx.RemoteProtocolError("peer closed connection without sending complete message body"),
+            "server_disconnected",
+        ),
+        (httpx.RemoteProtocolError("illegal header line"), "protocol_error"),
+        (httpx.LocalProtocolError("bad request line"), "protocol_error"),
+        (httpx.ProxyError("proxy said no"), "proxy_error"),
+        (
+            httpx.UnsupportedProtocol("Request URL is missing an 'http://' or 'https://' protocol."),
+            "unsupported_protocol",
+        ),
+        (httpx.DecodingError("gzip"), "invalid_response_body"),
+        (httpx.TooManyRedirects("loop"), "too_many_redirects"),
+        (OSError("network is unreachable"), "transport_error"),
+        (RuntimeError("bug"), "unexpected_error"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else type(value).__name__,
+)
+def test_exceptions_are_transport_with_distinct_codes(exc: BaseException, code: str) -> None:
+    failure = classify_exception(exc)
+    assert (failure.layer, failure.code, failure.http_status) == (T, code, None)
+    assert failure.message.startswith(type(exc).__name__)
+
+
+def test_real_httpx_dns_failure() -> None:
+    def resolve_nothing(request: httpx.Request) -> httpx.Response:
+        raise chained(
+            httpx.ConnectError("[Errno -2] Name or service not known", request=request),
+            socket.gaierror(-2, "Name or service not known"),
+        )
+
+    client = httpx.Client(transport=httpx.MockTransport(resolve_nothing))
+    with client, pytest.raises(httpx.ConnectError) as caught:
+        client.post("http://llm.invalid/v1/chat/completions", json=CHAT)
+    assert classify_exception(caught.value).code == "dns_error"

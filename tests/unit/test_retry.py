@@ -1,0 +1,243 @@
+"""The retry policy: budgets per layer, tiers, jitter bounds, server hints, repair requests."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from typing import Any
+
+import pytest
+
+from streamproc.classify import Failure
+from streamproc.events import InferenceRequest, RepairContext
+from streamproc.layers import FailureLayer
+from streamproc.retry import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_TIERS,
+    Retry,
+    RetryPolicy,
+    Terminal,
+    Tier,
+    build_repair_request,
+    repair_messages,
+)
+
+T, S, M, B = FailureLayer.TRANSPORT, FailureLayer.SERVICE, FailureLayer.SEMANTIC, FailureLayer.BUSINESS
+POLICY = RetryPolicy()
+
+
+def failure(layer: FailureLayer, hint_ms: int | None = None) -> Failure:
+    return Failure(layer, "some_code", "message", retry_after_ms=hint_ms)
+
+
+def retry_of(decision: Retry | Terminal) -> Retry:
+    assert isinstance(decision, Retry), decision
+    return decision
+
+
+def test_default_tiers_and_budgets_are_the_designed_ones() -> None:
+    assert [(t.name, t.delay_ms) for t in DEFAULT_TIERS] == [
+        ("5s", 5_000),
+        ("30s", 30_000),
+        ("2m", 120_000),
+        ("10m", 600_000),
+    ]
+    assert dict(DEFAULT_MAX_ATTEMPTS) == {T: 6, S: 6, M: 3, B: 1}
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 5])
+def test_business_is_never_retried(attempt: int) -> None:
+    assert POLICY.decide(failure(B, hint_ms=10), attempt, random.Random(0)) == Terminal("never_retried")
+
+
+@pytest.mark.parametrize(("layer", "budget"), [(T, 6), (S, 6), (M, 3)])
+def test_max_attempts_per_layer(layer: FailureLayer, budget: int) -> None:
+    rng = random.Random(1)
+    for attempt in range(1, budget):
+        assert isinstance(POLICY.decide(failure(layer), attempt, rng), Retry), attempt
+    assert POLICY.decide(failure(layer), budget, rng) == Terminal("max_attempts")
+    assert POLICY.decide(failure(layer), budget + 1, rng) == Terminal("max_attempts")
+
+
+def test_attempts_count_across_layers() -> None:
+    # Three transport failures, then a semantic one on attempt 3: the semantic budget (3) is spent.
+    assert POLICY.decide(failure(M), 3, random.Random(0)) == Terminal("max_attempts")
+
+
+def test_attempt_numbers_start_at_one() -> None:
+    with pytest.raises(ValueError, match="start at 1"):
+        POLICY.decide(failure(T), 0, random.Random(0))
+
+
+@pytest.mark.parametrize(
+    ("delay_ms", "tier"),
+    [(0, "5s"), (4_999, "5s"), (5_000, "5s"), (5_001, "30s"), (30_000, "30s"), (120_001, "10m"), (10**9, "10m")],
+)
+def test_tier_is_the_smallest_that_waits_long_enough(delay_ms: int, tier: str) -> None:
+    assert POLICY.tier_for(delay_ms).name == tier
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3, 4, 5, 8, 40])
+def test_full_jitter_stays_in_bounds_and_spans_them(attempt: int) -> None:
+    ceiling = min(600_000, 5_000 * 2 ** (attempt - 1))
+    rng = random.Random(attempt)
+    draws = [POLICY.jitter_ms(attempt, rng) for _ in range(2_000)]
+    assert min(draws) >= 0
+    assert max(draws) <= ceiling
+    assert min(draws) < 0.05 * ceiling  # full jitter reaches down to ~0 ...
+    assert max(draws) > 0.95 * ceiling  # ... and up to the exponential ceiling
+
+
+def test_backoff_grows_with_the_attempt() -> None:
+    def mean_due(attempt: int) -> float:
+        rng = random.Random(7)
+        return sum(retry_of(POLICY.decide(failure(T), attempt, rng)).due_in_ms for _ in range(2_000)) / 2_000
+
+    means = [mean_due(n) for n in (1, 2, 3, 4, 5)]
+    assert means == sorted(means)
+    assert means[4] > 10 * means[0]
+
+
+def test_same_seed_same_decisions() -> None:
+    first = [POLICY.decide(failure(S), n, random.Random(42)) for n in range(1, 6)]
+    again = [POLICY.decide(failure(S), n, random.Random(42)) for n in range(1, 6)]
+    assert first == again
+
+
+@pytest.mark.parametrize("hint_ms", [0, 1, 1_500, 12_000, 29_000, 125_000])
+def test_never_earlier_than_the_server_hint(hint_ms: int) -> None:
+    rng = random.Random(hint_ms)
+    for attempt in range(1, 6):
+        decision = retry_of(POLICY.decide(failure(S, hint_ms), attempt, rng))
+        assert decision.due_in_ms >= hint_ms
+        assert decision.tier.delay_ms >= decision.due_in_ms
+
+
+def test_jitter_is_added_on_top_of_the_hint() -> None:
+    rng = random.Random(3)
+    dues = [retry_of(POLICY.decide(failure(S, 1_500), 1, rng)).due_in_ms for _ in range(1_000)]
+    assert 1_500 <= min(dues) < 1_800
+    assert 6_200 < max(dues) <= 6_500  # hint + up to the 5 s ceiling of attempt 1
+    assert len(set(dues)) > 500  # the 429's retries are spread, not all at 1.5 s
+
+
+def test_hint_beyond_the_largest_tier_is_clamped_to_it() -> None:
+    decision = retry_of(POLICY.decide(failure(S, 3_600_000), 1, random.Random(0)))
+    assert (decision.tier.name, decision.due_in_ms) == ("10m", 600_000)
+
+
+def test_due_time_picks_the_smallest_sufficient_tier() -> None:
+    rng = random.Random(11)
+    for _ in range(2_000):
+        layer = rng.choice([T, S, M])
+        hint = rng.choice([None, rng.randrange(0, 700_000)])
+        decision = POLICY.decide(failure(layer, hint), rng.randrange(1, 3), rng)
+        assert isinstance(decision, Retry)
+        smaller = [t for t in DEFAULT_TIERS if t.delay_ms < decision.tier.delay_ms]
+        assert all(t.delay_ms < decision.due_in_ms for t in smaller)
+        assert decision.due_in_ms <= decision.tier.delay_ms
+
+
+def test_semantic_retries_are_repairs() -> None:
+    rng = random.Random(0)
+    assert retry_of(POLICY.decide(failure(M), 1, rng)).repair is True
+    assert retry_of(POLICY.decide(failure(M), 2, rng)).repair is True
+    assert retry_of(POLICY.decide(failure(T), 1, rng)).repair is False
+    assert retry_of(POLICY.decide(failure(S), 2, rng)).repair is False
+
+
+def test_repair_can_start_later() -> None:
+    policy = RetryPolicy(repair_from_attempt=3)
+    rng = random.Random(0)
+    assert retry_of(policy.decide(failure(M), 1, rng)).repair is False  # the 2nd try is a plain retry
+    assert retry_of(policy.decide(failure(M), 2, rng)).repair is True  # the 3rd is a repair
+
+
+def test_custom_tiers() -> None:
+    policy = RetryPolicy(tiers=(Tier("1s", 1_000), Tier("1m", 60_000)), base_delay_ms=500)
+    decision = retry_of(policy.decide(failure(T, 2_000), 1, random.Random(0)))
+    assert decision.tier == Tier("1m", 60_000)
+    assert 2_000 <= decision.due_in_ms <= 2_500
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"tiers": ()}, id="no-tiers"),
+        pytest.param({"tiers": (Tier("a", 5_000), Tier("b", 5_000))}, id="equal-delays"),
+        pytest.param({"tiers": (Tier("b", 30_000), Tier("a", 5_000))}, id="decreasing"),
+        pytest.param({"tiers": (Tier("z", 0),)}, id="zero-delay"),
+        pytest.param({"tiers": (Tier("a", 1_000), Tier("a", 2_000))}, id="duplicate-names"),
+        pytest.param({"max_attempts": {T: 6, S: 6, M: 3, B: 2}}, id="business-retried"),
+        pytest.param({"max_attempts": {T: 6, S: 6, B: 1}}, id="missing-layer"),
+        pytest.param({"max_attempts": {T: 0, S: 6, M: 3, B: 1}}, id="zero-budget"),
+        pytest.param({"base_delay_ms": -1}, id="negative-base"),
+    ],
+)
+def test_invalid_policies_are_rejected(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        RetryPolicy(**kwargs)
+
+
+# --- repair ----------------------------------------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+BODY: dict[str, Any] = {
+    "model": "gpt-4o-mini",
+    "temperature": 0,
+    "messages": [{"role": "system", "content": "Label it."}, {"role": "user", "content": "Buy now!!!"}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "label", "schema": SCHEMA}},
+}
+
+
+def test_build_repair_request_sets_repair_and_keeps_the_body() -> None:
+    request = InferenceRequest("r1", json.dumps(BODY), batch_id="b1", metadata={"k": "v"})
+    repaired = build_repair_request(request, '{"lbl": "spam"}', "schema_mismatch: 'label' is a required property")
+    assert repaired.repair == RepairContext('{"lbl": "spam"}', "schema_mismatch: 'label' is a required property")
+    assert (repaired.request_id, repaired.body_json, repaired.batch_id, repaired.metadata) == (
+        "r1",
+        request.body_json,
+        "b1",
+        {"k": "v"},
+    )
+    assert request.repair is None
+
+
+def test_repair_messages_append_the_bad_output_and_the_schema() -> None:
+    original = copy.deepcopy(BODY)
+    repaired = repair_messages(BODY, RepairContext('{"lbl": "spam"}', "'label' is a required property"))
+    assert original == BODY  # pure: the input is untouched
+    assert repaired["messages"][:2] == BODY["messages"]
+    assistant, user = repaired["messages"][2:]
+    assert assistant == {"role": "assistant", "content": '{"lbl": "spam"}'}
+    assert user["role"] == "user"
+    assert "'label' is a required property" in user["content"]
+    assert json.dumps(SCHEMA) in user["content"]
+    assert {k: v for k, v in repaired.items() if k != "messages"} == {k: v for k, v in BODY.items() if k != "messages"}
+
+
+def test_repair_of_an_empty_answer_does_not_echo_it() -> None:
+    repaired = repair_messages(BODY, RepairContext("", "empty_content: the answer has no content"))
+    assert [m["role"] for m in repaired["messages"]] == ["system", "user", "user"]
+    assert "empty_content" in repaired["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize(
+    ("response_format", "rule"),
+    [
+        ({"type": "json_object"}, "valid JSON object"),
+        (None, "complete answer"),
+        ({"type": "text"}, "complete answer"),
+    ],
+)
+def test_repair_rules_follow_the_requested_format(response_format: dict[str, str] | None, rule: str) -> None:
+    body = {**BODY, "response_format": response_format}
+    user = repair_messages(body, RepairContext("oops", "invalid_json"))["messages"][-1]["content"]
+    assert rule in user
+    assert "JSON Schema" not in user
+
+
+def test_repair_needs_chat_messages() -> None:
+    with pytest.raises(ValueError, match="messages"):
+        repair_messages({"model": "m", "prompt": "hi"}, RepairContext("x", "y"))
