@@ -9,8 +9,10 @@ import click
 
 from streamproc.kafka import NoBrokerError
 from streamproc.localkafka import LocalBroker, LocalKafkaError
+from streamproc.mockllm.cli import mock_llm
 from streamproc.roundtrip import run_round_trip
 from streamproc.settings import Settings
+from streamproc.worker import run_worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -72,6 +74,22 @@ def roundtrip(records: int, log_path: str | None) -> None:
     click.echo(f"round trip {'succeeded' if report.ok else 'FAILED'} in {report.seconds:.1f}s")
     if not report.ok:
         raise click.ClickException(f"the round trip failed; the worker's log is {log_path}")
+
+
+cli.add_command(mock_llm)
+
+
+@cli.command("worker")
+@click.option("--loglevel", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def worker(loglevel: str) -> None:
+    """Consume requests (and retry tiers), call the LLM, emit results or layered failures.
+
+    Start more workers with the same STREAMPROC_APP_ID (on any machine) to scale out: they share the
+    partitions as one consumer group. Stop with SIGTERM or Ctrl-C: in-flight calls finish first.
+    Exit code 3: the LLM endpoint refused the configuration (key, model, quota); fix it and restart.
+    """
+    sys.exit(run_worker(Settings(), loglevel.upper()))
 
 
 def main() -> None:

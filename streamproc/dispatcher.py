@@ -23,6 +23,7 @@ class Dispatcher:
         self._slots = asyncio.Semaphore(limit)
         self._acker: OrderedAcker[Ack] = OrderedAcker()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._acking = asyncio.Lock()  # FIFO: acks released by different tasks never overtake each other
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -39,7 +40,11 @@ class Dispatcher:
         (a contextvar) stays the one being handled, which table writes need.
         """
         await self._slots.acquire()
-        self._acker.track(lane, offset, ack)
+        try:
+            self._acker.track(lane, offset, ack)
+        except BaseException:
+            self._slots.release()  # a rejected event must not keep its slot
+            raise
         task = asyncio.create_task(self._run(lane, offset, work))
         self._tasks.add(task)
         self._idle.clear()
@@ -56,8 +61,11 @@ class Dispatcher:
         finally:
             self._slots.release()
         if disposition is Disposition.ACK:
-            for ack in self._acker.complete(lane, offset):
-                await ack()
+            released = self._acker.complete(lane, offset)
+            if released:
+                async with self._acking:  # an ack that awaits must not let a later release ack before it
+                    for ack in released:
+                        await ack()
 
     async def wait_idle(self) -> None:
         """Return once no task runs (used to drain before a deliberate stop)."""

@@ -110,17 +110,11 @@ class Handler:
         if request is None:
             return Disposition.ACK
         now = self._clock_ms()
-        try:
-            body = request_body(request)
-        except ValueError as exc:
-            failure = Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
-            await self._terminal(request, failure, hop.attempt, hop.first_failure_ms or now, origin, None)
-            return Disposition.ACK
-
         admission = admit(self._store.get(request.request_id), request, hop.attempt, now,
                           source=RecordRef(record.topic, record.offset), replay=hop.replay)
         if isinstance(admission, Skip):
-            log.debug("skip %s: %s", request.request_id, admission.reason)
+            log.debug("skip %s: %s (%s[%d]@%d, attempt %d)", request.request_id, admission.reason, record.topic,
+                      record.partition, record.offset, hop.attempt)
             return Disposition.ACK
         if isinstance(admission, Conflict):
             await self._emit_failure(request, admission.failure, hop.attempt, True, now, origin)
@@ -128,6 +122,13 @@ class Handler:
         assert isinstance(admission, Start)
         state = admission.state
         self._store.put(state)
+
+        try:  # after admission, so that the terminal failure below also ends the state (a repair hop can fail here)
+            body = request_body(request)
+        except ValueError as exc:
+            failure = Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
+            await self._terminal(request, failure, hop.attempt, hop.first_failure_ms or now, origin, state)
+            return Disposition.ACK
 
         called = await self._caller.call(request, body)
         outcome = called.outcome
@@ -217,13 +218,30 @@ class Handler:
         except codec.CodecError:
             request = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
         failure = Failure(FailureLayer.BUSINESS, "internal_error", f"{type(exc).__name__}: {exc}"[:1000])
-        origin = headers.Origin(record.topic, record.partition, record.offset)
+        hop = headers.read_hop(record.headers)  # provenance is carried, never rewritten (DESIGN §3)
+        origin = hop.origin or headers.Origin(record.topic, record.partition, record.offset)
         try:
-            await self._emit_failure(request, failure, 1, True, self._clock_ms(), origin)
+            await self._emit_failure(request, failure, hop.attempt, True, hop.first_failure_ms or self._clock_ms(),
+                                     origin)
         except Exception:
             log.exception("could not record the internal error of %s; holding the record", request_id)
             return Disposition.HOLD
+        self._fail_own_attempt(request.request_id, record, failure)
         return Disposition.ACK
+
+    def _fail_own_attempt(self, request_id: str, record: Record, failure: Failure) -> None:
+        """Mark ``failed`` an attempt this record left ``in_flight``, so a replay (backfill) may start it again.
+
+        Left ``in_flight``, every later record for the id, replays included, would be skipped as a duplicate.
+        Any other state (another record's attempt, a success) is not this record's to change.
+        """
+        try:
+            state = self._store.get(request_id)
+            if (state is not None and state.status is RequestStatus.IN_FLIGHT
+                    and (state.source_topic, state.source_offset) == (record.topic, record.offset)):
+                self._store.put(on_terminal_failure(state, failure.layer, failure.code, self._clock_ms()))
+        except Exception:
+            log.exception("could not mark %s failed after its internal error", request_id)
 
 
 def _text(data: bytes | None) -> str | None:

@@ -39,4 +39,7 @@ def make_faust_app(settings: Settings, app_id: str, partitions: int) -> faust.Ap
         producer_acks=-1,
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
+        # a worker that died is noticed (and its partitions handed over) after this long
+        broker_session_timeout=settings.kafka_session_timeout_s,
+        broker_heartbeat_interval=settings.kafka_session_timeout_s / 10,
     )

@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     local_kafka_controller_port: int = Field(default=9093, ge=0, le=65535)
     local_kafka_heap_mb: int = Field(default=512, ge=256)
 
+    kafka_session_timeout_s: float = Field(
+        default=30.0, ge=6.0, le=300.0,
+        description="How long the group waits for a silent worker before handing its partitions over.",
+    )
+
     app_id: str = Field(default="streamproc", pattern=r"^[A-Za-z0-9._-]+$",
                         description="Consumer group and state-table namespace of the workers.")
     partitions: int = Field(default=8, ge=1, description="Partition count of every request-carrying topic.")

@@ -14,6 +14,11 @@ duplicate and is skipped.
 ``attempts`` is the attempt number (``x-attempt``) of the latest attempt started. A retry record is
 admitted only if it is newer than that, so a stale copy of a retry record (left by a crash between its
 send and the state write) cannot start a second concurrent call.
+
+A retry record newer than an ``in_flight`` attempt is admitted too: it is written only after that
+attempt's call ended, so the ``in_flight`` state is stale. This happens after a SIGKILL, when the table
+comes back older than the offsets already committed (faust's table recovery can replay a changelog that
+lacks the last writes); skipping the retry record then would lose the request (seen in the SIGKILL test).
 """
 
 from __future__ import annotations
@@ -137,6 +142,8 @@ def admit(
         case RequestStatus.FAILED:
             return Skip(SkipReason.ALREADY_FAILED)
         case RequestStatus.IN_FLIGHT:
+            if attempt > current.attempts:  # see the module docstring: a successor proves the attempt ended
+                return Start(_in_flight(current, request, digest, attempt, now_ms, source))
             return Skip(SkipReason.IN_FLIGHT)
         case RequestStatus.RETRYING:
             if attempt > current.attempts:

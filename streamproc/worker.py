@@ -24,7 +24,7 @@ from streamproc import codec, headers
 from streamproc.classify import ConfigurationProblem, parse_duration_ms
 from streamproc.dispatcher import Dispatcher
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
-from streamproc.handler import Handler, Record
+from streamproc.handler import Disposition, Handler, Record
 from streamproc.kafka import make_faust_app, resolve_bootstrap
 from streamproc.llm_client import LLMClient
 from streamproc.retry import RetryPolicy, Tier
@@ -152,12 +152,16 @@ class WorkerRuntime:
             def ack(event: Any = event) -> Any:
                 return manual.ack(event)
 
+            work = functools.partial(self.handler.handle, record)
             if delayed and not await self._wait_until_due(record):
-                await self.sink.requeue(record)  # a rebalance or stop must not wait for a sleeping tier
-                await ack()
-                continue
-            await self.dispatcher.submit((message.tp, message.generation_id), message.offset,
-                                         functools.partial(self.handler.handle, record), ack)
+                # a rebalance or stop must not wait for a sleeping tier: put the record back at the tail
+                # of its topic; its ack still goes through the ordered lane like any other
+                work = functools.partial(self._requeue, record)
+            await self.dispatcher.submit((message.tp, message.generation_id), message.offset, work, ack)
+
+    async def _requeue(self, record: Record) -> Disposition:
+        await self.sink.requeue(record)
+        return Disposition.ACK
 
     async def _wait_until_due(self, record: Record) -> bool:
         """Sleep until the record's ``x-due-ts``; False if a rebalance or shutdown started meanwhile."""

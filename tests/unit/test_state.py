@@ -126,7 +126,6 @@ def test_a_retry_record_with_no_state_still_starts() -> None:
         pytest.param(SUCCEEDED, 1, SUBMITTED, False, SkipReason.ALREADY_SUCCEEDED, id="succeeded+redelivery"),
         # in flight: not started twice
         pytest.param(IN_FLIGHT, 1, RESUBMITTED, False, SkipReason.IN_FLIGHT, id="in-flight+duplicate"),
-        pytest.param(IN_FLIGHT, 2, RETRY_2, False, SkipReason.IN_FLIGHT, id="in-flight+stale-retry"),
         pytest.param(IN_FLIGHT, 1, REPLAYED, True, SkipReason.IN_FLIGHT, id="in-flight+replay"),
         # retrying: only the retry record itself starts
         pytest.param(RETRYING, 1, RESUBMITTED, False, SkipReason.RETRYING, id="retrying+resubmission"),
@@ -154,9 +153,23 @@ def test_crash_redelivery_of_a_retry_record_starts_again() -> None:
 
 
 def test_same_offset_on_another_topic_is_not_a_redelivery() -> None:
-    current = state(IN_FLIGHT, attempts=1, source=SUBMITTED)
+    current = state(IN_FLIGHT, attempts=2, source=SUBMITTED)
     other_topic = RecordRef("llm.retry.5s", SUBMITTED.offset)
     assert admit(current, REQUEST, 2, 9_000, source=other_topic) == Skip(SkipReason.IN_FLIGHT)
+
+
+def test_a_retry_record_newer_than_a_stale_in_flight_state_starts() -> None:
+    # After a SIGKILL the table can come back older than the committed offsets: it still says attempt 1 is
+    # in flight although attempt 1 ended and wrote the attempt-2 retry record. Skipping would lose the request.
+    current = state(IN_FLIGHT, attempts=1, source=SUBMITTED)
+    new = started(admit(current, REQUEST, 2, 9_000, source=RETRY_2))
+    assert (new.status, new.attempts, new.source_topic, new.source_offset) == (IN_FLIGHT, 2, "llm.retry.5s", 7)
+
+
+def test_a_copy_of_the_retry_record_in_flight_is_skipped() -> None:
+    current = state(IN_FLIGHT, attempts=2, source=RETRY_2)
+    copy = RecordRef(RETRY_2.topic, RETRY_2.offset + 1)
+    assert admit(current, REQUEST, 2, 9_000, source=copy) == Skip(SkipReason.IN_FLIGHT)
 
 
 def test_retry_record_starts_the_next_attempt() -> None:

@@ -1,0 +1,244 @@
+"""Test harness for the pipeline: real processes (mock LLM server, workers) around the session's broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from streamproc import codec
+from streamproc.events import FailureEvent, InferenceRequest, InferenceResult
+from streamproc.layers import FailureLayer
+from streamproc.settings import Settings
+from streamproc.topics import ensure_topics
+from streamproc.worker import topology_of
+
+
+def chat_request(request_id: str, i: int, *, batch_id: str = "b1", json_schema: bool = False) -> InferenceRequest:
+    body: dict[str, Any] = {"model": "mock-small", "max_tokens": 256,
+                            "messages": [{"role": "user", "content": f"Summarise item {i} of the test batch."}]}
+    if json_schema:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "label", "schema": {
+            "type": "object", "required": ["label", "score"],
+            "properties": {"label": {"type": "string"}, "score": {"type": "number"}}}}}
+    return InferenceRequest(request_id=request_id, body_json=json.dumps(body), batch_id=batch_id,
+                            submitted_ms=int(time.time() * 1000))
+
+
+@dataclass
+class MockServer:
+    process: subprocess.Popen[str]
+    url: str
+
+    @property
+    def root(self) -> str:
+        return self.url.removesuffix("/v1")
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.root}/stats?detail=1", timeout=10) as response:
+            result: dict[str, Any] = json.load(response)
+            return result
+
+    def control(self, path: str, payload: dict[str, Any]) -> None:
+        request = urllib.request.Request(f"{self.root}/control/{path}", data=json.dumps(payload).encode(),
+                                         headers={"content-type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_mock(profile: str, seed: int = 7, *args: str) -> MockServer:
+    process = subprocess.Popen([sys.executable, "-m", "streamproc", "mock-llm", "--port", "0", "--profile", profile,
+                                "--seed", str(seed), *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               text=True)
+    assert process.stdout is not None
+    first = process.stdout.readline()
+    marker = "listening on "
+    assert marker in first, f"mock-llm printed {first!r}"
+    url = first.split(marker, 1)[1].split()[0]
+    if not url.endswith("/v1"):
+        url = url[: url.index("/v1") + 3]
+    return MockServer(process, url)
+
+
+@dataclass
+class WorkerProcess:
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = field(default=None)
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "streamproc", "worker"], env=self.env,
+                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def stop(self, timeout: float = 90.0) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def worker_env(settings: Settings, llm_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("STREAMPROC_")}
+    assert settings.kafka_bootstrap is not None
+    env.update({
+        "STREAMPROC_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "STREAMPROC_LLM_BASE_URL": llm_url,
+        "STREAMPROC_TOPIC_PREFIX": settings.topic_prefix,
+        "STREAMPROC_APP_ID": f"{settings.topic_prefix}-app",
+        "STREAMPROC_DATA_DIR": str(data_dir),
+        "STREAMPROC_PARTITIONS": str(settings.partitions),
+        "STREAMPROC_RETRY_TIERS": settings.retry_tiers,
+        "STREAMPROC_LLM_TIMEOUT_S": "5",
+        "STREAMPROC_KAFKA_SESSION_TIMEOUT_S": "10",
+    })
+    env.update({f"STREAMPROC_{key.upper()}": value for key, value in extra.items()})
+    return env
+
+
+async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    count = 0
+    try:
+        for key, value in records:
+            await producer.send(topic, key=key, value=value)
+            count += 1
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return count
+
+
+async def produce_requests(bootstrap: str, settings: Settings, requests: Iterable[InferenceRequest]) -> int:
+    topology = topology_of(settings)
+    await ensure_topics(bootstrap, topology.all_topics())
+    topic = topology.requests
+    return await produce(bootstrap, topic, ((r.request_id.encode(), codec.encode(r)) for r in requests))
+
+
+@dataclass
+class Outcomes:
+    """Everything on results and failed.* so far, by request id."""
+
+    results: dict[str, list[InferenceResult]] = field(default_factory=lambda: defaultdict(list))
+    failures: dict[str, list[FailureEvent]] = field(default_factory=lambda: defaultdict(list))
+    dead_letters: int = 0
+
+    def terminal(self, request_id: str) -> list[FailureEvent]:
+        return [event for event in self.failures.get(request_id, []) if event.terminal]
+
+    def ended(self, request_id: str) -> bool:
+        return bool(self.results.get(request_id)) or bool(self.terminal(request_id))
+
+    def unfinished(self, ids: Iterable[str]) -> list[str]:
+        return [i for i in ids if not self.ended(i)]
+
+
+class OutcomeReader:
+    """Reads results, failures and dead letters from the beginning, incrementally."""
+
+    def __init__(self, bootstrap: str, settings: Settings) -> None:
+        topology = topology_of(settings)
+        self._result_topic = topology.results
+        self._dead_letter_topic = topology.dead_letters
+        self._topics = [topology.results, topology.dead_letters, *(topology.failed(layer) for layer in FailureLayer)]
+        self._consumer = AIOKafkaConsumer(*self._topics, bootstrap_servers=bootstrap, group_id=None,
+                                          auto_offset_reset="earliest", enable_auto_commit=False)
+        self.outcomes = Outcomes()
+
+    async def __aenter__(self) -> OutcomeReader:
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._consumer.stop()
+
+    async def poll(self) -> None:
+        batches = await self._consumer.getmany(timeout_ms=300, max_records=5000)
+        for tp, messages in batches.items():
+            for message in messages:
+                if tp.topic == self._result_topic:
+                    result = codec.decode(message.value, InferenceResult)
+                    self.outcomes.results[result.request_id].append(result)
+                elif tp.topic == self._dead_letter_topic:
+                    self.outcomes.dead_letters += 1
+                else:
+                    event = codec.decode(message.value, FailureEvent)
+                    self.outcomes.failures[event.request.request_id].append(event)
+
+    async def wait_until_ended(self, ids: Iterable[str], timeout_s: float, *workers: WorkerProcess) -> Outcomes:
+        wanted = list(ids)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            await self.poll()
+            if not self.outcomes.unfinished(wanted):
+                break
+            if workers and not any(w.alive() for w in workers):
+                break
+        for _ in range(5):  # a last look for late duplicates
+            await self.poll()
+        return self.outcomes
+
+
+async def trace_requests(bootstrap: str, settings: Settings, request_ids: Iterable[str]) -> list[str]:
+    """Where the given ids appear on every topic, and the group's committed offsets there: for failure reports."""
+    wanted = {request_id.encode() for request_id in request_ids}
+    topics = list(topology_of(settings).all_topics())
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    lines: list[str] = []
+    try:
+        for _ in range(20):
+            batches = await consumer.getmany(timeout_ms=300, max_records=10000)
+            for tp, messages in batches.items():
+                for message in messages:
+                    if message.key in wanted:
+                        headers = {k: v.decode() for k, v in message.headers if k in ("x-attempt", "x-error-code")}
+                        lines.append(f"{message.key.decode()}: {tp.topic}[{tp.partition}]@{message.offset} {headers}")
+    finally:
+        await consumer.stop()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(f"{settings.topic_prefix}-app")
+        lines += [f"committed {tp.topic}[{tp.partition}] = {meta.offset}" for tp, meta in sorted(committed.items())
+                  if not tp.topic.endswith("-changelog")]
+    finally:
+        await admin.close()
+    return lines

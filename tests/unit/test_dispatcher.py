@@ -1,0 +1,214 @@
+"""The dispatcher: at most ``limit`` works at once, acks released per lane only as a contiguous completed prefix."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable
+
+import pytest
+
+from streamproc.dispatcher import Dispatcher
+from streamproc.handler import Disposition
+
+
+async def settle(rounds: int = 20) -> None:
+    """Let every runnable task run until it blocks again."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+class Works:
+    """Works that block until the test finishes them, and acks that record their order."""
+
+    def __init__(self, ack_yields: bool = False) -> None:
+        self.ack_yields = ack_yields
+        self.gates: dict[tuple[Hashable, int], asyncio.Future[Disposition]] = {}
+        self.started: list[tuple[Hashable, int]] = []
+        self.acked: list[tuple[Hashable, int]] = []
+        self.running = 0
+        self.peak = 0
+
+    def work(self, lane: Hashable, offset: int) -> Callable[[], Awaitable[Disposition]]:
+        gate: asyncio.Future[Disposition] = asyncio.get_running_loop().create_future()
+        self.gates[lane, offset] = gate
+
+        async def run() -> Disposition:
+            self.started.append((lane, offset))
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            try:
+                return await gate
+            finally:
+                self.running -= 1
+
+        return run
+
+    def ack(self, lane: Hashable, offset: int) -> Callable[[], Awaitable[object]]:
+        async def run() -> None:
+            if self.ack_yields:  # an ack that suspends must not let a later one overtake it
+                await asyncio.sleep(0)
+            self.acked.append((lane, offset))
+
+        return run
+
+    async def submit(self, dispatcher: Dispatcher, lane: Hashable, offset: int) -> None:
+        await dispatcher.submit(lane, offset, self.work(lane, offset), self.ack(lane, offset))
+
+    def finish(self, lane: Hashable, offset: int, disposition: Disposition = Disposition.ACK) -> None:
+        self.gates[lane, offset].set_result(disposition)
+
+    def acked_offsets(self, lane: Hashable) -> list[int]:
+        return [offset for acked_lane, offset in self.acked if acked_lane == lane]
+
+
+async def test_at_most_limit_works_run_at_once() -> None:
+    dispatcher, works = Dispatcher(3), Works()
+
+    async def feed() -> None:
+        for offset in range(8):
+            await works.submit(dispatcher, "p0", offset)
+
+    feeder = asyncio.create_task(feed())
+    await settle()
+    assert works.started == [("p0", 0), ("p0", 1), ("p0", 2)]
+    assert dispatcher.in_flight == 3
+    assert not feeder.done()  # submit waits for a free slot: that is the back-pressure on the stream
+
+    works.finish("p0", 1)
+    await settle()
+    assert works.started[-1] == ("p0", 3) and works.running == 3
+
+    for offset in (0, 2, 3, 4, 5, 6, 7):
+        works.finish("p0", offset)
+        await settle()
+        assert works.running <= 3
+    await asyncio.wait_for(feeder, 1)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert works.peak == 3
+    assert works.acked_offsets("p0") == list(range(8))
+
+
+@pytest.mark.parametrize("ack_yields", [False, True])
+async def test_acks_are_released_in_offset_order_even_when_works_finish_in_reverse(ack_yields: bool) -> None:
+    dispatcher, works = Dispatcher(10), Works(ack_yields)
+    for offset in range(10, 15):
+        await works.submit(dispatcher, "p0", offset)
+
+    for offset in (14, 13, 12, 11):
+        works.finish("p0", offset)
+        await settle()
+        assert works.acked == [], f"acked before offset 10 finished (after {offset})"
+        assert works.running == offset - 10  # the finished works freed their slots all the same
+
+    works.finish("p0", 10)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert works.acked_offsets("p0") == [10, 11, 12, 13, 14]
+
+
+@pytest.mark.parametrize("ack_yields", [False, True])
+async def test_acks_released_by_different_works_never_interleave(ack_yields: bool) -> None:
+    dispatcher, works = Dispatcher(10), Works(ack_yields)
+    for offset in range(6):
+        await works.submit(dispatcher, "p0", offset)
+    for offset in (2, 1):
+        works.finish("p0", offset)
+    await settle()
+
+    works.finish("p0", 0)  # releases 0, 1, 2 ...
+    works.finish("p0", 3)  # ... and 3 finishes while they are being acked
+    works.finish("p0", 5)
+    works.finish("p0", 4)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert works.acked_offsets("p0") == [0, 1, 2, 3, 4, 5]
+
+
+async def test_lanes_are_independent() -> None:
+    dispatcher, works = Dispatcher(10), Works()
+    await works.submit(dispatcher, ("t", 0), 0)
+    for offset in (0, 1, 2):
+        await works.submit(dispatcher, ("t", 1), offset)
+
+    for offset in (2, 0, 1):
+        works.finish(("t", 1), offset)
+    await settle()
+    assert works.acked_offsets(("t", 1)) == [0, 1, 2]
+    assert works.acked_offsets(("t", 0)) == []  # still running
+
+    works.finish(("t", 0), 0)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert works.acked_offsets(("t", 0)) == [0]
+
+
+async def test_a_held_record_never_releases_its_ack_nor_any_later_one_in_its_lane() -> None:
+    dispatcher, works = Dispatcher(10), Works()
+    for offset in range(4):
+        await works.submit(dispatcher, "p0", offset)
+    await works.submit(dispatcher, "p1", 0)
+
+    works.finish("p0", 1, Disposition.HOLD)
+    for offset in (3, 2, 0):
+        works.finish("p0", offset)
+    works.finish("p1", 0)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+
+    assert works.acked_offsets("p0") == [0]
+    assert works.acked_offsets("p1") == [0]  # another lane goes on
+    assert dispatcher.in_flight == 0  # the held work freed its slot
+
+    await works.submit(dispatcher, "p0", 4)  # later records of the lane run, but stay unacked behind the hold
+    works.finish("p0", 4)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert works.acked_offsets("p0") == [0]
+
+
+async def test_a_work_that_raises_is_never_acked_and_frees_its_slot() -> None:
+    dispatcher, works = Dispatcher(1), Works()
+
+    async def broken() -> Disposition:
+        raise RuntimeError("a handler bug")
+
+    await dispatcher.submit("p0", 0, broken, works.ack("p0", 0))
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    await asyncio.wait_for(works.submit(dispatcher, "p0", 1), 1)  # the slot came back
+    works.finish("p0", 1)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert works.acked == []  # not even offset 1: nothing is committed past an unexplained record
+
+
+async def test_wait_idle_returns_once_every_work_and_its_ack_are_done() -> None:
+    dispatcher, works = Dispatcher(4), Works()
+    await asyncio.wait_for(dispatcher.wait_idle(), 0.5)  # nothing submitted yet
+
+    await works.submit(dispatcher, "p0", 0)
+    await works.submit(dispatcher, "p0", 1)
+    waiter = asyncio.create_task(dispatcher.wait_idle())
+    works.finish("p0", 1)
+    await settle()
+    assert not waiter.done() and dispatcher.in_flight == 1
+
+    works.finish("p0", 0)
+    await asyncio.wait_for(waiter, 1)
+    assert works.acked_offsets("p0") == [0, 1]
+    assert dispatcher.in_flight == 0
+
+    await works.submit(dispatcher, "p0", 2)  # busy again after having been idle
+    again = asyncio.create_task(dispatcher.wait_idle())
+    await settle()
+    assert not again.done()
+    works.finish("p0", 2)
+    await asyncio.wait_for(again, 1)
+
+
+async def test_a_rejected_submit_does_not_leak_a_slot() -> None:
+    dispatcher, works = Dispatcher(1), Works()
+    await works.submit(dispatcher, "p0", 5)
+    works.finish("p0", 5)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+
+    with pytest.raises(ValueError, match="tracked after offset 5"):
+        await works.submit(dispatcher, "p0", 5)  # the same offset again in the same lane
+
+    await asyncio.wait_for(works.submit(dispatcher, "p0", 6), 1)
+    works.finish("p0", 6)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert works.acked_offsets("p0") == [5, 6]

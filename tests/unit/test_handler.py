@@ -1,0 +1,740 @@
+"""The per-record handler: every record ends in exactly one outcome, and the handler never raises.
+
+Pure logic with in-memory fakes: a recording Sink, a dict-backed StateStore, a scripted Caller whose
+replies are classified by the real ``classify`` functions, a fixed clock and a seeded RNG.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from streamproc import codec, headers
+from streamproc.classify import (
+    ConfigurationProblem,
+    Failure,
+    check_completion,
+    classify_exception,
+    classify_http_error,
+)
+from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
+from streamproc.handler import Disposition, Handler, Record
+from streamproc.layers import FailureLayer, RequestStatus
+from streamproc.llm_client import CallResult
+from streamproc.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy, Tier
+from streamproc.state import RecordRef, Start, admit, input_hash, on_retry_scheduled, on_success, on_terminal_failure
+
+NOW = 1_700_000_000_000
+SEED = 7
+REQUESTS = "llm.requests"
+PARTITION = 3
+OFFSET = 100
+TIER_NAMES = {"5s", "30s", "2m", "10m"}
+ORIGIN_HEADERS = {headers.ORIG_TOPIC: REQUESTS.encode(), headers.ORIG_PARTITION: b"3", headers.ORIG_OFFSET: b"100"}
+
+BODY: dict[str, Any] = {"model": "gpt-test", "messages": [{"role": "user", "content": "Label: Buy now!!!"}]}
+JSON_BODY: dict[str, Any] = {**BODY, "response_format": {"type": "json_object"}}
+
+
+def make_request(request_id: str = "req-1", body: dict[str, Any] | None = None) -> InferenceRequest:
+    return InferenceRequest(request_id, json.dumps(body if body is not None else BODY), batch_id="batch-1",
+                            submitted_ms=NOW - 1_000)
+
+
+# --- replies: what the LLM answers, classified by the real functions -------------------------------------
+
+Reply = Callable[[dict[str, Any]], CallResult]
+
+
+def completion_bytes(content: str | None, finish_reason: str = "stop") -> bytes:
+    return json.dumps({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-test-0613",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 3},
+    }).encode()
+
+
+def answer(content: str | None, latency_ms: int = 12) -> Reply:
+    """A 200, checked against the body actually sent (as the real client does)."""
+    raw = completion_bytes(content)
+    return lambda body: CallResult(check_completion(raw, body), raw, latency_ms)
+
+
+def http_error(status: int, payload: dict[str, Any], response_headers: dict[str, str] | None = None) -> Reply:
+    raw = json.dumps(payload).encode()
+    outcome = classify_http_error(status, response_headers or {}, raw)
+    return lambda body: CallResult(outcome, raw, 30)
+
+
+def raised(exc: Exception) -> Reply:
+    outcome = classify_exception(exc)
+    return lambda body: CallResult(outcome, b"", 30_000)
+
+
+READ_TIMEOUT = raised(httpx.ReadTimeout("timed out"))
+UNAVAILABLE = http_error(503, {"error": {"message": "Service Unavailable", "type": "server_error"}},
+                         {"retry-after": "2"})
+CONTEXT_TOO_LONG = http_error(400, {"error": {
+    "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
+    "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
+BAD_KEY = http_error(401, {"error": {"message": "Incorrect API key provided: sk-abc.", "type": "invalid_request_error",
+                                     "code": "invalid_api_key"}})
+
+
+def rate_limited(retry_after_ms: int) -> Reply:
+    return http_error(429, {"error": {"message": "Rate limit reached for requests", "type": "requests",
+                                      "code": "rate_limit_exceeded"}},
+                      {"retry-after-ms": str(retry_after_ms)})
+
+
+# --- fakes -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SentRetry:
+    tier: Tier
+    request: InferenceRequest
+    headers: headers.Headers
+
+
+class RecordingSink:
+    """Keeps what was sent; ``fail_sends`` makes the first N sends raise, as a broker outage would."""
+
+    def __init__(self, log: list[str], fail_sends: int = 0) -> None:
+        self.log = log
+        self.fail_sends = fail_sends
+        self.results: list[InferenceResult] = []
+        self.failures: list[tuple[FailureEvent, headers.Headers]] = []
+        self.retries: list[SentRetry] = []
+        self.dead_letters: list[tuple[Record, headers.Headers]] = []
+
+    def _maybe_fail(self, what: str) -> None:
+        if self.fail_sends > 0:
+            self.fail_sends -= 1
+            self.log.append(f"send failed: {what}")
+            raise RuntimeError(f"broker unavailable while sending {what}")
+
+    async def result(self, result: InferenceResult) -> None:
+        self._maybe_fail("result")
+        self.log.append(f"result {result.request_id}")
+        self.results.append(result)
+
+    async def failure(self, event: FailureEvent, hdrs: headers.Headers) -> None:
+        self._maybe_fail("failure")
+        self.log.append(f"failure {event.layer.value} terminal={event.terminal}")
+        self.failures.append((event, dict(hdrs)))
+
+    async def retry(self, tier: Tier, request: InferenceRequest, hdrs: headers.Headers) -> None:
+        self._maybe_fail("retry")
+        self.log.append(f"retry {tier.name}")
+        self.retries.append(SentRetry(tier, request, dict(hdrs)))
+
+    async def dead_letter(self, record: Record, hdrs: headers.Headers) -> None:
+        self._maybe_fail("dead_letter")
+        self.log.append("dead_letter")
+        self.dead_letters.append((record, dict(hdrs)))
+
+    @property
+    def sent(self) -> int:
+        return len(self.results) + len(self.failures) + len(self.retries) + len(self.dead_letters)
+
+
+class DictStore:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.states: dict[str, RequestState] = {}
+
+    def get(self, request_id: str) -> RequestState | None:
+        return self.states.get(request_id)
+
+    def put(self, state: RequestState) -> None:
+        self.log.append(f"state {state.status.value}")
+        self.states[state.request_id] = state
+
+
+class ScriptedCaller:
+    def __init__(self, replies: list[Reply]) -> None:
+        self.replies = list(replies)
+        self.calls: list[tuple[InferenceRequest, dict[str, Any]]] = []
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:
+        self.calls.append((request, body))
+        assert self.replies, f"unexpected call #{len(self.calls)} for {request.request_id}"
+        return self.replies.pop(0)(body)
+
+
+class RaisingCaller:
+    async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:
+        raise KeyError("a bug in the client")
+
+
+@dataclass
+class Clock:
+    now: int = NOW
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@dataclass
+class Rig:
+    """A handler wired to fakes that share one event log."""
+
+    replies: list[Reply] = field(default_factory=list)
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    fail_sends: int = 0
+
+    def __post_init__(self) -> None:
+        self.log: list[str] = []
+        self.sink = RecordingSink(self.log, self.fail_sends)
+        self.store = DictStore(self.log)
+        self.caller = ScriptedCaller(self.replies)
+        self.clock = Clock()
+        self.problems: list[ConfigurationProblem] = []
+        self.handler = Handler(self.caller, self.sink, self.store, self.policy, self.problems.append,
+                               clock_ms=self.clock, rng=random.Random(SEED))
+
+    async def handle(self, record: Record) -> Disposition:
+        return await self.handler.handle(record)
+
+    def state(self, request_id: str = "req-1") -> RequestState:
+        state = self.store.get(request_id)
+        assert state is not None, f"no state for {request_id}"
+        return state
+
+
+def submission(request: InferenceRequest, offset: int = OFFSET, key: bytes | None = None,
+               hdrs: dict[str, bytes] | None = None) -> Record:
+    return Record(REQUESTS, PARTITION, offset, key if key is not None else request.request_id.encode(),
+                  codec.encode(request), hdrs or {})
+
+
+def next_hop(sent: SentRetry, offset: int) -> Record:
+    """The retry record as the tier agent reads it back (through the real codec)."""
+    return Record(f"llm.retry.{sent.tier.name}", PARTITION, offset, sent.request.request_id.encode(),
+                  codec.encode(sent.request), sent.headers)
+
+
+def only_failure(rig: Rig) -> tuple[FailureEvent, headers.Headers]:
+    assert len(rig.sink.failures) == 1, rig.log
+    return rig.sink.failures[0]
+
+
+def text(hdrs: headers.Headers, name: str) -> str:
+    return hdrs[name].decode()
+
+
+def in_flight_state(request: InferenceRequest, source: RecordRef, attempt: int = 1) -> RequestState:
+    admission = admit(None, request, attempt, NOW - 5_000, source=source)
+    assert isinstance(admission, Start)
+    return admission.state
+
+
+# --- success ---------------------------------------------------------------------------------------------
+
+
+async def test_success_sends_one_result_then_marks_the_request_succeeded() -> None:
+    rig = Rig([answer("spam", latency_ms=12)])
+    request = make_request()
+
+    assert await rig.handle(submission(request)) is Disposition.ACK
+
+    assert rig.sink.failures == [] and rig.sink.retries == [] and rig.sink.dead_letters == []
+    [result] = rig.sink.results
+    assert result == InferenceResult(
+        request_id="req-1", batch_id="batch-1", model="gpt-test-0613",
+        response_json=completion_bytes("spam").decode(), content="spam", attempts=1, latency_ms=12,
+        completed_ms=NOW, input_hash=input_hash(request),
+    )
+    [(called_request, called_body)] = rig.caller.calls
+    assert called_request == request and called_body == BODY
+    state = rig.state()
+    assert (state.status, state.attempts, state.source_topic) == (RequestStatus.SUCCEEDED, 1, None)
+    # in flight before the call, result before the succeeded state (DESIGN §4)
+    assert rig.log == ["state in_flight", "result req-1", "state succeeded"]
+
+
+# --- transport and service failures: retry tiers ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("reply", "layer", "code", "hint_ms"), [
+    (READ_TIMEOUT, FailureLayer.TRANSPORT, "read_timeout", None),
+    (UNAVAILABLE, FailureLayer.SERVICE, "server_error", 2_000),
+    (rate_limited(1_500), FailureLayer.SERVICE, "rate_limit_exceeded", 1_500),
+    (rate_limited(20_000), FailureLayer.SERVICE, "rate_limit_exceeded", 20_000),
+])
+async def test_retryable_failure_sends_a_retry_record_and_one_non_terminal_failure(
+        reply: Reply, layer: FailureLayer, code: str, hint_ms: int | None) -> None:
+    rig = Rig([reply])
+    request = make_request()
+
+    assert await rig.handle(submission(request)) is Disposition.ACK
+
+    assert rig.sink.results == []
+    [retry] = rig.sink.retries
+    assert retry.request == request
+    hdrs = retry.headers
+    assert text(hdrs, headers.REQUEST_ID) == "req-1"
+    assert text(hdrs, headers.ATTEMPT) == "2"
+    assert text(hdrs, headers.FAILURE_LAYER) == layer.value
+    assert text(hdrs, headers.ERROR_CODE) == code
+    assert text(hdrs, headers.FIRST_FAILURE_TS) == str(NOW)
+    assert {name: hdrs[name] for name in ORIGIN_HEADERS} == ORIGIN_HEADERS
+    due_in = int(text(hdrs, headers.DUE_TS)) - NOW
+    # never before the server's hint, never after the tier's delay, and on the smallest tier that waits that long
+    assert (hint_ms or 0) <= due_in <= retry.tier.delay_ms
+    assert retry.tier == rig.policy.tier_for(due_in)
+    if hint_ms is None:
+        assert headers.RETRY_AFTER_MS not in hdrs
+    else:
+        assert text(hdrs, headers.RETRY_AFTER_MS) == str(hint_ms)
+
+    event, failure_hdrs = only_failure(rig)
+    assert (event.layer, event.error_code, event.attempt, event.terminal) == (layer, code, 1, False)
+    assert event.request == request
+    assert (event.first_failure_ms, event.last_failure_ms) == (NOW, NOW)
+    assert event.retry_after_ms == hint_ms
+    assert text(failure_hdrs, headers.ATTEMPT) == "1"  # the attempt that failed
+    assert headers.DUE_TS not in failure_hdrs
+    assert {name: failure_hdrs[name] for name in ORIGIN_HEADERS} == ORIGIN_HEADERS
+
+    state = rig.state()
+    assert (state.status, state.attempts, state.last_layer, state.last_error_code) == (
+        RequestStatus.RETRYING, 1, layer, code)
+    assert rig.log[-1] == "state retrying"  # written only once the retry and the failure are on Kafka
+
+
+async def test_a_server_hint_longer_than_the_first_tier_picks_a_later_tier() -> None:
+    rig = Rig([rate_limited(20_000)])
+    await rig.handle(submission(make_request()))
+    [retry] = rig.sink.retries
+    assert retry.tier == Tier("30s", 30_000)
+
+
+async def test_retry_record_with_attempt_2_is_admitted_and_its_failure_counted() -> None:
+    rig = Rig([READ_TIMEOUT, UNAVAILABLE])
+    request = make_request()
+    await rig.handle(submission(request))
+    [first_retry] = rig.sink.retries
+    rig.clock.now = NOW + 6_000
+
+    assert await rig.handle(next_hop(first_retry, offset=7)) is Disposition.ACK
+
+    assert len(rig.caller.calls) == 2
+    second_event, second_hdrs = rig.sink.failures[1]
+    assert (second_event.attempt, second_event.terminal, second_event.error_code) == (2, False, "server_error")
+    assert second_event.first_failure_ms == NOW  # carried from the first failure
+    assert second_event.last_failure_ms == NOW + 6_000
+    assert text(second_hdrs, headers.ATTEMPT) == "2"
+    second_retry = rig.sink.retries[1]
+    assert text(second_retry.headers, headers.ATTEMPT) == "3"
+    state = rig.state()
+    assert (state.status, state.attempts, state.last_error_code) == (RequestStatus.RETRYING, 2, "server_error")
+
+
+async def test_provenance_is_written_once_and_carried_unchanged() -> None:
+    rig = Rig([READ_TIMEOUT, READ_TIMEOUT])
+    await rig.handle(submission(make_request()))
+    first_retry = rig.sink.retries[0]
+    rig.clock.now = NOW + 6_000
+
+    await rig.handle(next_hop(first_retry, offset=7))  # read from llm.retry.5s[3]@7
+
+    second_retry = rig.sink.retries[1]
+    for hdrs in (second_retry.headers, rig.sink.failures[1][1]):
+        assert {name: hdrs[name] for name in ORIGIN_HEADERS} == ORIGIN_HEADERS
+        assert text(hdrs, headers.FIRST_FAILURE_TS) == str(NOW)
+    assert int(text(second_retry.headers, headers.DUE_TS)) >= NOW + 6_000
+
+
+async def test_success_on_a_retry_reports_the_attempt_that_answered() -> None:
+    rig = Rig([UNAVAILABLE, answer("ham")])
+    await rig.handle(submission(make_request()))
+    await rig.handle(next_hop(rig.sink.retries[0], offset=7))
+
+    [result] = rig.sink.results
+    assert (result.attempts, result.content) == (2, "ham")
+    assert rig.state().status is RequestStatus.SUCCEEDED
+    assert [e.terminal for e, _ in rig.sink.failures] == [False]
+
+
+@pytest.mark.parametrize(("layer", "reply", "code"), [
+    (FailureLayer.TRANSPORT, READ_TIMEOUT, "read_timeout"),
+    (FailureLayer.SERVICE, UNAVAILABLE, "server_error"),
+    (FailureLayer.SEMANTIC, answer("   "), "empty_content"),
+])
+async def test_the_last_allowed_attempt_ends_in_a_terminal_failure(
+        layer: FailureLayer, reply: Reply, code: str) -> None:
+    budget = DEFAULT_MAX_ATTEMPTS[layer]
+    rig = Rig([reply] * budget)
+    await rig.handle(submission(make_request()))
+    for hop in range(1, budget):
+        rig.clock.now += 700_000
+        assert await rig.handle(next_hop(rig.sink.retries[-1], offset=hop)) is Disposition.ACK
+
+    assert len(rig.caller.calls) == budget
+    assert len(rig.sink.retries) == budget - 1
+    events = [event for event, _ in rig.sink.failures]
+    assert [e.attempt for e in events] == list(range(1, budget + 1))
+    assert [e.terminal for e in events] == [False] * (budget - 1) + [True]
+    assert {(e.layer, e.error_code) for e in events} == {(layer, code)}
+    last_event, last_hdrs = rig.sink.failures[-1]
+    assert last_event.first_failure_ms == NOW
+    assert text(last_hdrs, headers.FAILURE_LAYER) == layer.value  # the worker sends it to llm.failed.<layer>
+    state = rig.state()
+    assert (state.status, state.attempts, state.last_layer) == (RequestStatus.FAILED, budget, layer)
+    assert rig.log[-2:] == [f"failure {layer.value} terminal=True", "state failed"]
+
+
+async def test_headers_do_not_grow_over_hops() -> None:
+    rig = Rig([rate_limited(1_000)] * 6)
+    await rig.handle(submission(make_request(), hdrs={"traceparent": b"00-abc-def-01"}))
+    for hop in range(1, 6):
+        rig.clock.now += 700_000
+        await rig.handle(next_hop(rig.sink.retries[-1], offset=hop))
+
+    retry_names = [sorted(sent.headers) for sent in rig.sink.retries]
+    failure_names = [sorted(hdrs) for _, hdrs in rig.sink.failures]
+    assert len(retry_names) == 5 and len(failure_names) == 6
+    assert all(names == retry_names[0] for names in retry_names), retry_names
+    assert all(names == failure_names[0] for names in failure_names), failure_names
+    assert [text(sent.headers, headers.ATTEMPT) for sent in rig.sink.retries] == ["2", "3", "4", "5", "6"]
+    assert rig.sink.failures[-1][0].terminal
+
+
+# --- business and semantic failures ----------------------------------------------------------------------
+
+
+async def test_context_length_exceeded_is_terminal_at_once_and_never_retried() -> None:
+    rig = Rig([CONTEXT_TOO_LONG])
+    assert await rig.handle(submission(make_request())) is Disposition.ACK
+
+    assert rig.sink.retries == [] and rig.sink.results == []
+    event, hdrs = only_failure(rig)
+    assert (event.layer, event.error_code, event.terminal, event.attempt, event.http_status) == (
+        FailureLayer.BUSINESS, "context_length_exceeded", True, 1, 400)
+    assert "maximum context length" in event.message
+    assert text(hdrs, headers.FAILURE_LAYER) == "business"
+    assert rig.state().status is RequestStatus.FAILED
+    assert len(rig.caller.calls) == 1
+
+
+async def test_semantic_failure_retries_as_a_repair_request_carrying_the_bad_output() -> None:
+    request = make_request(body=JSON_BODY)
+    rig = Rig([answer("Sure! Here is the label: spam"), answer('{"label": "spam"}')])
+    await rig.handle(submission(request))
+
+    [retry] = rig.sink.retries
+    event, _ = only_failure(rig)
+    assert (event.layer, event.error_code, event.terminal) == (FailureLayer.SEMANTIC, "invalid_json", False)
+    assert event.request.repair is None  # the failure carries the request as it was called
+    assert retry.request.repair == RepairContext(bad_output="Sure! Here is the label: spam", reason=event.message)
+    assert retry.request.body_json == request.body_json  # same input, so the same input hash
+    assert text(retry.headers, headers.ATTEMPT) == "2"
+
+    await rig.handle(next_hop(retry, offset=7))
+
+    _, repaired_body = rig.caller.calls[1]
+    messages = repaired_body["messages"]
+    assert messages[:-2] == JSON_BODY["messages"]
+    assert messages[-2] == {"role": "assistant", "content": "Sure! Here is the label: spam"}
+    assert messages[-1]["role"] == "user" and "rejected" in messages[-1]["content"]
+    [result] = rig.sink.results
+    assert (result.content, result.attempts, result.input_hash) == ('{"label": "spam"}', 2, input_hash(request))
+
+
+# --- configuration problems ------------------------------------------------------------------------------
+
+
+async def test_configuration_problem_holds_the_record_and_emits_nothing() -> None:
+    rig = Rig([BAD_KEY, answer("spam")])
+    record = submission(make_request())
+
+    assert await rig.handle(record) is Disposition.HOLD
+
+    assert rig.sink.sent == 0
+    [problem] = rig.problems
+    assert (problem.code, problem.http_status) == ("invalid_api_key", 401)
+    state = rig.state()
+    assert (state.status, state.source_topic, state.source_offset) == (RequestStatus.IN_FLIGHT, REQUESTS, OFFSET)
+
+    # after the fix the worker starts again and reads the same record: it is admitted, not skipped
+    assert await rig.handle(record) is Disposition.ACK
+    assert len(rig.sink.results) == 1 and len(rig.problems) == 1
+
+
+# --- dedupe ----------------------------------------------------------------------------------------------
+
+
+def _stored_states() -> dict[str, RequestState]:
+    request = make_request()
+    other = RecordRef(REQUESTS, 50)
+    in_flight = in_flight_state(request, other)
+    return {
+        "in_flight": in_flight,
+        "retrying": on_retry_scheduled(in_flight, FailureLayer.TRANSPORT, "read_timeout", NOW - 4_000),
+        "succeeded": on_success(in_flight, NOW - 4_000),
+        "failed": on_terminal_failure(in_flight, FailureLayer.BUSINESS, "refusal", NOW - 4_000),
+    }
+
+
+@pytest.mark.parametrize("status", ["in_flight", "retrying", "succeeded", "failed"])
+async def test_a_duplicate_submission_is_skipped_without_calling(status: str) -> None:
+    rig = Rig([answer("never used")])
+    stored = _stored_states()[status]
+    rig.store.states["req-1"] = stored
+
+    assert await rig.handle(submission(make_request(), offset=101)) is Disposition.ACK
+
+    assert rig.caller.calls == []
+    assert rig.sink.sent == 0
+    assert rig.store.states == {"req-1": stored}
+
+
+async def test_a_resubmission_after_success_is_skipped() -> None:
+    rig = Rig([answer("spam")])
+    await rig.handle(submission(make_request(), offset=100))
+    await rig.handle(submission(make_request(), offset=101))
+    assert len(rig.caller.calls) == 1 and len(rig.sink.results) == 1 and rig.sink.failures == []
+
+
+async def test_a_stale_copy_of_a_retry_record_is_skipped() -> None:
+    rig = Rig([READ_TIMEOUT, READ_TIMEOUT])
+    await rig.handle(submission(make_request()))
+    retry = rig.sink.retries[0]
+    await rig.handle(next_hop(retry, offset=7))
+    await rig.handle(next_hop(retry, offset=8))  # the same retry record written twice
+    assert len(rig.caller.calls) == 2
+
+
+async def test_a_crash_redelivery_of_the_record_in_flight_is_called_again() -> None:
+    rig = Rig([answer("spam")])
+    request = make_request()
+    rig.store.states["req-1"] = in_flight_state(request, RecordRef(REQUESTS, OFFSET))
+
+    assert await rig.handle(submission(request, offset=OFFSET)) is Disposition.ACK
+
+    assert len(rig.caller.calls) == 1
+    assert len(rig.sink.results) == 1
+    assert rig.state().status is RequestStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("status", ["in_flight", "succeeded", "retrying"])
+async def test_a_conflicting_duplicate_fails_and_leaves_the_original_untouched(status: str) -> None:
+    rig = Rig([answer("never used")])
+    original = _stored_states()[status]
+    rig.store.states["req-1"] = original
+    conflicting = make_request(body={**BODY, "temperature": 1})
+
+    assert await rig.handle(submission(conflicting, offset=101)) is Disposition.ACK
+
+    assert rig.caller.calls == []
+    event, hdrs = only_failure(rig)
+    assert (event.layer, event.error_code, event.terminal) == (FailureLayer.BUSINESS, "conflicting_duplicate", True)
+    assert event.request == conflicting
+    assert text(hdrs, headers.ERROR_CODE) == "conflicting_duplicate"
+    assert rig.store.states == {"req-1": original}
+    assert rig.sink.retries == [] and rig.sink.results == []
+
+
+# --- poison records --------------------------------------------------------------------------------------
+
+
+def random_bytes(n: int = 64) -> bytes:
+    rng = random.Random(1234)
+    return b"\x17" + bytes(rng.randrange(256) for _ in range(n - 1))  # not C3 01, 00 or JSON text
+
+
+async def test_undecodable_record_with_a_key_is_a_business_failure_keeping_the_raw_value() -> None:
+    rig = Rig()
+    value = random_bytes()
+    record = Record(REQUESTS, PARTITION, OFFSET, b"req-9", value, {})
+
+    assert await rig.handle(record) is Disposition.ACK
+
+    event, hdrs = only_failure(rig)
+    assert (event.layer, event.error_code, event.terminal) == (FailureLayer.BUSINESS, "undecodable_record", True)
+    assert event.request.request_id == "req-9"
+    assert base64.b64decode(event.request.metadata["raw_value_base64"]) == value
+    assert event.message.startswith(f"record {REQUESTS}[{PARTITION}]@{OFFSET}: ")
+    assert "unknown framing" in event.message
+    assert text(hdrs, headers.REQUEST_ID) == "req-9"
+    assert {name: hdrs[name] for name in ORIGIN_HEADERS} == ORIGIN_HEADERS
+    assert rig.sink.dead_letters == [] and rig.caller.calls == []
+    state = rig.state("req-9")
+    assert (state.status, state.last_error_code) == (RequestStatus.FAILED, "undecodable_record")
+
+
+async def test_json_text_without_a_key_is_a_failure_for_the_id_it_names() -> None:
+    rig = Rig()
+    value = json.dumps({"custom_id": "req-json", "body": BODY}).encode()
+    assert await rig.handle(Record(REQUESTS, PARTITION, OFFSET, None, value, {})) is Disposition.ACK
+    event, _ = only_failure(rig)
+    assert (event.request.request_id, event.error_code) == ("req-json", "undecodable_record")
+    assert "looks like JSON text" in event.message
+
+
+async def test_undecodable_record_without_any_id_goes_to_the_dead_letters_with_the_reason() -> None:
+    rig = Rig()
+    record = Record(REQUESTS, PARTITION, OFFSET, None, random_bytes(), {})
+
+    assert await rig.handle(record) is Disposition.ACK
+
+    [(dead, hdrs)] = rig.sink.dead_letters
+    assert dead == record  # byte for byte
+    assert text(hdrs, headers.FAILURE_LAYER) == "business"
+    assert text(hdrs, headers.ERROR_CODE) == "unreadable_record"
+    reason = text(hdrs, headers.ERROR_MESSAGE)
+    assert reason.startswith(f"record {REQUESTS}[{PARTITION}]@{OFFSET}: ") and "unknown framing" in reason
+    assert {name: hdrs[name] for name in ORIGIN_HEADERS} == ORIGIN_HEADERS
+    assert rig.sink.failures == [] and rig.store.states == {} and rig.caller.calls == []
+
+
+async def test_a_key_that_differs_from_the_request_id_is_a_key_mismatch() -> None:
+    rig = Rig([answer("never used")])
+    record = submission(make_request("req-1"), key=b"someone-else")
+
+    assert await rig.handle(record) is Disposition.ACK
+
+    event, _ = only_failure(rig)
+    assert (event.layer, event.error_code, event.terminal) == (FailureLayer.BUSINESS, "key_mismatch", True)
+    assert "'someone-else'" in event.message and "'req-1'" in event.message
+    assert rig.caller.calls == []
+    assert "req-1" not in rig.store.states  # its state lives on another partition: never written from here
+
+
+@pytest.mark.parametrize("body_json", ["[1, 2]", '"just text"', "{not json", ""])
+async def test_a_body_that_is_not_a_json_object_fails_before_any_call(body_json: str) -> None:
+    rig = Rig([answer("never used")])
+    request = InferenceRequest("req-1", body_json, batch_id="batch-1")
+
+    assert await rig.handle(submission(request)) is Disposition.ACK
+
+    assert rig.caller.calls == []
+    event, _ = only_failure(rig)
+    assert (event.layer, event.error_code, event.terminal) == (FailureLayer.BUSINESS, "malformed_body", True)
+    assert "'req-1'" in event.message
+    assert event.request == request
+    assert rig.state().status is RequestStatus.FAILED
+
+
+# --- the handler never raises ----------------------------------------------------------------------------
+
+
+async def test_a_failed_result_send_becomes_an_internal_error_not_an_exception() -> None:
+    rig = Rig([answer("spam")], fail_sends=1)
+
+    assert await rig.handle(submission(make_request())) is Disposition.ACK
+
+    assert rig.sink.results == []
+    event, hdrs = only_failure(rig)
+    assert (event.layer, event.error_code, event.terminal) == (FailureLayer.BUSINESS, "internal_error", True)
+    assert "RuntimeError: broker unavailable while sending result" in event.message
+    assert event.request == make_request()
+    assert {name: hdrs[name] for name in ORIGIN_HEADERS} == ORIGIN_HEADERS
+
+
+async def test_an_internal_error_leaves_the_request_replayable() -> None:
+    """The internal_error failure says "replay once fixed": the state must let that replay through."""
+    rig = Rig([answer("spam"), answer("spam")], fail_sends=1)
+    request = make_request()
+    await rig.handle(submission(request))
+    assert rig.state().status is RequestStatus.FAILED
+
+    replay = submission(request, offset=900, hdrs={headers.REPLAY: b"1"})
+    assert await rig.handle(replay) is Disposition.ACK
+
+    assert len(rig.caller.calls) == 2
+    assert len(rig.sink.results) == 1 and rig.state().status is RequestStatus.SUCCEEDED
+
+
+async def test_an_internal_error_on_a_retry_hop_keeps_provenance_and_attempt() -> None:
+    rig = Rig([READ_TIMEOUT, READ_TIMEOUT])
+    await rig.handle(submission(make_request()))
+    rig.sink.fail_sends = 1  # the retry send of the second hop fails
+    rig.clock.now = NOW + 6_000
+
+    assert await rig.handle(next_hop(rig.sink.retries[0], offset=7)) is Disposition.ACK
+
+    event, hdrs = rig.sink.failures[-1]
+    assert (event.error_code, event.terminal, event.attempt) == ("internal_error", True, 2)
+    assert event.first_failure_ms == NOW
+    assert {name: hdrs[name] for name in ORIGIN_HEADERS} == ORIGIN_HEADERS  # not llm.retry.5s[3]@7
+    assert rig.state().status is RequestStatus.FAILED
+
+
+async def test_a_caller_that_raises_becomes_an_internal_error() -> None:
+    log: list[str] = []
+    sink, store = RecordingSink(log), DictStore(log)
+    handler = Handler(RaisingCaller(), sink, store, RetryPolicy(), lambda problem: None,
+                      clock_ms=Clock(), rng=random.Random(SEED))
+
+    assert await handler.handle(submission(make_request())) is Disposition.ACK
+
+    [(event, _)] = sink.failures
+    assert event.error_code == "internal_error" and "KeyError" in event.message
+
+
+async def test_a_sink_that_always_raises_holds_the_record() -> None:
+    rig = Rig([answer("spam")], fail_sends=10)
+    assert await rig.handle(submission(make_request())) is Disposition.HOLD
+    assert rig.sink.sent == 0
+    # held, not acked: its redelivery is admitted as the record that started the attempt
+    assert rig.state().status is RequestStatus.IN_FLIGHT
+
+
+@pytest.mark.parametrize("value", [None, b"", b"\xc3\x01" + b"\x00" * 8, b"\x00\x00\x00\x00\x01hello"])
+async def test_odd_payloads_never_raise(value: bytes | None) -> None:
+    for key in (None, b"req-x", b"\xff\xfe"):
+        rig = Rig()
+        disposition = await rig.handle(Record(REQUESTS, PARTITION, OFFSET, key, value, {headers.ATTEMPT: b"zz"}))
+        assert disposition is Disposition.ACK
+        assert rig.sink.sent == 1, rig.log  # exactly one outcome: a failure or a dead letter
+
+
+def test_reply_fixtures_classify_as_the_tests_assume() -> None:
+    """The replies go through the real classifier: if it changes, these tests must say which premise broke."""
+    def verdict(reply: Reply, body: dict[str, Any] = BODY) -> tuple[str, str]:
+        outcome = reply(body).outcome
+        if isinstance(outcome, Failure):
+            return outcome.layer.value, outcome.code
+        return type(outcome).__name__, getattr(outcome, "code", "")
+
+    assert verdict(READ_TIMEOUT) == ("transport", "read_timeout")
+    assert verdict(UNAVAILABLE) == ("service", "server_error")
+    assert verdict(rate_limited(1_500)) == ("service", "rate_limit_exceeded")
+    assert verdict(CONTEXT_TOO_LONG) == ("business", "context_length_exceeded")
+    assert verdict(BAD_KEY) == ("ConfigurationProblem", "invalid_api_key")
+    assert verdict(answer("not json"), JSON_BODY) == ("semantic", "invalid_json")
+    assert verdict(answer("spam")) == ("Success", "")
+
+
+async def test_a_repair_hop_that_cannot_be_built_still_ends_the_request_as_failed() -> None:
+    """A body without ``messages`` cannot take repair turns: its repair hop is malformed, and the request ends."""
+    body = {"model": "gpt-test", "prompt": "Label: Buy now!!!", "response_format": {"type": "json_object"}}
+    rig = Rig([answer("not json")])
+    await rig.handle(submission(make_request(body=body)))
+    [retry] = rig.sink.retries
+    assert retry.request.repair is not None
+
+    assert await rig.handle(next_hop(retry, offset=7)) is Disposition.ACK
+
+    event, _ = rig.sink.failures[-1]
+    assert (event.error_code, event.terminal, event.attempt) == ("malformed_body", True, 2)
+    assert len(rig.caller.calls) == 1
+    state = rig.state()
+    assert (state.status, state.last_error_code) == (RequestStatus.FAILED, "malformed_body")
+
+    # ended as failed, so the backfill of a fixed body goes through
+    fixed = make_request(body={**BODY, "response_format": {"type": "json_object"}})
+    rig.caller.replies.append(answer('{"label": "spam"}'))
+    assert await rig.handle(submission(fixed, offset=900, hdrs={headers.REPLAY: b"1"})) is Disposition.ACK
+    assert len(rig.sink.results) == 1 and rig.state().status is RequestStatus.SUCCEEDED
