@@ -8,11 +8,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pipeline import MockServer, OutcomeReader, WorkerProcess, chat_request, produce_requests, start_mock, worker_env
 
 from streamproc.layers import FailureLayer
 from streamproc.mockllm.identity import request_fingerprint
 from streamproc.settings import Settings
+from tests.integration.pipeline import (
+    MockServer,
+    OutcomeReader,
+    WorkerProcess,
+    chat_request,
+    produce_requests,
+    start_mock,
+    worker_env,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pipeline import (
+
+from streamproc.settings import Settings
+from tests.integration.pipeline import (
     MockServer,
     OutcomeReader,
     WorkerProcess,
@@ -19,8 +21,6 @@ from pipeline import (
     trace_requests,
     worker_env,
 )
-
-from streamproc.settings import Settings
 
 pytestmark = pytest.mark.integration
 
