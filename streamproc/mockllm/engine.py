@@ -8,8 +8,9 @@ provider applies: key, outage, body, model, context window, rate limits, then th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from streamproc.layers import FailureLayer
@@ -27,6 +28,7 @@ from streamproc.mockllm.tokens import chat_prompt_tokens, text_tokens
 from streamproc.mockllm.validation import CHAT, InvalidRequest, ParsedRequest, parse_chat, parse_completion
 
 FORCE_HEADER = "x-mock-fault"
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 NOMINAL_RPM = 3500  # what an injected 429 reports as its limit when the profile sets no RPM
 
 # outcome names of the real checks (fault kinds use their own names)
@@ -50,7 +52,7 @@ class Completed:
     completion_tokens: int
     transport: FaultKind | None
     latency: float
-    headers: dict[str, str]
+    headers: Mapping[str, str]  # rate-limit headers, when limits are set
 
 
 @dataclass(slots=True)  # built per request: a frozen dataclass costs ~7x more to construct
@@ -145,7 +147,6 @@ class MockEngine:
             parsed_json = False
         call = self.stats.begin(incoming.endpoint, key, incoming.request_id)
         key_hex = key.hex()
-        base_headers = {"x-mock-request-key": key_hex, "x-mock-attempt": str(call.attempt)}
 
         if self._expected_auth is not None and incoming.authorization != self._expected_auth:
             reply = (
@@ -153,33 +154,31 @@ class MockEngine:
                 if not incoming.authorization
                 else errors.invalid_api_key(incoming.authorization.removeprefix("Bearer ").strip())
             )
-            return self._reject(call, reply, UNAUTHORIZED, CONFIG_LAYER, base_headers)
+            return self._reject(call, reply, UNAUTHORIZED, CONFIG_LAYER)
         now = self.clock()
         if self.outage.active(now):
-            return self._reject(
-                call, errors.outage(self.outage.remaining(now)), OUTAGE, FailureLayer.SERVICE, base_headers
-            )
+            return self._reject(call, errors.outage(self.outage.remaining(now)), OUTAGE, FailureLayer.SERVICE)
         if not parsed_json:
-            return self._reject(call, errors.unparsable_body(), MALFORMED, FailureLayer.BUSINESS, base_headers)
+            return self._reject(call, errors.unparsable_body(), MALFORMED, FailureLayer.BUSINESS)
         try:
             parsed = parse_chat(body) if incoming.endpoint == CHAT else parse_completion(body)
             forced = self._forced(incoming.forced_fault, parsed)
         except InvalidRequest as exc:
-            return self._reject(call, exc.reply, MALFORMED, FailureLayer.BUSINESS, base_headers)
+            return self._reject(call, exc.reply, MALFORMED, FailureLayer.BUSINESS)
         model = self.models.get(parsed.model)
         if model is None:
-            return self._reject(call, errors.model_not_found(parsed.model), MODEL_NOT_FOUND, CONFIG_LAYER, base_headers)
+            return self._reject(call, errors.model_not_found(parsed.model), MODEL_NOT_FOUND, CONFIG_LAYER)
 
         prompt_tokens = self._prompt_tokens(parsed)
         reserve = parsed.max_tokens if parsed.max_tokens is not None else self.profile.default_max_tokens
         if prompt_tokens + reserve > model.context_window:
             reply = errors.context_length_exceeded(model.context_window, prompt_tokens, reserve)
-            return self._reject(call, reply, CONTEXT_LENGTH, FailureLayer.BUSINESS, base_headers)
+            return self._reject(call, reply, CONTEXT_LENGTH, FailureLayer.BUSINESS)
 
-        headers = base_headers
+        headers = _NO_HEADERS
         if self.limiter.active:
             admission = self.limiter.admit(prompt_tokens + reserve, now)
-            headers = {**base_headers, **admission.headers}
+            headers = admission.headers
             if not admission.admitted:
                 unit = admission.limited_by or "requests"
                 reply = errors.rate_limited(
@@ -215,7 +214,7 @@ class MockEngine:
     def reject_oversized(self, incoming_endpoint: str, body_prefix: bytes, limit: int) -> Rejected:
         """A body over the size limit: 413, counted like any call (keyed by what was read of it)."""
         call = self.stats.begin(incoming_endpoint, raw_key(body_prefix), None)
-        return self._reject(call, errors.body_too_large(limit), BODY_TOO_LARGE, FailureLayer.BUSINESS, {})
+        return self._reject(call, errors.body_too_large(limit), BODY_TOO_LARGE, FailureLayer.BUSINESS)
 
     def _reject(
         self,
@@ -223,10 +222,12 @@ class MockEngine:
         reply: ErrorReply,
         outcome: str,
         layer: FailureLayer | str | None,
-        headers: dict[str, str],
+        headers: Mapping[str, str] = _NO_HEADERS,
     ) -> Rejected:
+        """An error answer; it names the request key and attempt in headers (answers do in their id)."""
         self.stats.finish(call, reply.status, outcome, layer)
-        return Rejected(reply, {**headers, **reply.headers} if reply.headers else headers)
+        mock = {"x-mock-request-key": call.key.hex(), "x-mock-attempt": str(call.attempt)}
+        return Rejected(reply, {**mock, **headers, **reply.headers})
 
     def _forced(self, header: str | None, parsed: ParsedRequest) -> ForcedFault | None:
         spec = header
@@ -272,7 +273,7 @@ class MockEngine:
         fault: FaultKind | None,
         prompt_tokens: int,
         latency: float,
-        headers: dict[str, str],
+        headers: Mapping[str, str],
     ) -> Completed:
         fp = key_hex[:FINGERPRINT_CHARS]
         n = parsed.n
@@ -294,7 +295,7 @@ class MockEngine:
         prefix = "chatcmpl" if parsed.endpoint == CHAT else "cmpl"
         return Completed(
             parsed,
-            f"{prefix}-mock{fp}{call.attempt:x}",
+            f"{prefix}-mock{fp}x{call.attempt}",  # fingerprint and attempt, for tests to read
             answers,
             prompt_tokens,
             completion_tokens,

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import socket
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -34,12 +35,12 @@ HTML_PAGE = (
 ENGINE_KEY: web.AppKey[MockEngine] = web.AppKey("engine", MockEngine)
 
 
-def _json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> web.Response:
+def _json_response(status: int, body: Any, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(status=status, body=encode(body), content_type=JSON_TYPE, headers=headers)
 
 
-def _error_response(reply: ErrorReply, headers: dict[str, str] | None = None) -> web.Response:
-    return _json_response(reply.status, reply.body, headers if headers is not None else dict(reply.headers))
+def _error_response(reply: ErrorReply, headers: Mapping[str, str] | None = None) -> web.Response:
+    return _json_response(reply.status, reply.body, headers if headers is not None else reply.headers)
 
 
 def _hard_reset(request: web.BaseRequest) -> None:
@@ -171,7 +172,7 @@ class MockLLMServer:
             done.completion_tokens,
         )
         if done.transport is None:
-            return web.Response(status=200, body=payload, content_type=JSON_TYPE, headers=done.headers)
+            return web.Response(status=200, body=payload, content_type=JSON_TYPE, headers=done.headers or None)
         if done.transport is FaultKind.TRUNCATED_BODY:
             return web.Response(
                 status=200, body=payload[: len(payload) // 2], content_type=JSON_TYPE, headers=done.headers

@@ -71,6 +71,7 @@ class Call:
     """One call in progress: its attempt number and the records its outcome is written to."""
 
     endpoint: str
+    key: bytes
     attempt: int
     records: tuple[RequestRecord, ...]
 
@@ -98,9 +99,9 @@ class Stats:
         self.by_endpoint[endpoint] = self.by_endpoint.get(endpoint, 0) + 1
         attempt, record = self.requests.arrive(key)
         if request_id is None:
-            return Call(endpoint, attempt, (record,))
+            return Call(endpoint, key, attempt, (record,))
         _, id_record = self.request_ids.arrive(request_id)
-        return Call(endpoint, attempt, (record, id_record))
+        return Call(endpoint, key, attempt, (record, id_record))
 
     def finish(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import TopicPartition
 
 from streamproc import codec
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult
@@ -242,3 +244,29 @@ async def trace_requests(bootstrap: str, settings: Settings, request_ids: Iterab
     finally:
         await admin.close()
     return lines
+
+
+async def group_lag(bootstrap: str, group: str, topic: str) -> int:
+    """Records of ``topic`` the consumer group has not committed yet (all partitions)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await admin.start()
+    await consumer.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group)
+        partitions = [tp for tp in (TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or [])]
+        ends = await consumer.end_offsets(partitions)
+        return sum(end - (committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0)
+                   for tp, end in ends.items())
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+async def wait_caught_up(bootstrap: str, settings: Settings, topic: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await group_lag(bootstrap, f"{settings.topic_prefix}-app", topic) == 0:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"the workers did not consume {topic} within {timeout_s}s")

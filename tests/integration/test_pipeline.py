@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from streamproc import codec
+from streamproc.events import InferenceResult
 from streamproc.layers import FailureLayer
 from streamproc.mockllm.identity import request_fingerprint
 from streamproc.settings import Settings
@@ -17,8 +22,10 @@ from tests.integration.pipeline import (
     OutcomeReader,
     WorkerProcess,
     chat_request,
+    produce,
     produce_requests,
     start_mock,
+    wait_caught_up,
     worker_env,
 )
 
@@ -97,3 +104,105 @@ async def test_realistic_batch_converges_exactly_once(settings: Settings, tmp_pa
     assert succeeded >= 0.95 * len(ids), (succeeded, terminal_layers)
     assert terminal_layers["business"] > 0  # the profile's business faults really reached the pipeline
     assert stats["request_ids"]["repeated_after_business_failure"] == 0
+
+
+async def test_duplicate_submissions_call_the_llm_once(settings: Settings, tmp_path: Path) -> None:
+    """The same ids and bodies submitted again while in flight, and again after success: one call each."""
+    mock = start_mock("clean", 3, "--latency", "1.5")
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1"), tmp_path / "worker.log")
+    worker.start()
+    requests = [chat_request(f"d-{i}", i) for i in range(100)]
+    ids = [r.request_id for r in requests]
+    assert settings.kafka_bootstrap is not None
+    try:
+        await produce_requests(settings.kafka_bootstrap, settings, requests)
+        await wait_for_calls(mock, 50)
+        await produce_requests(settings.kafka_bootstrap, settings, requests)  # while in flight
+        async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
+            await reader.wait_until_ended(ids, 120, worker)
+            await produce_requests(settings.kafka_bootstrap, settings, requests)  # after success
+            await wait_caught_up(settings.kafka_bootstrap, settings, f"{settings.topic_prefix}.requests", 60)
+            outcomes = await reader.wait_until_ended(ids, 5, worker)
+        stats = mock.stats()
+    finally:
+        worker.stop()
+        mock.stop()
+    assert stats["calls"] == 100
+    assert stats["request_ids"]["max_calls"] == 1
+    assert all(len(outcomes.results[i]) == 1 for i in ids)
+    assert not outcomes.failures
+
+
+async def wait_for_calls(mock: MockServer, calls: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while mock.stats()["calls"] < calls:
+        assert time.monotonic() < deadline, f"fewer than {calls} calls within {timeout_s}s"
+        await asyncio.sleep(0.1)
+
+
+async def test_poison_records_become_precise_failures(settings: Settings, clean_mock: MockServer,
+                                                      tmp_path: Path) -> None:
+    """Random bytes, a wrong schema, JSON instead of Avro: each becomes a business failure naming the record
+    (or a dead letter when no request id can be read), and the valid requests around them succeed."""
+    assert settings.kafka_bootstrap is not None
+    valid = [chat_request(f"v-{i}", i) for i in range(20)]
+    wrong_schema = codec.encode(InferenceResult("p-2", None, "m", "{}", "x", 1, 1, 1, "h"))
+    poison: list[tuple[bytes | None, bytes | None]] = [
+        (b"p-1", os.urandom(64)),
+        (b"p-2", wrong_schema),
+        (b"p-3", json.dumps({"custom_id": "p-3", "body": {}}).encode()),
+        (None, os.urandom(32)),
+    ]
+    await produce_requests(settings.kafka_bootstrap, settings, valid[:10])
+    await produce(settings.kafka_bootstrap, f"{settings.topic_prefix}.requests", poison)
+    await produce_requests(settings.kafka_bootstrap, settings, valid[10:])
+    worker = WorkerProcess(worker_env(settings, clean_mock.url, tmp_path / "w1"), tmp_path / "worker.log")
+    worker.start()
+    try:
+        async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
+            outcomes = await reader.wait_until_ended([*(r.request_id for r in valid), "p-1", "p-2", "p-3"],
+                                                     120, worker)
+            while outcomes.dead_letters < 1 and worker.alive():
+                await reader.poll()
+    finally:
+        worker.stop()
+    assert all(len(outcomes.results[r.request_id]) == 1 for r in valid), worker.log_tail()
+    for request_id, reason in (("p-1", "unknown framing"), ("p-2", "InferenceResult"), ("p-3", "unknown framing")):
+        (failure,) = outcomes.terminal(request_id)
+        assert failure.layer is FailureLayer.BUSINESS and failure.error_code == "undecodable_record"
+        assert f"{settings.topic_prefix}.requests[" in failure.message and "]@" in failure.message
+        assert reason.lower() in failure.message.lower(), failure.message
+        assert failure.request.metadata["raw_value_base64"]  # the bad record is kept
+    assert outcomes.dead_letters == 1
+    assert clean_mock.stats()["calls"] == len(valid)
+
+
+async def test_a_wrong_api_key_stops_the_worker_without_burning_requests(settings: Settings,
+                                                                        tmp_path: Path) -> None:
+    """401 is a configuration problem: the worker exits with code 3 and says what to fix; no failure records;
+    after the fix, the held requests are processed."""
+    mock = start_mock("clean", 5, "--api-key", "right-key")
+    requests = [chat_request(f"a-{i}", i) for i in range(30)]
+    ids = [r.request_id for r in requests]
+    assert settings.kafka_bootstrap is not None
+    try:
+        await produce_requests(settings.kafka_bootstrap, settings, requests)
+        wrong = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", llm_api_key="wrong-key"),
+                              tmp_path / "wrong.log")
+        wrong.start()
+        assert wrong.process is not None
+        assert wrong.process.wait(120) == 3, wrong.log_tail()
+        log = wrong.log_path.read_text()
+        assert "STOPPING" in log and "STREAMPROC_LLM_API_KEY" in log
+        right = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", llm_api_key="right-key"),
+                              tmp_path / "right.log")
+        right.start()
+        try:
+            async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
+                outcomes = await reader.wait_until_ended(ids, 120, right)
+        finally:
+            right.stop()
+    finally:
+        mock.stop()
+    assert not outcomes.failures
+    assert all(len(outcomes.results[i]) == 1 for i in ids), right.log_tail()

@@ -7,9 +7,14 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 
+from streamproc.localkafka import LocalBroker
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     MockServer,
@@ -80,3 +85,107 @@ async def test_sigkill_mid_batch_loses_nothing(settings: Settings, slow_mock: Mo
     assert in_flight_at_kill >= 100
     assert 0 <= duplicated_calls <= in_flight_at_kill
     assert duplicated_results <= in_flight_at_kill
+
+
+async def test_broker_restart_mid_batch(tmp_path: Path) -> None:
+    """A private broker is stopped and started again mid-batch: the worker reconnects by itself."""
+    broker = LocalBroker(Settings(data_dir=tmp_path / "broker", local_kafka_port=0, local_kafka_controller_port=0))
+    status = broker.start()
+    assert status.bootstrap is not None
+    settings = Settings(kafka_bootstrap=status.bootstrap, data_dir=tmp_path / "data", topic_prefix="restart",
+                        retry_tiers="1s,2s,4s")
+    mock = start_mock("clean", 2, "--latency", "0.5")
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1"), tmp_path / "worker.log")
+    requests = [chat_request(f"b-{i}", i) for i in range(1000)]
+    ids = [r.request_id for r in requests]
+    try:
+        await produce_requests(status.bootstrap, settings, requests)
+        worker.start()
+        await wait_for(lambda: mock.stats()["calls"] >= 250, 120, "250 calls")
+        assert broker.stop()
+        calls_while_down = mock.stats()["calls"]
+        await asyncio.sleep(5)
+        restarted = broker.start()
+        assert restarted.bootstrap == status.bootstrap  # same address: clients reconnect by themselves
+        async with OutcomeReader(status.bootstrap, settings) as reader:
+            outcomes = await reader.wait_until_ended(ids, 300, worker)
+        assert worker.alive(), worker.log_tail()
+    finally:
+        worker.stop()
+        mock.stop()
+        broker.stop()
+    lost = outcomes.unfinished(ids)
+    assert lost == [], f"{len(lost)} lost after a broker restart: {lost[:10]}\n{worker.log_tail()}"
+    assert calls_while_down < len(ids)  # the restart really happened mid-batch
+    assert all(outcomes.results[i] for i in ids)
+
+
+async def test_two_workers_share_partitions_and_hand_over(settings: Settings, tmp_path: Path) -> None:
+    """Two workers in one group split the partitions; stopping one mid-batch hands its partitions over."""
+    assert settings.kafka_bootstrap is not None
+    mock = start_mock("clean", 4, "--latency", "1")
+    first = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1"), tmp_path / "w1.log")
+    second = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w2"), tmp_path / "w2.log")
+    requests = [chat_request(f"g-{i}", i) for i in range(1500)]
+    ids = [r.request_id for r in requests]
+    group = f"{settings.topic_prefix}-app"
+    try:
+        await produce_requests(settings.kafka_bootstrap, settings, requests)
+        first.start()
+        second.start()
+        await wait_for_assignment(settings.kafka_bootstrap, group, members=2, timeout_s=90)
+        split = await requests_partitions_by_member(settings.kafka_bootstrap, group, settings.topic_prefix)
+        await wait_for(lambda: mock.stats()["calls"] >= 400, 120, "400 calls")
+        assert first.stop() == 0  # a graceful stop mid-batch
+        async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
+            outcomes = await reader.wait_until_ended(ids, 300, second)
+        after = await requests_partitions_by_member(settings.kafka_bootstrap, group, settings.topic_prefix)
+    finally:
+        first.stop()
+        second.stop()
+        mock.stop()
+    assert sorted(len(p) for p in split) == [4, 4], split  # 8 partitions, split evenly
+    assert [len(p) for p in after] == [8], after  # all handed to the survivor
+    lost = outcomes.unfinished(ids)
+    assert lost == [], f"{len(lost)} lost in the hand-over: {lost[:10]}"
+    assert not outcomes.failures
+
+
+async def requests_partitions_by_member(bootstrap: str, group: str, prefix: str) -> list[list[int]]:
+    """The requests-topic partitions each member of the group holds, read from the group coordinator."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        description = await describe_group(admin, group)
+    finally:
+        await admin.close()
+    members = []
+    for member in description["members"]:
+        assignment = ConsumerProtocolMemberAssignment.decode(member["member_assignment"])
+        partitions = [p for topic, parts in assignment.assignment if topic == f"{prefix}.requests" for p in parts]
+        members.append(sorted(partitions))
+    return members
+
+
+async def describe_group(admin: AIOKafkaAdminClient, group: str) -> dict[str, Any]:
+    (response,) = await admin.describe_consumer_groups([group])
+    (description,) = response.to_object()["groups"]
+    return cast(dict[str, Any], description)
+
+
+async def wait_for_assignment(bootstrap: str, group: str, members: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        while time.monotonic() < deadline:
+            try:
+                description = await describe_group(admin, group)
+            except GroupCoordinatorNotAvailableError:  # the group does not exist yet
+                description = {"state": "", "members": []}
+            if description["state"] == "Stable" and len(description["members"]) == members:
+                return
+            await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
+    raise AssertionError(f"group {group} did not settle with {members} members in {timeout_s}s")

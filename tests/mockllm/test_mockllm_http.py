@@ -66,7 +66,7 @@ async def test_clean_answer_shape_and_fingerprint(mock: MockLLMHandle, http: aio
     assert answer["choices"][0]["message"]["content"].startswith(f"[{request_fingerprint(body)}]")
     usage = answer["usage"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
-    assert headers["x-mock-request-key"].startswith(request_fingerprint(body))
+    assert answer["id"] == f"chatcmpl-mock{request_fingerprint(body)}x0"  # fingerprint, then attempt 0
 
 
 async def test_json_schema_answer_validates(mock: MockLLMHandle, http: aiohttp.ClientSession) -> None:
