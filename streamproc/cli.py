@@ -3,23 +3,51 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import sys
+import time
+from collections.abc import Coroutine
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
-from streamproc.kafka import NoBrokerError
-from streamproc.localkafka import LocalBroker, LocalKafkaError
+from streamproc.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
+from streamproc.errors import UserFacingError
+from streamproc.kafka import resolve_bootstrap
+from streamproc.layers import FailureLayer
+from streamproc.localkafka import LocalBroker
 from streamproc.mockllm.cli import mock_llm
+from streamproc.progress import Progress
+from streamproc.results_export import export_results
 from streamproc.roundtrip import run_round_trip
+from streamproc.run import format_outcome, run_batch
 from streamproc.settings import Settings
+from streamproc.status import format_status
+from streamproc.status_reader import read_status
+from streamproc.submit import submit_file
+from streamproc.topology import topology_of
 from streamproc.worker import run_worker
+
+T = TypeVar("T")
+
+
+def _run(work: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(work)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="streamproc")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Run large batches of LLM requests through Apache Kafka: every request ends in exactly one place,
     a result or an explained failure. Configuration comes from STREAMPROC_* environment variables."""
+    if ctx.invoked_subcommand != "worker":
+        # the Kafka client logs transient states (a new topic's leader not elected yet) as errors and
+        # retries them itself; a command reports what really failed as its one-line reason
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
 
 @cli.group()
@@ -79,6 +107,137 @@ def roundtrip(records: int, log_path: str | None) -> None:
 cli.add_command(mock_llm)
 
 
+@cli.command("submit")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--batch-id", required=True, help="Name of the batch (status, results and backfill use it).")
+@click.option("--skip-invalid", is_flag=True, help="Send the valid lines even when some are invalid.")
+def submit(file: Path, batch_id: str, skip_invalid: bool) -> None:
+    """Validate FILE (OpenAI Batch JSONL, or {"id", "prompt", ...} lines) and send its requests.
+
+    The whole file is checked first; an invalid line (with its number and reason) means nothing is sent,
+    unless --skip-invalid.
+
+    \b
+    Example:
+      streamproc submit requests.jsonl --batch-id labels-2026-11
+    """
+    with Progress(f"sending {file.name}") as bar:
+        report = _run(submit_file(Settings(), file, batch_id, skip_invalid=skip_invalid, progress=bar))
+    skipped = f", {report.skipped_invalid} invalid line(s) skipped" if report.skipped_invalid else ""
+    click.echo(f"batch {report.batch_id}: {report.sent} requests submitted in {report.seconds:.1f}s{skipped}")
+
+
+@cli.command("status")
+@click.option("--batch-id", required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the counts as one JSON object.")
+def status(batch_id: str, as_json: bool) -> None:
+    """Counts of a batch: submitted, succeeded, failed per layer, retrying, in flight, pending, converged.
+
+    \b
+    Example:
+      streamproc status --batch-id labels-2026-11 --json
+    """
+    settings = Settings()
+    current = _run(read_status(settings, batch_id))
+    if as_json:
+        click.echo(json.dumps(current.as_json()))
+        return
+    click.echo(format_status(current))
+
+
+@cli.command("results")
+@click.option("--batch-id", required=True)
+@click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="OpenAI batch output JSONL: one line per succeeded custom_id.")
+@click.option("--errors", type=click.Path(dir_okay=False, path_type=Path),
+              help="OpenAI batch error JSONL: one line per terminally failed custom_id (with layer and code).")
+def results(batch_id: str, output: Path, errors: Path | None) -> None:
+    """Export a batch: exactly one line per custom_id, even when the results topic holds duplicates.
+
+    \b
+    Example:
+      streamproc results --batch-id labels-2026-11 --output out.jsonl --errors errors.jsonl
+    """
+    report = export_results(Settings(), batch_id, output, errors)
+    where = f", {report.failures} failures to {errors}" if errors else f" ({report.failures} failures not written)"
+    click.echo(f"{report.results} results to {output}{where}")
+
+
+@cli.command("run")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--errors", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--batch-id", help="Default: the file name and the time.")
+@click.option("--timeout", default=3600.0, show_default=True, help="Seconds to wait for the batch to converge.")
+@click.option("--mock-profile", default="realistic", show_default=True,
+              help="Profile of the built-in mock server, used only when STREAMPROC_LLM_BASE_URL is unset.")
+@click.option("--workers", type=click.IntRange(min=0),
+              help="Worker processes to start here [default: 1 with the built-in broker, else 0].")
+def run(file: Path, output: Path, errors: Path | None, batch_id: str | None, timeout: float, mock_profile: str,
+        workers: int | None) -> None:
+    """Submit FILE, show progress until the batch converged, export results (and errors).
+
+    With no STREAMPROC_KAFKA_BOOTSTRAP it starts the built-in broker and a worker; with no
+    STREAMPROC_LLM_BASE_URL it starts the mock LLM server (and says so).
+
+    \b
+    Example:
+      streamproc run requests.jsonl --output out.jsonl --errors errors.jsonl
+    """
+    batch_id = batch_id or f"{file.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    report = run_batch(Settings(), file, output, errors, batch_id, timeout, mock_profile, workers)
+    click.echo(f"batch {batch_id} converged")
+    click.echo(format_outcome(report))
+
+
+@cli.command("backfill")
+@click.option("--batch-id", help="Only this batch.")
+@click.option("--layer", "layers", multiple=True, type=click.Choice([layer.value for layer in FailureLayer]),
+              help="Only these failure layers (repeatable).")
+@click.option("--error-code", "error_codes", multiple=True, help="Only these error codes (repeatable).")
+@click.option("--since", type=click.DateTime(), help="Only failures at or after this time (UTC).")
+@click.option("--until", type=click.DateTime(), help="Only failures before this time (UTC).")
+@click.option("--include-business", is_flag=True, help="Also replay business failures (after fixing the input).")
+@click.option("--dry-run", is_flag=True, help="Print the plan and send nothing.")
+@click.option("--rate", default=50.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Replays sent per second.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[str, ...], since: datetime | None,
+             until: datetime | None, include_business: bool, dry_run: bool, rate: float, as_json: bool) -> None:
+    """Replay terminal failures from the failure topics (after printing the plan).
+
+    Requests that succeeded since are skipped; semantic failures are replayed with a repair prompt;
+    business failures only with --include-business. Running it twice is safe.
+
+    \b
+    Example:
+      streamproc backfill --batch-id labels-2026-11 --layer transport --layer service --dry-run
+    """
+    settings = Settings()
+    selection = BackfillFilter(
+        batch_id=batch_id, layers=frozenset(FailureLayer(v) for v in layers) or frozenset(FailureLayer),
+        error_codes=frozenset(error_codes), since_ms=_epoch_ms(since), until_ms=_epoch_ms(until),
+        include_business=include_business)
+    failures, states = _run(read_for_backfill(resolve_bootstrap(settings), topology_of(settings)))
+    plan = plan_backfill(failures, states, selection)
+    if as_json:
+        click.echo(json.dumps({**plan.summary(), "dry_run": dry_run}))
+    else:
+        click.echo(f"backfill plan: {len(plan.replays)} to replay, {plan.to_skip} to skip")
+        for row in plan.rows():
+            click.echo(f"  {row['layer']:<10} {row['error_code']:<28} {row['count']:>7}  {row['decision']}")
+    if dry_run or not plan.replays:
+        return
+    with Progress("replaying") as bar:
+        sent = _run(replay(settings, plan, rate, bar))
+    if not as_json:
+        click.echo(f"replayed {sent} requests; follow them with `streamproc status`")
+
+
+def _epoch_ms(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.replace(tzinfo=moment.tzinfo or UTC).timestamp() * 1000)
+
+
 @cli.command("worker")
 @click.option("--loglevel", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
@@ -92,10 +251,70 @@ def worker(loglevel: str) -> None:
     sys.exit(run_worker(Settings(), loglevel.upper()))
 
 
+EXIT_OVER_MAX_LAG = 4
+
+
+@cli.command("lag")
+@click.option("--group", "groups", multiple=True, metavar="GROUP",
+              help="Consumer group; repeatable [default: STREAMPROC_APP_ID, the workers' group].")
+@click.option("--all-groups", is_flag=True, help="Every consumer group of the cluster.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (keys in the README).")
+@click.option("--max-lag", type=click.IntRange(min=0), metavar="N",
+              help=f"Exit {EXIT_OVER_MAX_LAG} when the total lag of a group exceeds N.")
+@click.option("--interval", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds between the two readings the consumption rate comes from.")
+@click.option("--no-rate", is_flag=True, help="One reading: no rate and no time-to-drain estimate.")
+def lag(groups: tuple[str, ...], all_groups: bool, as_json: bool, max_lag: int | None, interval: float,
+        no_rate: bool) -> None:
+    """Consumer lag per group/topic/partition, with the consumption rate and an estimated time to drain.
+
+    Lag is log-end offset minus committed offset. The rate comes from two readings --interval seconds
+    apart; the time to drain divides the lag by the net rate (consumed minus arriving). faust's internal
+    topics (table changelogs) are shown with a * and not counted.
+
+    \b
+    Exit codes: 0 ok; 2 broker unreachable or unknown group; 4 a group's lag is over --max-lag.
+
+    \b
+    Example:
+      streamproc lag --max-lag 10000
+      streamproc lag --group streamproc --json --interval 10
+    """
+    import logging  # local imports: this command is self-contained in a file others edit too
+
+    from streamproc.kafka import resolve_bootstrap as _bootstrap_of
+    from streamproc.lag import LagError, dumps, format_table, read_lag, sample_lag
+    from streamproc.topology import topology_of as _topology_of
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # its connection errors are reported below
+    settings = Settings()
+    bootstrap = _bootstrap_of(settings)
+    wanted = None if all_groups else list(groups) or [settings.app_id]
+    topology = _topology_of(settings)  # the workers' inputs are listed even before their first commit
+    inputs = {settings.app_id: [topology.requests, *(topology.retry(tier) for tier in topology.tiers)]}
+    try:
+        if no_rate:
+            report = asyncio.run(read_lag(bootstrap, wanted, inputs))
+        else:
+            if sys.stderr.isatty():
+                click.echo(f"reading offsets twice, {interval:g}s apart (--no-rate: once)...", err=True)
+            report = asyncio.run(sample_lag(bootstrap, wanted, interval, inputs))
+    except LagError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(dumps(report, max_lag) if as_json else format_table(report))
+    if max_lag is not None and (over := report.over(max_lag)):
+        worst = max(over, key=lambda group: group.lag)
+        others = f" (and {len(over) - 1} more group(s))" if len(over) > 1 else ""
+        click.echo(f"lag: group {worst.group!r} has a lag of {worst.lag} records, over --max-lag {max_lag}{others}",
+                   err=True)
+        sys.exit(EXIT_OVER_MAX_LAG)
+
+
 def main() -> None:
     """Entry point: known failures become a one-line reason and a non-zero exit, not a traceback."""
     try:
         cli(standalone_mode=True)
-    except (LocalKafkaError, NoBrokerError) as exc:
+    except UserFacingError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -22,6 +22,7 @@ from streamproc.classify import ConfigurationProblem, Failure, Success
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.layers import FailureLayer, RequestStatus
 from streamproc.llm_client import CallResult, answer_content, request_body
+from streamproc.observe import Observer, guarded
 from streamproc.retry import Retry, RetryPolicy, Tier, build_repair_request
 from streamproc.state import (
     Conflict,
@@ -86,7 +87,8 @@ class Handler:
 
     def __init__(self, caller: Caller, sink: Sink, store: StateStore, policy: RetryPolicy,
                  on_configuration_problem: Callable[[ConfigurationProblem], None],
-                 clock_ms: Callable[[], int] = _now_ms, rng: random.Random | None = None) -> None:
+                 clock_ms: Callable[[], int] = _now_ms, rng: random.Random | None = None,
+                 observer: Observer | None = None) -> None:
         self._caller = caller
         self._sink = sink
         self._store = store
@@ -94,6 +96,7 @@ class Handler:
         self._on_configuration_problem = on_configuration_problem
         self._clock_ms = clock_ms
         self._rng = rng or random.Random()
+        self._observer = guarded(observer)  # metrics; never raises into the handler
 
     async def handle(self, record: Record) -> Disposition:
         """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
@@ -115,6 +118,7 @@ class Handler:
         if isinstance(admission, Skip):
             log.debug("skip %s: %s (%s[%d]@%d, attempt %d)", request.request_id, admission.reason, record.topic,
                       record.partition, record.offset, hop.attempt)
+            self._observer.on_skip(admission.reason.value)
             return Disposition.ACK
         if isinstance(admission, Conflict):
             await self._emit_failure(request, admission.failure, hop.attempt, True, now, origin)
@@ -130,7 +134,9 @@ class Handler:
             await self._terminal(request, failure, hop.attempt, hop.first_failure_ms or now, origin, state)
             return Disposition.ACK
 
+        self._observer.on_started()
         called = await self._caller.call(request, body)
+        self._observer.on_llm_call(called.latency_ms / 1000)
         outcome = called.outcome
         if isinstance(outcome, ConfigurationProblem):
             self._on_configuration_problem(outcome)
@@ -142,6 +148,7 @@ class Handler:
                 attempts=hop.attempt, latency_ms=called.latency_ms, completed_ms=self._clock_ms(),
                 input_hash=state.input_hash,
             ))
+            self._observer.on_result()
             self._store.put(on_success(state, self._clock_ms()))  # result first, then state (DESIGN §4)
             return Disposition.ACK
         await self._after_failure(request, outcome, called, hop, origin, state)
@@ -158,6 +165,7 @@ class Handler:
             due = now + decision.due_in_ms
             await self._sink.retry(decision.tier, next_request, headers.hop_headers(
                 request.request_id, hop.attempt + 1, origin, failure, first_failure, due_ms=due))
+            self._observer.on_retry(decision.tier.name)
             await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin)
             self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now))
             return
@@ -184,6 +192,7 @@ class Handler:
         )
         await self._sink.failure(event, headers.hop_headers(request.request_id, attempt, origin, failure,
                                                             first_failure_ms))
+        self._observer.on_failure(failure.layer.value, failure.code, terminal)
 
     async def _decode(self, record: Record, origin: headers.Origin) -> InferenceRequest | None:
         """The record's request, or None once a poison record has been turned into its failure."""
@@ -197,6 +206,7 @@ class Handler:
                 failure = Failure(FailureLayer.BUSINESS, "unreadable_record", f"{reason}; no request id")
                 await self._sink.dead_letter(record, headers.hop_headers(
                     "", 1, origin, failure, self._clock_ms()) | {headers.ERROR_MESSAGE: reason.encode()[:1000]})
+                self._observer.on_failure(failure.layer.value, failure.code, True)
                 return None
             placeholder = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
             failure = Failure(FailureLayer.BUSINESS, "undecodable_record", reason)

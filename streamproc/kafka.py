@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import faust
 
+from streamproc.errors import UserFacingError
 from streamproc.localkafka import LocalBroker
 from streamproc.settings import Settings
 
 
-class NoBrokerError(RuntimeError):
+class NoBrokerError(UserFacingError):
     """Neither a configured cluster nor a running local broker."""
 
 

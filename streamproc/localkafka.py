@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamproc.errors import UserFacingError
 from streamproc.settings import Settings
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -56,7 +57,7 @@ _READY_MARK = "Kafka Server started"
 _COMPLETE_MARK = ".complete"
 
 
-class LocalKafkaError(RuntimeError):
+class LocalKafkaError(UserFacingError):
     """The local broker could not be fetched, started or stopped; the message says what to do."""
 
 
@@ -190,14 +191,14 @@ class LocalBroker:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    @staticmethod
-    def _is_our_broker(pid: int) -> bool:
-        """True if ``pid`` is alive and is a Kafka broker (guards against a recycled pid)."""
+    def _is_our_broker(self, pid: int) -> bool:
+        """True if ``pid`` is alive and is the broker of *this* directory: a recycled pid, or another
+        streamproc broker that got it, must never be taken for ours (and killed)."""
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return False
-        return b"kafka.Kafka" in cmdline
+        return b"kafka.Kafka" in cmdline and str(self.home / "server.properties").encode() in cmdline
 
     def status(self) -> BrokerStatus:
         state = self._read_state()
@@ -299,18 +300,17 @@ class LocalBroker:
         if pid is not None and self._is_our_broker(pid):
             self._terminate(pid, grace=10)
 
-    @staticmethod
-    def _terminate(pid: int, grace: float) -> None:
+    def _terminate(self, pid: int, grace: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            if not LocalBroker._is_our_broker(pid):
+            if not self._is_our_broker(pid):
                 return
             time.sleep(0.2)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        while LocalBroker._is_our_broker(pid):
+        while self._is_our_broker(pid):
             time.sleep(0.1)
 
     def stop(self, grace: float = 60.0) -> bool:

@@ -54,7 +54,11 @@ class Settings(BaseSettings):
     )
     llm_timeout_s: float = Field(default=60.0, gt=0, description="Read timeout of one LLM call.")
     llm_connect_timeout_s: float = Field(default=5.0, gt=0)
+    default_model: str = Field(default="mock-small", description="Model of simple-form input lines without one.")
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body submit accepts.")
     worker_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off.")
+    worker_metrics_host: str = Field(default="127.0.0.1", min_length=1,
+                                     description="Address /metrics listens on (0.0.0.0 in a container).")
 
     @property
     def local_kafka_dir(self) -> Path:

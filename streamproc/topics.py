@@ -13,8 +13,11 @@ from collections.abc import Mapping
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from streamproc.errors import UserFacingError
+from streamproc.topology import Topology
 
-class TopicMismatchError(RuntimeError):
+
+class TopicMismatchError(UserFacingError):
     """An existing topic has another partition count than streamproc needs."""
 
 
@@ -27,14 +30,16 @@ def _partition_counts(metadata: list[dict[str, object]]) -> dict[str, int]:
     return counts
 
 
-async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], replication: int = 1) -> None:
-    """Create the missing topics; raise :class:`TopicMismatchError` for an existing one of the wrong size."""
+async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], replication: int = 1,
+                        configs: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    """Create the missing topics (with ``configs`` per topic, e.g. compaction); raise
+    :class:`TopicMismatchError` for an existing one of the wrong size."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, count, replication) for name, count in partitions_by_topic.items()
-                   if name not in existing]
+        missing = [NewTopic(name, count, replication, topic_configs=dict((configs or {}).get(name, {})))
+                   for name, count in partitions_by_topic.items() if name not in existing]
         if missing:
             with contextlib.suppress(TopicAlreadyExistsError):  # another worker created them first
                 await admin.create_topics(missing)
@@ -55,3 +60,9 @@ async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], 
             )
     finally:
         await admin.close()
+
+
+async def ensure_pipeline_topics(bootstrap: str, topology: Topology) -> None:
+    """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests compacted."""
+    await ensure_topics(bootstrap, {**topology.all_topics(), topology.batches: 1},
+                        configs={topology.batches: {"cleanup.policy": "compact"}})

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from streamproc.classify import parse_duration_ms
 from streamproc.layers import FailureLayer
 from streamproc.retry import Tier
+from streamproc.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -15,6 +17,7 @@ class Topology:
     prefix: str
     partitions: int
     tiers: tuple[Tier, ...]
+    app_id: str = "streamproc"
 
     @property
     def requests(self) -> str:
@@ -29,6 +32,16 @@ class Topology:
         """Records without even a readable request id: kept byte for byte, with the reason in headers."""
         return f"{self.prefix}.deadletter"
 
+    @property
+    def batches(self) -> str:
+        """Batch manifests (compacted, one partition): see :mod:`streamproc.batches`."""
+        return f"{self.prefix}.batches"
+
+    @property
+    def state_changelog(self) -> str:
+        """faust's backup topic of the ``request_state`` table (``<app_id>-<table>-changelog``)."""
+        return f"{self.app_id}-request_state-changelog"
+
     def failed(self, layer: FailureLayer) -> str:
         return f"{self.prefix}.failed.{layer.value}"
 
@@ -41,3 +54,18 @@ class Topology:
         names += [self.failed(layer) for layer in FailureLayer]
         names += [self.retry(tier) for tier in self.tiers]
         return dict.fromkeys(names, self.partitions)
+
+
+def parse_tiers(spec: str) -> tuple[Tier, ...]:
+    """``"5s,30s,2m,10m"`` -> tiers named as written, with their delays."""
+    tiers = []
+    for name in spec.split(","):
+        delay = parse_duration_ms(name.strip())
+        if delay is None:
+            raise ValueError(f"retry tier {name!r} is not a duration like 5s, 2m or 500ms")
+        tiers.append(Tier(name.strip(), delay))
+    return tuple(tiers)
+
+
+def topology_of(settings: Settings) -> Topology:
+    return Topology(settings.topic_prefix, settings.partitions, parse_tiers(settings.retry_tiers), settings.app_id)

@@ -21,36 +21,23 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from streamproc import codec, headers
-from streamproc.classify import ConfigurationProblem, parse_duration_ms
+from streamproc.classify import ConfigurationProblem
 from streamproc.dispatcher import Dispatcher
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.handler import Disposition, Handler, Record
 from streamproc.kafka import make_faust_app, resolve_bootstrap
 from streamproc.llm_client import LLMClient
+from streamproc.metrics import serve_worker_metrics, watch_worker
+from streamproc.observe import Observer
 from streamproc.retry import RetryPolicy, Tier
 from streamproc.settings import Settings
-from streamproc.topics import ensure_topics
-from streamproc.topology import Topology
+from streamproc.topics import ensure_pipeline_topics
+from streamproc.topology import Topology, topology_of
 
 log = logging.getLogger("streamproc.worker")
 
 EXIT_CONFIGURATION = 3
 _REBALANCE_POLL_S = 0.2
-
-
-def parse_tiers(spec: str) -> tuple[Tier, ...]:
-    """``"5s,30s,2m,10m"`` -> tiers named as written, with their delays."""
-    tiers = []
-    for name in spec.split(","):
-        delay = parse_duration_ms(name.strip())
-        if delay is None:
-            raise ValueError(f"retry tier {name!r} is not a duration like 5s, 2m or 500ms")
-        tiers.append(Tier(name.strip(), delay))
-    return tuple(tiers)
-
-
-def topology_of(settings: Settings) -> Topology:
-    return Topology(settings.topic_prefix, settings.partitions, parse_tiers(settings.retry_tiers))
 
 
 class FaustSink:
@@ -107,7 +94,7 @@ class TableStore:
 class WorkerRuntime:
     """The app and its parts, built once per process."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, observer: Observer | None = None) -> None:
         self.settings = settings
         self.topology = topology_of(settings)
         self.app = make_faust_app(settings, settings.app_id, settings.partitions)
@@ -124,7 +111,7 @@ class WorkerRuntime:
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
         self.handler = Handler(self.llm, self.sink, TableStore(self.table), RetryPolicy(tiers=self.topology.tiers),
-                               self._on_configuration_problem, rng=random.Random())
+                               self._on_configuration_problem, rng=random.Random(), observer=observer)
         self._register_agents()
 
     # -- agents ------------------------------------------------------------------------------------------
@@ -226,13 +213,26 @@ async def wait_for_broker(bootstrap: str, give_up_after_s: float | None = None) 
 def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     """Run a worker until SIGTERM/SIGINT; returns the process exit code."""
     logging.basicConfig(level=loglevel, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore"):  # httpx logs every request at INFO: a line (and CPU) per LLM call
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     bootstrap = resolve_bootstrap(settings)
     topology = topology_of(settings)
+    try:  # before anything else, so that a taken port fails fast
+        metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host)
+                   if settings.worker_metrics_port else None)
+    except OSError as exc:
+        log.critical("STOPPING: cannot serve /metrics on %s:%d (%s); change STREAMPROC_WORKER_METRICS_PORT",
+                     settings.worker_metrics_host, settings.worker_metrics_port, exc)
+        return EXIT_CONFIGURATION
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.run_until_complete(wait_for_broker(bootstrap))
-    loop.run_until_complete(ensure_topics(bootstrap, topology.all_topics()))
-    runtime = WorkerRuntime(settings)
+    loop.run_until_complete(ensure_pipeline_topics(bootstrap, topology))
+    runtime = WorkerRuntime(settings, observer=metrics)
+    if metrics is not None:
+        watch_worker(metrics, runtime.app, bootstrap, settings.app_id,
+                     [topology.requests, *(topology.retry(tier) for tier in topology.tiers)],
+                     in_flight=lambda: runtime.dispatcher.in_flight)
     log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
              settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
     worker = faust.Worker(runtime.app, loop=loop, loglevel=loglevel, quiet=True, redirect_stdouts=False)

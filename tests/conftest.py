@@ -36,5 +36,6 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
     """Settings for one test: the session broker, a private data dir, a unique topic prefix and short retry
     tiers (the policy is the same, the tests are faster)."""
+    prefix = f"t{os.getpid()}-{tmp_path.name[-12:]}".replace("_", "-")
     return Settings(kafka_bootstrap=kafka_bootstrap, data_dir=tmp_path / "data", retry_tiers="1s,2s,4s",
-                    topic_prefix=f"t{os.getpid()}-{tmp_path.name[-12:]}".replace("_", "-"))
+                    topic_prefix=prefix, app_id=f"{prefix}-app")

@@ -18,7 +18,7 @@ from streamproc.mockllm import errors, jsonfast
 from streamproc.mockllm.content import Answer, AnswerRequest, compose
 from streamproc.mockllm.errors import ErrorReply
 from streamproc.mockllm.faults import FaultKind, ForcedFault, ForcedFaultError, draw, find_marker
-from streamproc.mockllm.identity import FINGERPRINT_CHARS, raw_key, request_key
+from streamproc.mockllm.identity import fingerprint, raw_key, request_key
 from streamproc.mockllm.latency import FixedLatency, Latency
 from streamproc.mockllm.outage import OutageSwitch
 from streamproc.mockllm.profiles import ModelSpec, Profile
@@ -146,7 +146,6 @@ class MockEngine:
             key = raw_key(incoming.body)
             parsed_json = False
         call = self.stats.begin(incoming.endpoint, key, incoming.request_id)
-        key_hex = key.hex()
 
         if self._expected_auth is not None and incoming.authorization != self._expected_auth:
             reply = (
@@ -209,7 +208,7 @@ class MockEngine:
             if fault is FaultKind.HANG:
                 self.stats.finish(call, None, fault.value, fault.layer)
                 return Hang(self.profile.hang_seconds)
-        return self._complete(call, key, key_hex, parsed, fault, prompt_tokens, latency, headers)
+        return self._complete(call, key, parsed, fault, prompt_tokens, latency, headers)
 
     def reject_oversized(self, incoming_endpoint: str, body_prefix: bytes, limit: int) -> Rejected:
         """A body over the size limit: 413, counted like any call (keyed by what was read of it)."""
@@ -268,14 +267,13 @@ class MockEngine:
         self,
         call: Call,
         key: bytes,
-        key_hex: str,
         parsed: ParsedRequest,
         fault: FaultKind | None,
         prompt_tokens: int,
         latency: float,
         headers: Mapping[str, str],
     ) -> Completed:
-        fp = key_hex[:FINGERPRINT_CHARS]
+        fp = fingerprint(key)
         n = parsed.n
         prompts = parsed.prompts
         answers: list[Answer] = []

@@ -17,12 +17,18 @@ def format_duration(seconds: float) -> str:
     """OpenAI's duration style for ``x-ratelimit-reset-*`` and "try again in": ``120ms``, ``1.5s``, ``1m30s``."""
     if seconds <= 0:
         return "0s"
-    if seconds < 1:
-        return f"{math.ceil(seconds * 1000)}ms"
-    if seconds < 60:
-        return f"{math.ceil(seconds * 1000) / 1000:g}s"
-    minutes, rest = divmod(math.ceil(seconds * 1000) / 1000, 60)
-    return f"{int(minutes)}m{rest:g}s"
+    millis = _ceil_ms(seconds)
+    if millis < 1000:
+        return f"{millis}ms"
+    if millis < 60_000:
+        return f"{millis / 1000:g}s"
+    minutes, rest = divmod(millis, 60_000)
+    return f"{minutes}m{rest / 1000:g}s"
+
+
+def _ceil_ms(seconds: float) -> int:
+    """Whole milliseconds, rounded up, ignoring float noise (0.1 s is 100 ms, not 101)."""
+    return max(1, math.ceil(seconds * 1000 - 1e-6))
 
 
 class TokenBucket:
@@ -126,7 +132,5 @@ class RateLimiter:
 
 def retry_headers(seconds: float) -> dict[str, str]:
     """``retry-after-ms`` (exact, read first by OpenAI's client) and ``retry-after`` (whole seconds, rounded up)."""
-    return {
-        "retry-after-ms": str(max(1, math.ceil(seconds * 1000))),
-        "retry-after": str(max(1, math.ceil(seconds))),
-    }
+    millis = _ceil_ms(seconds)
+    return {"retry-after-ms": str(millis), "retry-after": str(max(1, -(-millis // 1000)))}

@@ -28,7 +28,7 @@ from aiohttp.log import access_logger
 
 from streamproc.mockllm.engine import MockEngine
 from streamproc.mockllm.profiles import Overrides, Profile, customize, load_profile
-from streamproc.mockllm.server import MockLLMServer
+from streamproc.mockllm.server import MAX_BODY_BYTES, MockLLMServer
 
 LISTENING_PREFIX = "mock-llm listening on "
 SHUTDOWN_TIMEOUT = 2.0  # seconds a stopping server gives in-flight answers (hangs end at once)
@@ -79,10 +79,11 @@ async def running_mock_llm(
     overrides: Overrides | None = None,
     clock: Callable[[], float] = time.monotonic,
     access_log: bool = False,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> AsyncIterator[MockLLMHandle]:
     """Serve the mock in the running event loop until the block ends; port 0 picks a free port."""
     engine = MockEngine(resolve_profile(profile, overrides), seed, api_key=api_key, clock=clock)
-    server = MockLLMServer(engine)
+    server = MockLLMServer(engine, max_body_bytes=max_body_bytes)
     runner = web.AppRunner(
         server.build_app(),
         handler_cancellation=True,  # a client that gives up ends its hang or its latency wait

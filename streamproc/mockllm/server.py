@@ -32,7 +32,6 @@ HTML_PAGE = (
     b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
     b"</center>\r\n<hr><center>mock-proxy</center>\r\n</body>\r\n</html>\r\n"
 )
-ENGINE_KEY: web.AppKey[MockEngine] = web.AppKey("engine", MockEngine)
 
 
 def _json_response(status: int, body: Any, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -64,15 +63,15 @@ def _close(request: web.BaseRequest) -> None:
 class MockLLMServer:
     """HTTP front of one engine; ``build_app()`` gives the aiohttp application."""
 
-    def __init__(self, engine: MockEngine) -> None:
+    def __init__(self, engine: MockEngine, *, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.engine = engine
+        self.max_body_bytes = max_body_bytes
         self.in_flight = 0
         self.hanging = 0
         self._closing = asyncio.Event()
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
-        app[ENGINE_KEY] = self.engine
+        app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.list_models)
@@ -102,7 +101,7 @@ class MockLLMServer:
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
-                rejected = self.engine.reject_oversized(endpoint, b"", MAX_BODY_BYTES)
+                rejected = self.engine.reject_oversized(endpoint, b"", self.max_body_bytes)
                 return _error_response(rejected.reply, rejected.headers)
             headers = request.headers
             incoming = Incoming(

@@ -24,8 +24,8 @@ from streamproc import codec
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.layers import FailureLayer
 from streamproc.settings import Settings
-from streamproc.topics import ensure_topics
-from streamproc.worker import topology_of
+from streamproc.topics import ensure_pipeline_topics
+from streamproc.topology import topology_of
 
 
 def chat_request(request_id: str, i: int, *, batch_id: str = "b1", json_schema: bool = False) -> InferenceRequest:
@@ -121,7 +121,7 @@ def worker_env(settings: Settings, llm_url: str, data_dir: Path, **extra: str) -
         "STREAMPROC_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "STREAMPROC_LLM_BASE_URL": llm_url,
         "STREAMPROC_TOPIC_PREFIX": settings.topic_prefix,
-        "STREAMPROC_APP_ID": f"{settings.topic_prefix}-app",
+        "STREAMPROC_APP_ID": settings.app_id,
         "STREAMPROC_DATA_DIR": str(data_dir),
         "STREAMPROC_PARTITIONS": str(settings.partitions),
         "STREAMPROC_RETRY_TIERS": settings.retry_tiers,
@@ -148,7 +148,7 @@ async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | No
 
 async def produce_requests(bootstrap: str, settings: Settings, requests: Iterable[InferenceRequest]) -> int:
     topology = topology_of(settings)
-    await ensure_topics(bootstrap, topology.all_topics())
+    await ensure_pipeline_topics(bootstrap, topology)
     topic = topology.requests
     return await produce(bootstrap, topic, ((r.request_id.encode(), codec.encode(r)) for r in requests))
 
@@ -238,7 +238,7 @@ async def trace_requests(bootstrap: str, settings: Settings, request_ids: Iterab
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        committed = await admin.list_consumer_group_offsets(f"{settings.topic_prefix}-app")
+        committed = await admin.list_consumer_group_offsets(settings.app_id)
         lines += [f"committed {tp.topic}[{tp.partition}] = {meta.offset}" for tp, meta in sorted(committed.items())
                   if not tp.topic.endswith("-changelog")]
     finally:
@@ -266,7 +266,7 @@ async def group_lag(bootstrap: str, group: str, topic: str) -> int:
 async def wait_caught_up(bootstrap: str, settings: Settings, topic: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if await group_lag(bootstrap, f"{settings.topic_prefix}-app", topic) == 0:
+        if await group_lag(bootstrap, settings.app_id, topic) == 0:
             return
         await asyncio.sleep(0.5)
     raise AssertionError(f"the workers did not consume {topic} within {timeout_s}s")

@@ -128,7 +128,7 @@ async def test_two_workers_share_partitions_and_hand_over(settings: Settings, tm
     second = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w2"), tmp_path / "w2.log")
     requests = [chat_request(f"g-{i}", i) for i in range(1500)]
     ids = [r.request_id for r in requests]
-    group = f"{settings.topic_prefix}-app"
+    group = settings.app_id
     try:
         await produce_requests(settings.kafka_bootstrap, settings, requests)
         first.start()

@@ -87,9 +87,10 @@ SERVICE = [
 
 @pytest.mark.parametrize(("fault", "status"), SERVICE)
 async def test_service_errors(mock: MockLLMHandle, http: aiohttp.ClientSession, fault: str, status: int) -> None:
-    got, _, raw = await post(http, mock, chat(), fault)
+    got, headers, raw = await post(http, mock, chat(), fault)
     assert got == status
     assert error_body(raw)["type"] == "server_error"
+    assert headers["x-mock-attempt"] == "0"  # error answers name the attempt (answers do in their id)
 
 
 async def test_overloaded_is_anthropic_shaped(mock: MockLLMHandle, http: aiohttp.ClientSession) -> None:
@@ -417,3 +418,12 @@ async def test_same_seed_same_faults(http: aiohttp.ClientSession) -> None:
     assert first == again
     assert first != other
     assert any(":200" not in o for o in first[:120])
+
+
+async def test_body_over_the_size_limit_is_413(http: aiohttp.ClientSession) -> None:
+    async with running_mock_llm("clean", max_body_bytes=2_000) as mock:
+        status, _, raw = await post(http, mock, chat("x" * 5_000))
+        assert status == 413
+        assert error_body(raw)["code"] == "request_too_large"
+        assert mock.stats()["by_outcome"] == {"body_too_large": 1}
+        assert (await post(http, mock, chat("small")))[0] == 200

@@ -10,7 +10,18 @@ from streamproc.mockllm.ratelimit import RateLimiter, TokenBucket, format_durati
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0, "0s"), (0.0004, "1ms"), (0.12, "120ms"), (1.5, "1.5s"), (1.0, "1s"), (17.281, "17.281s"), (90, "1m30s")],
+    [
+        (0, "0s"),
+        (0.0004, "1ms"),
+        (0.12, "120ms"),
+        (0.1 + 1e-12, "100ms"),
+        (0.9999, "1s"),
+        (1.5, "1.5s"),
+        (1.0, "1s"),
+        (17.281, "17.281s"),
+        (90, "1m30s"),
+        (61.25, "1m1.25s"),
+    ],
 )
 def test_durations_read_like_openai(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
@@ -106,6 +117,7 @@ def test_no_limits_no_headers() -> None:
 def test_retry_headers_round_up() -> None:
     assert retry_headers(1.5) == {"retry-after-ms": "1500", "retry-after": "2"}
     assert retry_headers(0.0001) == {"retry-after-ms": "1", "retry-after": "1"}
+    assert retry_headers(2.0000000001) == {"retry-after-ms": "2000", "retry-after": "2"}
 
 
 def test_steady_hammering_admits_the_minute_rate() -> None:

@@ -41,6 +41,6 @@ async def test_rpm_600_admits_about_100_in_10_seconds() -> None:
     admitted = statuses.count(200)
     assert 95 <= admitted <= 105, admitted
     assert set(statuses) == {200, 429}
-    assert statuses.count(429) > 10 * admitted  # it was really a flood
+    assert statuses.count(429) > 3 * admitted  # it was really a flood
     assert max(hints_ms) <= 100  # one request every 100 ms: never a longer wait than that
     assert stats["by_outcome"] == {"ok": admitted, "rate_limited": statuses.count(429)}

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
-from streamproc.cli import cli
+from streamproc.mockllm.cli import mock_llm
 from streamproc.mockllm.latency import FixedLatency
 from streamproc.mockllm.profiles import Overrides
 from streamproc.mockllm.runner import MockLLMProcess, MockLLMThread, running_mock_llm
@@ -89,13 +89,13 @@ def test_process_helper_with_options(tmp_path: Path) -> None:
     ],
 )
 def test_bad_options_are_reported_without_starting(args: list[str], message: str) -> None:
-    result = CliRunner().invoke(cli, ["mock-llm", *args])
+    result = CliRunner().invoke(mock_llm, args)
     assert result.exit_code == 2
     assert message in result.output
 
 
 def test_help_lists_the_options() -> None:
-    result = CliRunner().invoke(cli, ["mock-llm", "--help"])
+    result = CliRunner().invoke(mock_llm, ["--help"])
     assert result.exit_code == 0
     for option in ("--port", "--profile", "--seed", "--api-key", "--rpm", "--tpm", "--latency", "--outage"):
         assert option in result.output

@@ -1,0 +1,1 @@
+"""Benchmarks of the streamproc pipeline (not tests): ``scripts/bench`` runs :mod:`benchmarks.pipeline`."""

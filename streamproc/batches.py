@@ -1,0 +1,39 @@
+"""Batch manifests: how many requests a batch submitted, kept on a compacted topic keyed by batch id.
+
+``status`` needs the submitted count to say whether a batch converged; the request state only knows the
+requests a worker has seen. The manifest is written once the whole file has been sent, so a batch whose
+manifest exists was submitted completely. It is small JSON (not Avro) because it is an operations record
+that no pipeline component decodes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BatchManifest:
+    batch_id: str
+    submitted: int
+    created_ms: int
+    source: str  # the input file, for people reading the topic
+    invalid_skipped: int = 0
+
+
+def encode_manifest(manifest: BatchManifest) -> bytes:
+    return json.dumps(asdict(manifest), separators=(",", ":")).encode()
+
+
+def decode_manifest(data: bytes) -> BatchManifest:
+    """Raises ValueError for anything that is not a manifest (a foreign record on the topic)."""
+    fields: Any = json.loads(data)
+    if not isinstance(fields, dict):
+        raise ValueError("a batch manifest is a JSON object")
+    try:
+        return BatchManifest(batch_id=str(fields["batch_id"]), submitted=int(fields["submitted"]),
+                             created_ms=int(fields["created_ms"]), source=str(fields.get("source", "")),
+                             invalid_skipped=int(fields.get("invalid_skipped", 0)))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a batch manifest: {exc}") from None

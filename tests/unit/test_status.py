@@ -1,0 +1,54 @@
+"""The per-batch status fold: counts add up to submitted, converged only when every request ended."""
+
+from __future__ import annotations
+
+from streamproc.batches import BatchManifest, decode_manifest, encode_manifest
+from streamproc.events import RequestState
+from streamproc.layers import FailureLayer, RequestStatus
+from streamproc.status import StatusFold, format_status
+
+
+def state(request_id: str, status: RequestStatus, layer: FailureLayer | None = None,
+          batch_id: str = "b") -> RequestState:
+    return RequestState(request_id, status, "h", batch_id=batch_id, last_layer=layer)
+
+
+def test_counts_add_up_and_latest_state_wins() -> None:
+    fold = StatusFold("b")
+    fold.apply([state("1", RequestStatus.IN_FLIGHT), state("2", RequestStatus.IN_FLIGHT),
+                state("3", RequestStatus.IN_FLIGHT), state("x", RequestStatus.SUCCEEDED, batch_id="other")])
+    fold.apply([state("1", RequestStatus.SUCCEEDED), state("2", RequestStatus.RETRYING)])
+    status = fold.status(submitted=5)
+    assert status.as_json() == {"batch_id": "b", "submitted": 5, "succeeded": 1,
+                                "failed": {"transport": 0, "service": 0, "semantic": 0, "business": 0},
+                                "retrying": 1, "in_flight": 1, "pending": 2, "converged": False}
+
+
+def test_converged_when_every_request_ended() -> None:
+    fold = StatusFold("b")
+    fold.apply([state("1", RequestStatus.SUCCEEDED), state("2", RequestStatus.FAILED, FailureLayer.SEMANTIC),
+                state("3", RequestStatus.FAILED, FailureLayer.BUSINESS)])
+    status = fold.status(submitted=3)
+    assert status.converged
+    assert status.failed == {"transport": 0, "service": 0, "semantic": 1, "business": 1}
+    assert "converged  yes" in format_status(status)
+    assert not fold.status(submitted=4).converged  # one not seen yet: pending
+    assert not StatusFold("empty").status(0).converged
+
+
+def test_states_beyond_the_manifest_raise_submitted_instead_of_breaking_the_sum() -> None:
+    fold = StatusFold("b")
+    fold.apply([state("1", RequestStatus.SUCCEEDED), state("2", RequestStatus.SUCCEEDED)])
+    status = fold.status(submitted=0)  # the manifest is not written yet
+    assert (status.submitted, status.pending, status.converged) == (2, 0, True)
+
+
+def test_manifest_round_trip_and_rejects_foreign_records() -> None:
+    manifest = BatchManifest("b", 10, 123, "in.jsonl", invalid_skipped=2)
+    assert decode_manifest(encode_manifest(manifest)) == manifest
+    for foreign in (b"[]", b'{"batch_id": "b"}', b'{"batch_id": "b", "submitted": "x", "created_ms": 1}'):
+        try:
+            decode_manifest(foreign)
+        except ValueError:
+            continue
+        raise AssertionError(f"{foreign!r} was accepted")
