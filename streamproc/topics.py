@@ -63,6 +63,13 @@ async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], 
 
 
 async def ensure_pipeline_topics(bootstrap: str, topology: Topology) -> None:
-    """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests compacted."""
-    await ensure_topics(bootstrap, {**topology.all_topics(), topology.batches: 1},
-                        configs={topology.batches: {"cleanup.policy": "compact"}})
+    """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests compacted.
+
+    The state table's changelog is created here too, before any worker starts: when faust creates it
+    itself, its consumer can cache metadata taken while the new topic has no partitions yet, and then
+    refuses every table write (``PartitionsMismatch``) until the next metadata refresh (seen in tests).
+    """
+    compacted = {"cleanup.policy": "compact"}
+    await ensure_topics(bootstrap, {**topology.all_topics(), topology.state_changelog: topology.partitions,
+                                    topology.batches: 1},
+                        configs={topology.batches: compacted, topology.state_changelog: compacted})
