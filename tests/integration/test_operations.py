@@ -26,7 +26,8 @@ def cli(settings: Settings, *args: str, llm_url: str = "") -> subprocess.Complet
     env = {key: value for key, value in os.environ.items() if not key.startswith("STREAMPROC_")}
     env.update({"STREAMPROC_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
                 "STREAMPROC_TOPIC_PREFIX": settings.topic_prefix, "STREAMPROC_APP_ID": settings.app_id,
-                "STREAMPROC_RETRY_TIERS": settings.retry_tiers, "STREAMPROC_DATA_DIR": str(settings.data_dir)})
+                "STREAMPROC_RETRY_TIERS": settings.retry_tiers, "STREAMPROC_DATA_DIR": str(settings.data_dir),
+                "STREAMPROC_LLM_TIMEOUT_S": "5"})
     if llm_url:
         env["STREAMPROC_LLM_BASE_URL"] = llm_url
     return subprocess.run([sys.executable, "-m", "streamproc", *args], env=env, capture_output=True, text=True,
@@ -167,3 +168,17 @@ def test_outage_then_backfill_recovers_every_failure(settings: Settings, tmp_pat
     assert exported.returncode == 0, exported.stderr
     lines = read_jsonl(tmp_path / "out.jsonl")
     assert len(lines) == 400 and len({line["custom_id"] for line in lines}) == 400
+
+
+def test_run_command_submits_follows_and_exports(settings: Settings, tmp_path: Path) -> None:
+    """`run` with a configured broker but no LLM URL: it starts a worker and the mock server (loudly)."""
+    path = batch_file(tmp_path / "in.jsonl", 150, "r")
+    result = cli(settings, "run", str(path), "--output", str(tmp_path / "out.jsonl"), "--errors",
+                 str(tmp_path / "err.jsonl"), "--batch-id", "run1", "--workers", "1", "--timeout", "240")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MOCK LLM server" in result.stderr
+    assert "batch run1 converged" in result.stdout and "LLM calls spent" in result.stdout
+    outputs, errors = read_jsonl(tmp_path / "out.jsonl"), read_jsonl(tmp_path / "err.jsonl")
+    ids = [line["custom_id"] for line in outputs + errors]
+    assert sorted(ids) == sorted(f"r-{i}" for i in range(150))  # exactly one line per custom_id
+    assert f"results: {tmp_path / 'out.jsonl'} ({len(outputs)} lines)" in result.stdout
