@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from aiokafka.structs import TopicPartition
 from streamproc import codec
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.layers import FailureLayer
+from streamproc.mockllm.runner import MockLLMProcess
 from streamproc.settings import Settings
 from streamproc.topics import ensure_pipeline_topics
 from streamproc.topology import topology_of
@@ -39,47 +39,12 @@ def chat_request(request_id: str, i: int, *, batch_id: str = "b1", json_schema: 
                             submitted_ms=int(time.time() * 1000))
 
 
-@dataclass
-class MockServer:
-    process: subprocess.Popen[str]
-    url: str
-
-    @property
-    def root(self) -> str:
-        return self.url.removesuffix("/v1")
-
-    def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.root}/stats?detail=1", timeout=10) as response:
-            result: dict[str, Any] = json.load(response)
-            return result
-
-    def control(self, path: str, payload: dict[str, Any]) -> None:
-        request = urllib.request.Request(f"{self.root}/control/{path}", data=json.dumps(payload).encode(),
-                                         headers={"content-type": "application/json"}, method="POST")
-        with urllib.request.urlopen(request, timeout=10):
-            pass
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+MockServer = MockLLMProcess
 
 
-def start_mock(profile: str, seed: int = 7, *args: str) -> MockServer:
-    process = subprocess.Popen([sys.executable, "-m", "streamproc", "mock-llm", "--port", "0", "--profile", profile,
-                                "--seed", str(seed), *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               text=True)
-    assert process.stdout is not None
-    first = process.stdout.readline()
-    marker = "listening on "
-    assert marker in first, f"mock-llm printed {first!r}"
-    url = first.split(marker, 1)[1].split()[0]
-    if not url.endswith("/v1"):
-        url = url[: url.index("/v1") + 3]
-    return MockServer(process, url)
+def start_mock(profile: str, seed: int = 7, *args: str) -> MockLLMProcess:
+    """The mock server as a child process on a free port (``mock.stats(detail=True)`` has per-id calls)."""
+    return MockLLMProcess.start("--profile", profile, "--seed", str(seed), *args)
 
 
 @dataclass

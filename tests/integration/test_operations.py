@@ -141,11 +141,11 @@ def test_outage_then_backfill_recovers_every_failure(settings: Settings, tmp_pat
         while mock.stats()["calls"] < 80:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        mock.control("outage", {"seconds": 40})  # longer than the 5 retries of the test tiers (<= 4 s each)
+        mock.post("/control/outage", {"seconds": 40})  # longer than the 5 retries of the test tiers (<= 4 s each)
         first = wait_converged(settings, "outage", 180, worker)[-1]
         assert first["failed"]["service"] > 0, first  # the outage really burnt requests
-        calls_before = {i: e["calls"] for i, e in mock.stats()["per_request_id"].items()}
-        succeeded_before = {i for i, e in mock.stats()["per_request_id"].items() if "ok" in e["outcomes"]}
+        calls_before = {i: e["calls"] for i, e in mock.stats(detail=True)["per_request_id"].items()}
+        succeeded_before = {i for i, e in mock.stats(detail=True)["per_request_id"].items() if "ok" in e["outcomes"]}
 
         plan = cli(settings, "backfill", "--batch-id", "outage", "--dry-run", "--json")
         assert plan.returncode == 0, plan.stderr
@@ -158,7 +158,7 @@ def test_outage_then_backfill_recovers_every_failure(settings: Settings, tmp_pat
         final = wait_converged(settings, "outage", 180, worker)[-1]
         again = cli(settings, "backfill", "--batch-id", "outage", "--json")  # idempotent: nothing left to do
         assert json.loads(again.stdout)["to_replay"] == 0
-        calls_after = {i: e["calls"] for i, e in mock.stats()["per_request_id"].items()}
+        calls_after = {i: e["calls"] for i, e in mock.stats(detail=True)["per_request_id"].items()}
     finally:
         worker.stop()
         mock.stop()

@@ -71,7 +71,7 @@ async def test_realistic_batch_converges_exactly_once(settings: Settings, tmp_pa
         await produce_requests(settings.kafka_bootstrap, settings, requests)
         async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
             outcomes = await reader.wait_until_ended(ids, 300, worker)
-        stats = mock.stats()
+        stats = mock.stats(detail=True)
     finally:
         worker.stop()
         mock.stop()
