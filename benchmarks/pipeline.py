@@ -406,6 +406,7 @@ class Bench:
     in_flight: int
     partitions: int
     broker_pid: int | None  # None: a given cluster, not ours to account for
+    _zero_mock: tuple[str, int] | None = None
 
     def topology(self, name: str) -> Topology:
         """The run's own topics and consumer group (app id = prefix + "-app"), as the worker will see them."""
@@ -488,6 +489,23 @@ class Bench:
         return RunReport(name, observed, int(mock.stats()["calls"]),
                          watch.cores(observed.first_call, observed.last_seen), watch.peak_rss_kb / 1024)
 
+    def zero_latency_mock(self) -> tuple[str, int]:
+        """The latency-0 mock of the warm-up and the CPU-bound runs (started once)."""
+        if self._zero_mock is None:
+            self._zero_mock = self.stack.start_mock("mock-cpu", 0.0)
+        return self._zero_mock
+
+    async def warm_up(self, requests: int) -> None:
+        """A pipeline run that is not reported: a fresh broker spends a core on JIT compilation for a while."""
+        topology = self.topology("warmup")
+        await ensure_topics(self.bootstrap, topology.all_topics())
+        llm_url, mock_pid = self.zero_latency_mock()
+        await produce_requests(self.bootstrap, topology.requests, (chat_request("warm", i) for i in range(requests)))
+        report = await self.pipeline("worker-warmup", topology, llm_url, mock_pid, requests, 120 + requests / 20,
+                                     False)
+        print(f"warm-up (not counted): {len(report.observed.results)} requests at {report.observed.rate:.0f} req/s",
+              flush=True)
+
     async def latency_bound(self, requests: int, latency_s: float) -> RunReport:
         topology = self.topology("latency")
         await ensure_topics(self.bootstrap, topology.all_topics())
@@ -503,7 +521,7 @@ class Bench:
     async def cpu_bound(self, requests: int) -> tuple[RunReport, RunReport]:
         topology = self.topology("cpu")
         await ensure_topics(self.bootstrap, topology.all_topics())
-        llm_url, mock_pid = self.stack.start_mock("mock-cpu", 0.0)
+        llm_url, mock_pid = self.zero_latency_mock()
         await produce_requests(self.bootstrap, topology.requests, (chat_request("cpu", i) for i in range(requests)))
         timeout_s = 120 + requests / 20  # even at 20 req/s it converges
         pipeline = await self.pipeline("worker-cpu", topology, llm_url, mock_pid, requests, timeout_s, False)
@@ -583,6 +601,8 @@ async def run(args: argparse.Namespace, stack: Stack) -> None:
     bootstrap, broker_pid = (args.bootstrap, None) if args.bootstrap else stack.start_broker()
     print(f"broker {bootstrap}; work dir {stack.workdir}; load average {os.getloadavg()[0]:.2f}", flush=True)
     bench = Bench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, broker_pid)
+    if args.warmup:
+        await bench.warm_up(args.warmup)
     latency = await bench.latency_bound(args.latency_requests, args.latency)
     pipeline, baseline = await bench.cpu_bound(args.cpu_requests)
     report(args, latency, pipeline, baseline)
@@ -595,6 +615,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-requests", type=int, default=5000, help="requests of run 1 [5000]")
     parser.add_argument("--latency", type=float, default=1.0, help="mock latency of run 1, seconds [1]")
     parser.add_argument("--cpu-requests", type=int, default=10_000, help="requests of the CPU-bound runs [10000]")
+    parser.add_argument("--warmup", type=int, default=3000, help="requests of the unreported warm-up run [3000]")
     parser.add_argument("--in-flight", type=int, default=256, help="in-flight bound of worker and baseline [256]")
     parser.add_argument("--partitions", type=int, default=8, help="partitions of every topic [8]")
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a private broker")
@@ -603,6 +624,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     global VERBOSE
     VERBOSE = args.verbose
+    if args.warmup < 0:
+        parser.error("--warmup must be at least 0")
     for name in ("latency_requests", "cpu_requests", "in_flight", "partitions"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -148,10 +148,10 @@ async def test_poison_records_become_precise_failures(settings: Settings, clean_
     valid = [chat_request(f"v-{i}", i) for i in range(20)]
     wrong_schema = codec.encode(InferenceResult("p-2", None, "m", "{}", "x", 1, 1, 1, "h"))
     poison: list[tuple[bytes | None, bytes | None]] = [
-        (b"p-1", os.urandom(64)),
+        (b"p-1", b"\x7f" + os.urandom(63)),  # 0x7f: no framing (random bytes could start like one)
         (b"p-2", wrong_schema),
         (b"p-3", json.dumps({"custom_id": "p-3", "body": {}}).encode()),
-        (None, os.urandom(32)),
+        (None, b"\x7f" + os.urandom(31)),
     ]
     await produce_requests(settings.kafka_bootstrap, settings, valid[:10])
     await produce(settings.kafka_bootstrap, f"{settings.topic_prefix}.requests", poison)
