@@ -15,22 +15,25 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, Protocol
+from typing import Protocol
 
 from streamproc import codec, headers
 from streamproc.classify import ConfigurationProblem, Failure, Success
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
+from streamproc.guards.runtime import Deferred, Guards
 from streamproc.layers import FailureLayer, RequestStatus
-from streamproc.llm_client import CallResult, answer_content, request_body
+from streamproc.llm_client import Caller, CallResult, answer_content, request_body
 from streamproc.observe import Observer, guarded
-from streamproc.retry import Retry, RetryPolicy, Tier, build_repair_request
+from streamproc.retry import Retry, RetryPolicy, Terminal, Tier, build_repair_request
 from streamproc.state import (
+    CIRCUIT_OPEN,
     Conflict,
     RecordRef,
     Skip,
     Start,
     admit,
     input_hash,
+    on_deferred,
     on_retry_scheduled,
     on_success,
     on_terminal_failure,
@@ -74,10 +77,6 @@ class StateStore(Protocol):
     def put(self, state: RequestState) -> None: ...
 
 
-class Caller(Protocol):
-    async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult: ...
-
-
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -85,11 +84,11 @@ def _now_ms() -> int:
 class Handler:
     """The per-record logic shared by the requests dispatcher and every retry tier."""
 
-    def __init__(self, caller: Caller, sink: Sink, store: StateStore, policy: RetryPolicy,
+    def __init__(self, caller: Caller | Guards, sink: Sink, store: StateStore, policy: RetryPolicy,
                  on_configuration_problem: Callable[[ConfigurationProblem], None],
                  clock_ms: Callable[[], int] = _now_ms, rng: random.Random | None = None,
                  observer: Observer | None = None) -> None:
-        self._caller = caller
+        self._guards = caller if isinstance(caller, Guards) else Guards(caller)  # a bare caller: no guards
         self._sink = sink
         self._store = store
         self._policy = policy
@@ -114,7 +113,7 @@ class Handler:
             return Disposition.ACK
         now = self._clock_ms()
         admission = admit(self._store.get(request.request_id), request, hop.attempt, now,
-                          source=RecordRef(record.topic, record.offset), replay=hop.replay)
+                          source=RecordRef(record.topic, record.offset), replay=hop.replay, deferred=hop.deferred)
         if isinstance(admission, Skip):
             log.debug("skip %s: %s (%s[%d]@%d, attempt %d)", request.request_id, admission.reason, record.topic,
                       record.partition, record.offset, hop.attempt)
@@ -128,14 +127,18 @@ class Handler:
         self._store.put(state)
 
         try:  # after admission, so that the terminal failure below also ends the state (a repair hop can fail here)
-            body = request_body(request)
+            body = self._guards.precheck(request_body(request))
         except ValueError as exc:
-            failure = Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
-            await self._terminal(request, failure, hop.attempt, hop.first_failure_ms or now, origin, state)
+            body = Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
+        if isinstance(body, Failure):  # malformed, or over the model's context window: no call
+            await self._terminal(request, body, hop.attempt, hop.first_failure_ms or now, origin, state)
             return Disposition.ACK
 
+        called = await self._guards.call(request, body, hop.attempt)
+        if isinstance(called, Deferred):
+            await self._defer(request, called, hop, origin, state)
+            return Disposition.ACK
         self._observer.on_started()
-        called = await self._caller.call(request, body)
         self._observer.on_llm_call(called.latency_ms / 1000)
         outcome = called.outcome
         if isinstance(outcome, ConfigurationProblem):
@@ -159,6 +162,12 @@ class Handler:
         now = self._clock_ms()
         first_failure = hop.first_failure_ms or now
         decision = self._policy.decide(failure, hop.attempt, self._rng)
+        if isinstance(decision, Retry) and not self._guards.allow_retry(request.batch_id):
+            failure = Failure(failure.layer, "retry_budget_exhausted",
+                              f"{failure.code}, not retried: the retry budget of batch {request.batch_id!r} is "
+                              f"spent (backfill can replay it): {failure.message}"[:1000],
+                              failure.http_status, failure.retry_after_ms)
+            decision = Terminal("retry_budget_exhausted")
         if isinstance(decision, Retry):
             next_request = (build_repair_request(request, answer_content(called.response_body), failure.message)
                             if decision.repair else request)
@@ -170,6 +179,24 @@ class Handler:
             self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now))
             return
         await self._terminal(request, failure, hop.attempt, first_failure, origin, state)
+
+    async def _defer(self, request: InferenceRequest, deferred: Deferred, hop: headers.Hop, origin: headers.Origin,
+                     state: RequestState) -> None:
+        """Park the record, attempt not made, in the retry tier that covers the breaker's wait (DESIGN §5).
+
+        A jitter of up to a second spreads the parked records, so the breaker's half-open probe is not
+        followed by the whole backlog at once.
+        """
+        now = self._clock_ms()
+        wanted = round(deferred.delay_s * 1000) + self._rng.randrange(1000)
+        tier = self._policy.tier_for(wanted)
+        reason = Failure(FailureLayer.SERVICE, CIRCUIT_OPEN, f"the circuit breaker of {deferred.model} is open")
+        due = now + min(wanted, tier.delay_ms)
+        await self._sink.retry(tier, request, headers.hop_headers(
+            request.request_id, hop.attempt, origin, reason, hop.first_failure_ms, due_ms=due, replay=hop.replay,
+            deferred=True))
+        self._store.put(on_deferred(state, now))
+        self._observer.on_deferred(tier.name)
 
     async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,
                         origin: headers.Origin, state: RequestState | None) -> None:

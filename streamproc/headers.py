@@ -23,6 +23,7 @@ ORIG_TOPIC = "x-orig-topic"
 ORIG_PARTITION = "x-orig-partition"
 ORIG_OFFSET = "x-orig-offset"
 REPLAY = "x-replay"
+DEFERRED = "x-deferred"  # parked by an open circuit breaker: the attempt it carries has not been made yet
 
 Headers = dict[str, bytes]
 
@@ -45,6 +46,7 @@ class Hop:
     first_failure_ms: int | None = None
     origin: Origin | None = None
     replay: bool = False
+    deferred: bool = False
 
 
 def as_mapping(raw: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | None) -> dict[str, bytes]:
@@ -77,27 +79,32 @@ def read_hop(headers: Mapping[str, bytes]) -> Hop:
         first_failure_ms=_int(headers, FIRST_FAILURE_TS),
         origin=origin,
         replay=headers.get(REPLAY) == b"1",
+        deferred=headers.get(DEFERRED) == b"1",
     )
 
 
-def hop_headers(request_id: str, attempt: int, origin: Origin, failure: Failure, first_failure_ms: int,
-                due_ms: int | None = None, replay: bool = False) -> Headers:
-    """Headers of a retry record (``attempt`` is the attempt it will make, with ``due_ms``) or of a
-    failure record (``attempt`` is the attempt that failed, no due time)."""
+def hop_headers(request_id: str, attempt: int, origin: Origin, failure: Failure, first_failure_ms: int | None,
+                due_ms: int | None = None, replay: bool = False, deferred: bool = False) -> Headers:
+    """Headers of a retry record (``attempt`` is the attempt it will make, with ``due_ms``), of a deferred
+    record (``attempt`` not made yet; ``failure`` says why it waits) or of a failure record (``attempt`` is
+    the attempt that failed, no due time)."""
     headers: Headers = {
         REQUEST_ID: request_id.encode(),
         ATTEMPT: str(attempt).encode(),
-        FIRST_FAILURE_TS: str(first_failure_ms).encode(),
         FAILURE_LAYER: failure.layer.value.encode(),
         ERROR_CODE: failure.code.encode(),
         ORIG_TOPIC: origin.topic.encode(),
         ORIG_PARTITION: str(origin.partition).encode(),
         ORIG_OFFSET: str(origin.offset).encode(),
     }
+    if first_failure_ms is not None:
+        headers[FIRST_FAILURE_TS] = str(first_failure_ms).encode()
     if due_ms is not None:
         headers[DUE_TS] = str(due_ms).encode()
     if failure.retry_after_ms is not None:
         headers[RETRY_AFTER_MS] = str(failure.retry_after_ms).encode()
     if replay:
         headers[REPLAY] = b"1"
+    if deferred:
+        headers[DEFERRED] = b"1"
     return headers

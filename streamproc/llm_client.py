@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import httpx
 
@@ -23,11 +24,19 @@ from streamproc.settings import Settings
 
 @dataclass(frozen=True)
 class CallResult:
-    """The classified outcome and what came back (the raw body feeds results and repair requests)."""
+    """The classified outcome and what came back (the raw body feeds results and repair requests, the headers
+    the rate limiter)."""
 
     outcome: Outcome
     response_body: bytes
     latency_ms: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class Caller(Protocol):
+    """Makes one LLM call; never raises."""
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult: ...
 
 
 def request_body(request: InferenceRequest) -> dict[str, Any]:
@@ -98,8 +107,9 @@ class LLMClient:
             self._busy[shard] -= 1
         latency = _ms_since(started)
         if response.status_code == 200:
-            return CallResult(check_completion(content, body), content, latency)
-        return CallResult(classify_http_error(response.status_code, response.headers, content), content, latency)
+            return CallResult(check_completion(content, body), content, latency, response.headers)
+        return CallResult(classify_http_error(response.status_code, response.headers, content), content, latency,
+                          response.headers)
 
     async def aclose(self) -> None:
         for client in self._clients:

@@ -11,9 +11,13 @@ Every series is prefixed ``streamproc_``:
 * ``requests_started_total``: LLM calls started (every attempt);
 * ``results_total``; ``failures_total{layer,code,terminal}`` (dead letters count as
   ``business``/``unreadable_record``); ``retries_total{tier}``; ``skipped_total{reason}``;
+  ``deferred_total{tier}`` (parked by an open breaker);
 * ``llm_latency_seconds``: histogram of LLM call latency, any outcome;
 * ``in_flight``: records being handled; ``consumer_lag{topic,partition}``;
-* ``consumer_lag_updated_timestamp_seconds``: when ``consumer_lag`` was last read successfully.
+* ``consumer_lag_updated_timestamp_seconds``: when ``consumer_lag`` was last read successfully;
+* guards: ``circuit_breaker_state{model}`` (0 closed, 1 half-open, 2 open), ``adaptive_in_flight_limit``,
+  ``rate_limit_rpm{model}`` / ``rate_limit_tpm{model}``, ``fallbacks_total{model,fallback,reason}``,
+  ``retry_budget_exhausted_total``, ``token_estimate_ratio``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from streamproc.guards.breaker import BreakerState
+from streamproc.guards.runtime import Guards
 from streamproc.lag import LagError, LagReader, PartitionLag
 
 log = logging.getLogger(__name__)
@@ -60,6 +68,8 @@ class WorkerMetrics:
         self.retries = Counter("retries", "Retry records written, by retry tier.", ["tier"], **common)
         self.skipped = Counter("skipped", "Records acked without a call (duplicates), by reason.", ["reason"],
                                **common)
+        self.deferred = Counter("deferred", "Records parked unanswered in a retry tier because their model's "
+                                "circuit breaker was open, by tier.", ["tier"], **common)
         self.latency = Histogram("llm_latency_seconds", "Latency of LLM calls, any outcome.",
                                  buckets=LATENCY_BUCKETS, **common)
         self.in_flight = Gauge("in_flight", "Records this worker is handling now.", **common)
@@ -88,10 +98,17 @@ class WorkerMetrics:
     def on_skip(self, reason: str) -> None:
         self.skipped.labels(reason=reason).inc()
 
+    def on_deferred(self, tier: str) -> None:
+        self.deferred.labels(tier=tier).inc()
+
     # -- gauges ------------------------------------------------------------------------------------------
     def track_in_flight(self, count: Callable[[], int]) -> None:
         """``in_flight`` reads ``count()`` at every scrape."""
         self.in_flight.set_function(lambda: float(count()))
+
+    def track_guards(self, guards: Guards) -> None:
+        """The guards' state, read at every scrape (see :class:`GuardsCollector`)."""
+        self.registry.register(GuardsCollector(guards))
 
     def set_lag(self, rows: Iterable[PartitionLag], now: float) -> None:
         """Replace the ``consumer_lag`` series: partitions no longer listed (revoked) disappear."""
@@ -110,6 +127,50 @@ class WorkerMetrics:
         """``/metrics`` on ``host:port`` from a daemon thread; OSError when the port is taken."""
         start_http_server(port, addr=host, registry=self.registry)
         log.info("metrics on http://%s:%d/metrics", host, port)
+
+
+_BREAKER_CODES = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 1.0, BreakerState.OPEN: 2.0}
+
+
+class GuardsCollector(Collector):
+    """Reads the worker's :class:`Guards` when scraped, so the guards keep plain counters and no metric objects."""
+
+    def __init__(self, guards: Guards) -> None:
+        self._guards = guards
+
+    def collect(self) -> Iterable[Metric]:
+        guards = self._guards
+        breaker = GaugeMetricFamily(f"{NAMESPACE}_circuit_breaker_state",
+                                    "Circuit breaker per model: 0 closed, 1 half-open, 2 open.", labels=["model"])
+        for model, state in guards.breaker_states().items():
+            breaker.add_metric([model], _BREAKER_CODES[state])
+        yield breaker
+        if guards.in_flight_limit is not None:
+            yield GaugeMetricFamily(f"{NAMESPACE}_adaptive_in_flight_limit",
+                                    "The AIMD in-flight limit of LLM calls.", value=guards.in_flight_limit)
+        if guards.limiter is not None:  # series per model, once a model was called
+            rpm = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_rpm", "Requests/min this worker paces each model to.",
+                                    labels=["model"])
+            tpm = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_tpm", "Tokens/min this worker paces each model to.",
+                                    labels=["model"])
+            for model, limits in guards.rate_limits().items():
+                if limits.rpm is not None:
+                    rpm.add_metric([model], limits.rpm)
+                if limits.tpm is not None:
+                    tpm.add_metric([model], limits.tpm)
+            yield rpm
+            yield tpm
+        fallbacks = CounterMetricFamily(f"{NAMESPACE}_fallbacks", "Calls sent to a fallback model, by reason.",
+                                        labels=["model", "fallback", "reason"])
+        for (model, fallback, reason), count in guards.fallbacks.items():
+            fallbacks.add_metric([model, fallback, reason], count)
+        yield fallbacks
+        yield CounterMetricFamily(f"{NAMESPACE}_retry_budget_exhausted",
+                                  "Retryable failures made terminal because their batch's retry budget was spent.",
+                                  value=guards.budget_exhausted)
+        yield GaugeMetricFamily(f"{NAMESPACE}_token_estimate_ratio",
+                                "Calibration of the prompt-token estimate (provider's count / characters-based).",
+                                value=guards.estimator.ratio)
 
 
 class LagWatcher:

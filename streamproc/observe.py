@@ -17,7 +17,7 @@ class Observer(Protocol):
     """Hooks called by :class:`streamproc.handler.Handler`; labels are plain strings."""
 
     def on_started(self) -> None:
-        """A record was admitted and its LLM call is about to start (every attempt counts)."""
+        """A record was admitted and its LLM call was made (every attempt counts)."""
 
     def on_llm_call(self, latency_s: float) -> None:
         """An LLM call came back (any outcome), after ``latency_s`` seconds."""
@@ -33,6 +33,9 @@ class Observer(Protocol):
 
     def on_skip(self, reason: str) -> None:
         """A record was acked without a call (a duplicate, see :class:`streamproc.state.SkipReason`)."""
+
+    def on_deferred(self, tier: str) -> None:
+        """A record was parked unanswered on the topic of ``tier``: its model's circuit breaker is open."""
 
 
 class NullObserver:
@@ -54,6 +57,9 @@ class NullObserver:
         pass
 
     def on_skip(self, reason: str) -> None:
+        pass
+
+    def on_deferred(self, tier: str) -> None:
         pass
 
 
@@ -98,6 +104,12 @@ class _Guarded:
             self._inner.on_skip(reason)
         except Exception:
             log.exception("observer failed in on_skip")
+
+    def on_deferred(self, tier: str) -> None:
+        try:
+            self._inner.on_deferred(tier)
+        except Exception:
+            log.exception("observer failed in on_deferred")
 
 
 def guarded(observer: Observer | None) -> Observer:

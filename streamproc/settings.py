@@ -56,6 +56,34 @@ class Settings(BaseSettings):
     llm_connect_timeout_s: float = Field(default=5.0, gt=0)
     default_model: str = Field(default="mock-small", description="Model of simple-form input lines without one.")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body submit accepts.")
+    # -- guards (DESIGN §5): protect the provider and the budget --------------------------------------------
+    llm_rpm: float = Field(default=0, ge=0, description="Requests/min per model this account may send; 0 = learn "
+                           "it from the provider's x-ratelimit-limit-requests header.")
+    llm_tpm: float = Field(default=0, ge=0, description="Tokens/min (prompt + max_tokens) per model; 0 = learn it "
+                           "from x-ratelimit-limit-tokens.")
+    llm_limit_share: float = Field(default=1.0, gt=0, le=1, description="This worker's share of the rate limits: "
+                                   "with N workers on one account, 1/N each.")
+    adaptive_min_in_flight: int = Field(default=8, ge=1, description="Floor of the adaptive (AIMD) in-flight "
+                                        "limit; STREAMPROC_IN_FLIGHT is its ceiling.")
+    breaker_enabled: bool = Field(default=True, description="Circuit breaker per model (off only to measure it).")
+    breaker_failure_rate: float = Field(default=0.5, gt=0, le=1, description="Transport/5xx failure fraction "
+                                        "that opens a model's breaker.")
+    breaker_window_s: float = Field(default=10.0, gt=0, description="Window the failure rate is measured over.")
+    breaker_min_calls: int = Field(default=10, ge=1, description="Calls in the window before the rate counts.")
+    breaker_open_s: float = Field(default=5.0, gt=0, description="How long an open breaker waits before a "
+                                  "half-open probe.")
+    retry_budget_ratio: float = Field(default=0.2, ge=0, description="Retries allowed per batch, as a fraction "
+                                      "of its first attempts; beyond it failures end retry_budget_exhausted.")
+    retry_budget_min: int = Field(default=10, ge=0, description="Retries every batch may spend whatever its size.")
+    model_fallbacks: dict[str, list[str]] = Field(
+        default_factory=dict, description='JSON: models to use while a model\'s breaker is open, in order, '
+        'e.g. {"gpt-4o": ["gpt-4o-mini"]}.')
+    context_fallbacks: dict[str, str] = Field(
+        default_factory=dict, description='JSON: the larger-context model for inputs over a model\'s window, '
+        'e.g. {"mock-small": "mock-large"}.')
+    context_windows: dict[str, int] = Field(
+        default_factory=dict, description='JSON: context window (tokens) per model, for the pre-check, '
+        'e.g. {"mock-small": 4096}; a model not listed is not pre-checked.')
     worker_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off.")
     worker_metrics_host: str = Field(default="127.0.0.1", min_length=1,
                                      description="Address /metrics listens on (0.0.0.0 in a container).")

@@ -15,6 +15,11 @@ duplicate and is skipped.
 admitted only if it is newer than that, so a stale copy of a retry record (left by a crash between its
 send and the state write) cannot start a second concurrent call.
 
+A *deferred* record (parked in a retry tier by an open circuit breaker, DESIGN §5) carries an attempt that
+was never made: the state says ``retrying`` with ``last_error_code`` ``circuit_open`` and that same attempt
+number, and only a deferred record of exactly that attempt is admitted. A resubmission, or a stale copy
+of the deferred record once the attempt has been made, is skipped.
+
 A retry record newer than an ``in_flight`` attempt is admitted too: it is written only after that
 attempt's call ended, so the ``in_flight`` state is stale. This happens after a SIGKILL, when the table
 comes back older than the offsets already committed (faust's table recovery can replay a changelog that
@@ -31,6 +36,8 @@ from enum import StrEnum
 from streamproc.classify import Failure
 from streamproc.events import InferenceRequest, RequestState
 from streamproc.layers import FailureLayer, RequestStatus
+
+CIRCUIT_OPEN = "circuit_open"
 
 
 @dataclass(frozen=True)
@@ -94,15 +101,16 @@ def admit(
     *,
     source: RecordRef,
     replay: bool = False,
+    deferred: bool = False,
 ) -> Admission:
     """Decide what a record may do given the table's state for its id.
 
     ``attempt`` is the record's ``x-attempt`` (1 for a submission); ``source`` is where it was read.
     In order: no state → start; in flight and ``source`` is the record that started it → start again
-    (crash redelivery); a replay (backfill) starts a ``failed`` or ``pending`` request, even with a fixed,
-    different body, and is skipped otherwise, never a conflict; another body → conflict; then by status:
-    ``pending`` starts, ``succeeded`` / ``failed`` / ``in_flight`` skip, ``retrying`` starts only a retry
-    record newer than the latest attempt started.
+    (crash redelivery); the deferred record of a parked attempt → start; a replay (backfill) starts a
+    ``failed`` or ``pending`` request, even with a fixed, different body, and is skipped otherwise, never a
+    conflict; another body → conflict; then by status: ``pending`` starts, ``succeeded`` / ``failed`` /
+    ``in_flight`` skip, ``retrying`` starts only a retry record newer than the latest attempt started.
     """
     if attempt < 1:
         raise ValueError(f"attempt numbers start at 1, got {attempt}")
@@ -115,6 +123,9 @@ def admit(
         source.offset,
     ):
         return Start(_in_flight(current, request, digest, attempt, now_ms, source))  # crash redelivery
+    if (deferred and status is RequestStatus.RETRYING and current.last_error_code == CIRCUIT_OPEN
+            and attempt == current.attempts and digest == current.input_hash):
+        return Start(_in_flight(current, request, digest, attempt, now_ms, source))  # its parked attempt, at last
     if replay:
         match status:
             case RequestStatus.FAILED | RequestStatus.PENDING:
@@ -191,6 +202,11 @@ def on_success(state: RequestState, now_ms: int) -> RequestState:
 def on_retry_scheduled(state: RequestState, layer: FailureLayer, code: str, now_ms: int) -> RequestState:
     """The failure and the retry record were sent; the request waits in a tier."""
     return _after_failure(state, RequestStatus.RETRYING, layer, code, now_ms)
+
+
+def on_deferred(state: RequestState, now_ms: int) -> RequestState:
+    """The record was parked unanswered (its model's breaker is open); its attempt is still to be made."""
+    return _after_failure(state, RequestStatus.RETRYING, FailureLayer.SERVICE, CIRCUIT_OPEN, now_ms)
 
 
 def on_terminal_failure(state: RequestState, layer: FailureLayer, code: str, now_ms: int) -> RequestState:

@@ -24,6 +24,7 @@ from streamproc import codec, headers
 from streamproc.classify import ConfigurationProblem
 from streamproc.dispatcher import Dispatcher
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
+from streamproc.guards.runtime import Guards
 from streamproc.handler import Disposition, Handler, Record
 from streamproc.kafka import make_faust_app, resolve_bootstrap
 from streamproc.llm_client import LLMClient
@@ -108,9 +109,10 @@ class WorkerRuntime:
         self.sink = FaustSink(self.app, self.topology)
         self.dispatcher = Dispatcher(settings.in_flight)
         self.llm = LLMClient(settings)
+        self.guards = Guards.from_settings(settings, self.llm)
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
-        self.handler = Handler(self.llm, self.sink, TableStore(self.table), RetryPolicy(tiers=self.topology.tiers),
+        self.handler = Handler(self.guards, self.sink, TableStore(self.table), RetryPolicy(tiers=self.topology.tiers),
                                self._on_configuration_problem, rng=random.Random(), observer=observer)
         self._register_agents()
 
@@ -230,6 +232,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     loop.run_until_complete(ensure_pipeline_topics(bootstrap, topology))
     runtime = WorkerRuntime(settings, observer=metrics)
     if metrics is not None:
+        metrics.track_guards(runtime.guards)
         watch_worker(metrics, runtime.app, bootstrap, settings.app_id,
                      [topology.requests, *(topology.retry(tier) for tier in topology.tiers)],
                      in_flight=lambda: runtime.dispatcher.in_flight)

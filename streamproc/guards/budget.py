@@ -1,0 +1,61 @@
+"""A retry budget per batch: retries stay a bounded fraction of the work, whatever fails.
+
+Per-request attempt limits bound each request, not the batch: when a whole batch fails (a bad prompt
+template, a provider outage that the breaker does not see) every request would use all its attempts and
+multiply the load. The budget allows ``minimum + ratio x first attempts`` retries per batch; beyond that a
+retryable failure is made terminal (``retry_budget_exhausted``), and backfill can replay it later.
+
+The counts are per worker and in memory: each worker sees its partitions' share of a batch's first
+attempts and retries, so the ratio holds across workers too; a restart begins afresh, which only errs on
+the side of retrying.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+EXHAUSTED_REASON = "retry_budget_exhausted"
+
+
+class RetryBudget:
+    """Retries per batch <= minimum + ratio x first attempts; beyond it retryable failures become terminal
+    (retry_budget_exhausted)."""
+
+    def __init__(self, ratio: float = 0.2, minimum: int = 10, max_batches: int = 10_000) -> None:
+        if not ratio >= 0:
+            raise ValueError(f"ratio must be >= 0, got {ratio}")
+        if minimum < 0:
+            raise ValueError(f"minimum must be >= 0, got {minimum}")
+        if max_batches < 1:
+            raise ValueError(f"max_batches must be >= 1, got {max_batches}")
+        self._ratio = ratio
+        self._minimum = minimum
+        self._max_batches = max_batches
+        self._batches: OrderedDict[str, list[int]] = OrderedDict()  # batch -> [first attempts, retries]
+
+    def on_first_attempt(self, batch: str) -> None:
+        self._entry(batch)[0] += 1
+
+    def try_spend(self, batch: str) -> bool:
+        """True (and counted) if one more retry of ``batch`` fits in its budget."""
+        entry = self._entry(batch)
+        if entry[1] + 1 > self._minimum + self._ratio * entry[0] + 1e-9:  # 0.2 x 15 is 3.0000000000000004
+            return False
+        entry[1] += 1
+        return True
+
+    def counts(self, batch: str) -> tuple[int, int]:
+        """(first attempts, retries spent) of ``batch``; (0, 0) if unknown or forgotten."""
+        entry = self._batches.get(batch)
+        return (entry[0], entry[1]) if entry is not None else (0, 0)
+
+    def _entry(self, batch: str) -> list[int]:
+        """The counts of ``batch``, now the most recently used; the least recently used beyond the cap go."""
+        entry = self._batches.get(batch)
+        if entry is None:
+            entry = self._batches[batch] = [0, 0]
+            while len(self._batches) > self._max_batches:
+                self._batches.popitem(last=False)
+        else:
+            self._batches.move_to_end(batch)
+        return entry

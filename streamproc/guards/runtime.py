@@ -1,0 +1,242 @@
+"""The guards of one worker around its LLM caller: pre-check, routing, rate limits, AIMD, breakers, budget.
+
+One :class:`Guards` per worker process, shared by every in-flight call, so the limits hold for the process
+as a whole (DESIGN §5). A call goes through, in order:
+
+1. the adaptive in-flight gate (AIMD), so a struggling provider sees fewer concurrent calls;
+2. the routing: the first of the model and its fallbacks whose breaker is not open; none → :class:`Deferred`;
+3. that model's requests/min and tokens/min buckets (the wait happens here, inside the gate);
+4. the breaker again, right before sending: calls that queued for tokens while it opened are not sent;
+5. the HTTP call, whose outcome feeds back into every guard; a ``context_length_exceeded`` answer is sent
+   once more to the model's context fallback when one is configured.
+
+Pure state machines live in the sibling modules; this module only wires them and does the waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from streamproc.classify import Failure, Success
+from streamproc.events import InferenceRequest
+from streamproc.guards.aimd import AdaptiveGate, AdaptiveLimit
+from streamproc.guards.breaker import BreakerState, CircuitBreaker
+from streamproc.guards.budget import RetryBudget
+from streamproc.guards.ratelimit import RateLimiter, RateLimits
+from streamproc.guards.routing import CONTEXT_LENGTH_EXCEEDED, Routes
+from streamproc.guards.tokens import TokenEstimator
+from streamproc.layers import FailureLayer
+from streamproc.llm_client import Caller, CallResult
+from streamproc.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RATE_LIMITED = "rate_limit_exceeded"
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """No call was made: every candidate model's breaker is open; ask again in ``delay_s`` seconds."""
+
+    delay_s: float
+    model: str
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    failure_rate: float = 0.5
+    window_s: float = 10.0
+    min_calls: int = 10
+    open_s: float = 5.0
+
+
+class Guards:
+    """Everything between the handler and the HTTP client; see the module docstring for the order."""
+
+    def __init__(self, caller: Caller, *, routes: Routes | None = None, limiter: RateLimiter | None = None,
+                 adaptive: AdaptiveLimit | None = None, breakers: BreakerSettings | None = None,
+                 budget: RetryBudget | None = None, estimator: TokenEstimator | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+        self._caller = caller
+        self.routes = routes or Routes()
+        self.limiter = limiter  # None: no rate limiting
+        self.adaptive = adaptive
+        self._gate = AdaptiveGate(adaptive) if adaptive is not None else None
+        self._breaker_settings = breakers  # None: no breakers
+        self.breakers: dict[str, CircuitBreaker] = {}
+        self.budget = budget  # None: retries limited by the policy alone
+        self.estimator = estimator or TokenEstimator()
+        self._clock = clock
+        self._sleep = sleep
+        self.deferred = 0  # counters read by the metrics collector
+        self.fallbacks: dict[tuple[str, str, str], int] = {}  # (from, to, reason) -> calls
+        self.budget_exhausted = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, caller: Caller) -> Guards:
+        return cls(
+            caller,
+            routes=Routes(settings.context_windows, settings.context_fallbacks, settings.model_fallbacks),
+            limiter=RateLimiter(RateLimits(settings.llm_rpm or None, settings.llm_tpm or None),
+                                settings.llm_limit_share),
+            adaptive=AdaptiveLimit(min(settings.adaptive_min_in_flight, settings.in_flight), settings.in_flight,
+                                   initial=settings.in_flight),  # a batch starts at full speed; the limiter paces
+            breakers=(BreakerSettings(settings.breaker_failure_rate, settings.breaker_window_s,
+                                      settings.breaker_min_calls, settings.breaker_open_s)
+                      if settings.breaker_enabled else None),
+            budget=RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min),
+        )
+
+    # -- before the call -----------------------------------------------------------------------------------
+    def precheck(self, body: dict[str, Any]) -> dict[str, Any] | Failure:
+        """The body to send (its model possibly replaced by the context fallback), or a business failure."""
+        model = body.get("model")
+        if not isinstance(model, str):
+            return body
+        routed = self.routes.precheck(model, self.estimator.prompt_tokens(body), self.estimator.max_tokens(body))
+        if isinstance(routed, Failure):
+            return routed
+        if routed == model:
+            return body
+        self._count_fallback(model, routed, "context_window")
+        return {**body, "model": routed}
+
+    def allow_retry(self, batch_id: str | None) -> bool:
+        """Spend one retry of the batch's budget; False when it is spent (the failure becomes terminal)."""
+        if self.budget is None or self.budget.try_spend(batch_id or ""):
+            return True
+        self.budget_exhausted += 1
+        return False
+
+    # -- the call ------------------------------------------------------------------------------------------
+    async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int) -> CallResult | Deferred:
+        """Make the call through every guard; :class:`Deferred` when no model may be called now."""
+        if self._gate is None:
+            return await self._routed_call(request, body, first=attempt == 1)
+        async with self._gate:
+            return await self._routed_call(request, body, first=attempt == 1)
+
+    async def _routed_call(self, request: InferenceRequest, body: dict[str, Any],
+                           first: bool) -> CallResult | Deferred:
+        requested = body.get("model")
+        if not isinstance(requested, str):  # malformed: let the provider say so (no model, no guard to pick)
+            return await self._caller.call(request, body)
+        model = self.routes.first_callable(requested, self._may_call)
+        if model is None:
+            return self._defer(requested)
+        if model != requested:
+            self._count_fallback(requested, model, "breaker_open")
+            body = {**body, "model": model}
+        cost = self.estimator.cost(body)
+        if self.limiter is not None:
+            wait = self.limiter.for_model(model, self._clock()).reserve(cost, self._clock())
+            if wait > 0:
+                await self._sleep(wait)
+        breaker = self._breaker(model)
+        allowed_at = self._clock()
+        if breaker is not None and not breaker.allow(allowed_at):
+            return self._defer(model)  # it opened while this call waited for tokens
+        if first and self.budget is not None:
+            self.budget.on_first_attempt(request.batch_id or "")
+        called = await self._caller.call(request, body)
+        self._learn(model, body, cost, called, allowed_at)
+        fallback = self._context_fallback(model, called)
+        if fallback is None:
+            return called
+        log.info("%s: %s says the input is too long; sending it to %s", request.request_id, model, fallback)
+        self._count_fallback(model, fallback, "context_length")
+        return await self._routed_call(request, {**body, "model": fallback}, first=False)
+
+    def _context_fallback(self, model: str, called: CallResult) -> str | None:
+        outcome = called.outcome
+        if isinstance(outcome, Failure) and outcome.code == CONTEXT_LENGTH_EXCEEDED:
+            larger = self.routes.context_fallback(model)
+            return larger if larger != model else None
+        return None
+
+    def _may_call(self, model: str) -> bool:
+        breaker = self._breaker(model)
+        return breaker is None or breaker.retry_at(self._clock()) <= self._clock()
+
+    def _defer(self, model: str) -> Deferred:
+        self.deferred += 1
+        breaker = self._breaker(model)
+        now = self._clock()
+        delay = max(0.0, breaker.retry_at(now) - now) if breaker is not None else 0.0
+        return Deferred(delay, model)
+
+    def _breaker(self, model: str) -> CircuitBreaker | None:
+        if self._breaker_settings is None:
+            return None
+        breaker = self.breakers.get(model)
+        if breaker is None:
+            conf = self._breaker_settings
+            breaker = CircuitBreaker(conf.failure_rate, conf.window_s, conf.min_calls, conf.open_s,
+                                     on_change=lambda old, new: _log_breaker(model, old, new))
+            self.breakers[model] = breaker
+        return breaker
+
+    # -- after the call ------------------------------------------------------------------------------------
+    def _learn(self, model: str, body: dict[str, Any], cost: int, called: CallResult, allowed_at: float) -> None:
+        """Feed the outcome back: breaker, AIMD, rate limits, token calibration."""
+        now = self._clock()
+        outcome = called.outcome
+        breaker = self._breaker(model)
+        limiter = self.limiter.for_model(model, now) if self.limiter is not None else None
+        if isinstance(outcome, Success):
+            if outcome.prompt_tokens > 0:
+                self.estimator.calibrate(self.estimator.raw(body), outcome.prompt_tokens)
+            if self.adaptive is not None:
+                self.adaptive.on_success(called.latency_ms / 1000, now)
+        if breaker is not None:  # anything but transport/5xx (a configuration problem too): the service answered
+            breaker.record(not (isinstance(outcome, Failure) and _breaks(outcome)), now, started=allowed_at)
+        if limiter is None:
+            return
+        if isinstance(outcome, Failure) and outcome.code == RATE_LIMITED:
+            hint = outcome.retry_after_ms / 1000 if outcome.retry_after_ms is not None else None
+            if limiter.on_rate_limited(_lower(called.headers), hint, cost, now) and self.adaptive is not None:
+                self.adaptive.on_congestion(now)
+        else:
+            limiter.observe(_lower(called.headers), now)
+
+    def _count_fallback(self, source: str, target: str, reason: str) -> None:
+        key = (source, target, reason)
+        self.fallbacks[key] = self.fallbacks.get(key, 0) + 1
+
+    # -- for metrics ---------------------------------------------------------------------------------------
+    @property
+    def in_flight_limit(self) -> int | None:
+        return self.adaptive.limit if self.adaptive is not None else None
+
+    def breaker_states(self) -> dict[str, BreakerState]:
+        return {model: breaker.state for model, breaker in self.breakers.items()}
+
+    def rate_limits(self) -> dict[str, RateLimits]:
+        """The per-minute limits each model is paced to (configured or learned, after the share)."""
+        return self.limiter.limits_by_model() if self.limiter is not None else {}
+
+
+def _breaks(failure: Failure) -> bool:
+    """Transport failures and 5xx answers count against the breaker; 4xx, 429 and semantic ones do not."""
+    if failure.layer is FailureLayer.TRANSPORT:
+        return True
+    return failure.layer is FailureLayer.SERVICE and (failure.http_status or 0) >= 500
+
+
+def _lower(headers: Any) -> dict[str, str]:
+    """The ``x-ratelimit-*`` headers, with lower-case names (the limiter reads nothing else)."""
+    return {name.lower(): value for name, value in headers.items() if name.lower().startswith("x-ratelimit-")}
+
+
+def _log_breaker(model: str, old: BreakerState, new: BreakerState) -> None:
+    if new is BreakerState.OPEN:
+        log.warning("circuit breaker for %s: %s -> open (too many transport/5xx failures); calls to it wait in a "
+                    "retry tier or go to a fallback model", model, old.value)
+    else:
+        log.info("circuit breaker for %s: %s -> %s", model, old.value, new.value)

@@ -1,0 +1,165 @@
+"""The handler with its guards: breaker deferral, retry budget, pre-check and context fallback (issue 6).
+
+The guards run on a fake monotonic clock and a sleep that only advances it, so no test waits.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from streamproc import headers
+from streamproc.guards.budget import RetryBudget
+from streamproc.guards.ratelimit import RateLimiter, RateLimits
+from streamproc.guards.routing import Routes
+from streamproc.guards.runtime import BreakerSettings, Guards
+from streamproc.handler import Disposition, Handler
+from streamproc.layers import FailureLayer, RequestStatus
+from streamproc.state import CIRCUIT_OPEN
+from tests.unit.test_handler import (
+    BODY,
+    CONTEXT_TOO_LONG,
+    SEED,
+    UNAVAILABLE,
+    Rig,
+    answer,
+    make_request,
+    next_hop,
+    submission,
+    text,
+)
+
+
+@dataclass
+class MonotonicClock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class GuardedRig(Rig):
+    """The handler rig of test_handler, with real guards in front of the scripted caller."""
+
+    routes: Routes = field(default_factory=Routes)
+    breakers: BreakerSettings | None = None
+    budget: RetryBudget | None = None
+    limiter: RateLimiter | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.monotonic = MonotonicClock()
+        self.guards = Guards(self.caller, routes=self.routes, breakers=self.breakers, budget=self.budget,
+                             limiter=self.limiter, clock=self.monotonic, sleep=self.monotonic.sleep)
+        self.handler = Handler(self.guards, self.sink, self.store, self.policy, self.problems.append,
+                               clock_ms=self.clock, rng=random.Random(SEED))
+
+
+async def test_open_breaker_parks_the_record_without_a_call_and_its_attempt_runs_later() -> None:
+    rig = GuardedRig([UNAVAILABLE, UNAVAILABLE, answer("ok")],
+                     breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=2, open_s=5))
+    for i in range(2):  # two 503s open the breaker of gpt-test
+        assert await rig.handle(submission(make_request(f"r{i}"), offset=i)) is Disposition.ACK
+    assert rig.guards.breaker_states()["gpt-test"].value == "open"
+
+    parked = make_request("parked")
+    assert await rig.handle(submission(parked, offset=10)) is Disposition.ACK
+    assert len(rig.caller.calls) == 2  # no call for the parked record
+    deferred = rig.sink.retries[-1]
+    assert deferred.request == parked
+    assert text(deferred.headers, headers.ATTEMPT) == "1"  # the attempt was not made
+    assert text(deferred.headers, headers.DEFERRED) == "1"
+    assert text(deferred.headers, headers.ERROR_CODE) == CIRCUIT_OPEN
+    assert headers.FIRST_FAILURE_TS not in deferred.headers  # nothing failed
+    assert int(text(deferred.headers, headers.DUE_TS)) - rig.clock.now >= 5_000  # not before the probe
+    assert not [event for event, _ in rig.sink.failures if event.request.request_id == "parked"]
+    state = rig.state("parked")
+    assert (state.status, state.attempts, state.last_error_code) == (RequestStatus.RETRYING, 1, CIRCUIT_OPEN)
+
+    resubmitted = await rig.handle(submission(parked, offset=11))  # a duplicate submission while parked
+    assert resubmitted is Disposition.ACK and len(rig.caller.calls) == 2
+
+    rig.monotonic.now += 5  # the breaker half-opens: the parked attempt is the probe, and it succeeds
+    assert await rig.handle(next_hop(deferred, offset=1)) is Disposition.ACK
+    assert len(rig.caller.calls) == 3
+    assert [result.request_id for result in rig.sink.results] == ["parked"]
+    assert rig.state("parked").status is RequestStatus.SUCCEEDED
+    assert rig.guards.breaker_states()["gpt-test"].value == "closed"
+
+    assert await rig.handle(next_hop(deferred, offset=2)) is Disposition.ACK  # a stale copy: skipped
+    assert len(rig.caller.calls) == 3
+
+
+async def test_breaker_open_sends_to_the_fallback_model_and_the_result_says_so() -> None:
+    fallback_answer = answer("from the fallback")
+    rig = GuardedRig([UNAVAILABLE, UNAVAILABLE, fallback_answer],
+                     routes=Routes(model_fallbacks={"gpt-test": ["gpt-small"]}),
+                     breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=2, open_s=5))
+    for i in range(2):
+        await rig.handle(submission(make_request(f"r{i}"), offset=i))
+    await rig.handle(submission(make_request("routed"), offset=10))
+    assert rig.caller.calls[-1][1]["model"] == "gpt-small"
+    assert rig.sink.results[-1].request_id == "routed"
+    assert rig.guards.fallbacks == {("gpt-test", "gpt-small", "breaker_open"): 1}
+
+
+async def test_spent_retry_budget_makes_a_retryable_failure_terminal() -> None:
+    rig = GuardedRig([UNAVAILABLE, UNAVAILABLE], budget=RetryBudget(ratio=0.0, minimum=1))
+    await rig.handle(submission(make_request("first"), offset=0))
+    await rig.handle(submission(make_request("second"), offset=1))
+    assert [sent.request.request_id for sent in rig.sink.retries] == ["first"]
+    event, _ = rig.sink.failures[-1]
+    assert event.request.request_id == "second" and event.terminal
+    assert (event.layer, event.error_code) == (FailureLayer.SERVICE, "retry_budget_exhausted")
+    assert event.message.startswith("server_error, not retried") and "HTTP 503" in event.message, event.message
+    assert rig.state("second").status is RequestStatus.FAILED
+    assert rig.guards.budget_exhausted == 1
+
+
+async def test_precheck_fails_an_input_over_the_window_before_any_call() -> None:
+    rig = GuardedRig([], routes=Routes(context_windows={"gpt-test": 100}))
+    body = {**BODY, "max_tokens": 90}
+    await rig.handle(submission(make_request("big", body), offset=0))
+    assert rig.caller.calls == []
+    (event, _), = rig.sink.failures
+    assert event.terminal and (event.layer, event.error_code) == (FailureLayer.BUSINESS, "context_length_exceeded")
+    assert "no context fallback is configured" in event.message
+    assert rig.state("big").status is RequestStatus.FAILED
+
+
+async def test_precheck_routes_to_the_context_fallback() -> None:
+    rig = GuardedRig([answer("long answer")], routes=Routes(context_windows={"gpt-test": 100, "gpt-long": 1000},
+                                                            context_fallbacks={"gpt-test": "gpt-long"}))
+    await rig.handle(submission(make_request("big", {**BODY, "max_tokens": 90}), offset=0))
+    assert [body["model"] for _, body in rig.caller.calls] == ["gpt-long"]
+    assert len(rig.sink.results) == 1 and not rig.sink.failures
+
+
+async def test_provider_context_refusal_goes_on_to_the_fallback_in_the_same_attempt() -> None:
+    rig = GuardedRig([CONTEXT_TOO_LONG, answer("fits now")],
+                     routes=Routes(context_fallbacks={"gpt-test": "gpt-long"}))
+    await rig.handle(submission(make_request("big"), offset=0))
+    assert [body["model"] for _, body in rig.caller.calls] == ["gpt-test", "gpt-long"]
+    assert rig.sink.results[0].attempts == 1 and not rig.sink.failures
+
+
+async def test_without_a_context_fallback_the_refusal_is_a_business_failure() -> None:
+    rig = GuardedRig([CONTEXT_TOO_LONG])
+    await rig.handle(submission(make_request("big"), offset=0))
+    (event, _), = rig.sink.failures
+    assert event.terminal and event.error_code == "context_length_exceeded"
+
+
+async def test_rate_limiter_paces_calls_on_the_monotonic_clock() -> None:
+    rig = GuardedRig([answer(str(i)) for i in range(5)], limiter=RateLimiter(RateLimits(rpm=60), share=1.0))
+    started = rig.monotonic.now
+    for i in range(5):
+        await rig.handle(submission(make_request(f"p{i}"), offset=i))
+    # 60/min = 1/s, with a burst of one: the 5th call waits about 4 s after the first
+    assert 3.5 <= rig.monotonic.now - started <= 4.5, rig.monotonic.now - started
+    assert len(rig.sink.results) == 5
+
