@@ -182,14 +182,11 @@ class Handler:
 
     async def _defer(self, request: InferenceRequest, deferred: Deferred, hop: headers.Hop, origin: headers.Origin,
                      state: RequestState) -> None:
-        """Park the record, attempt not made, in the retry tier that covers the breaker's wait (DESIGN §5).
-
-        A jitter of up to a second spreads the parked records, so the breaker's half-open probe is not
-        followed by the whole backlog at once.
-        """
+        """Park the record, attempt not made, in the shortest retry tier, due when the breaker may probe
+        (DESIGN §5); a jitter of up to a second spreads the parked records."""
         now = self._clock_ms()
+        tier = self._policy.tiers[0]  # never longer: a closed breaker must find its backlog soon
         wanted = round(deferred.delay_s * 1000) + self._rng.randrange(1000)
-        tier = self._policy.tier_for(wanted)
         reason = Failure(FailureLayer.SERVICE, CIRCUIT_OPEN, f"the circuit breaker of {deferred.model} is open")
         due = now + min(wanted, tier.delay_ms)
         await self._sink.retry(tier, request, headers.hop_headers(

@@ -58,10 +58,12 @@ class LocalStack:
         self.settings = settings.model_copy(update=updates)
         count = self.workers if self.workers is not None else (1 if not settings.kafka_bootstrap else 0)
         for index in range(count):
-            self.worker_processes.append(self._start_worker(index))
+            self.worker_processes.append(self._start_worker(index, count))
 
-    def _start_worker(self, index: int) -> subprocess.Popen[bytes]:
+    def _start_worker(self, index: int, count: int) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
+        # the rate limits are the account's: each of the workers started here paces to its part of them
+        env["STREAMPROC_LLM_LIMIT_SHARE"] = str(self.settings.llm_limit_share / count)
         env["STREAMPROC_KAFKA_BOOTSTRAP"] = str(self.settings.kafka_bootstrap)
         env["STREAMPROC_LLM_BASE_URL"] = str(self.settings.llm_base_url)
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)

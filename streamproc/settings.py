@@ -72,6 +72,8 @@ class Settings(BaseSettings):
     breaker_min_calls: int = Field(default=10, ge=1, description="Calls in the window before the rate counts.")
     breaker_open_s: float = Field(default=5.0, gt=0, description="How long an open breaker waits before a "
                                   "half-open probe.")
+    breaker_hold_s: float = Field(default=10.0, ge=0, description="How long a call waits in memory for an open "
+                                  "breaker (holding its slot) before it is parked in a retry tier.")
     retry_budget_ratio: float = Field(default=0.2, ge=0, description="Retries allowed per batch, as a fraction "
                                       "of its first attempts; beyond it failures end retry_budget_exhausted.")
     retry_budget_min: int = Field(default=10, ge=0, description="Retries every batch may spend whatever its size.")

@@ -7,7 +7,8 @@ building. A cooldown makes a burst of 429s from one overload count once, not onc
 
 Latency is judged against a baseline, the lowest short-term average seen. The baseline drifts up slowly
 towards the current average, so a lasting change (a slower model version, longer prompts) becomes the new
-normal instead of cutting the limit forever.
+normal instead of cutting the limit forever. A rise must also exceed ``latency_min_rise_s`` in absolute
+terms: at a few milliseconds (a local model, a mock), doubling is scheduler noise, not a provider queue.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class AdaptiveLimit:
     latency above tolerance x baseline), at most one cut per cooldown, within [minimum, maximum]."""
 
     def __init__(self, minimum: int, maximum: int, initial: int | None = None, backoff: float = 0.9,
-                 latency_tolerance: float = 2.0, cooldown_s: float = 1.0, ewma_alpha: float = 0.1) -> None:
+                 latency_tolerance: float = 2.0, cooldown_s: float = 1.0, ewma_alpha: float = 0.1,
+                 latency_min_rise_s: float = 0.25) -> None:
         if not 1 <= minimum <= maximum:
             raise ValueError(f"need 1 <= minimum <= maximum, got {minimum}, {maximum}")
         if initial is not None and not minimum <= initial <= maximum:
@@ -46,6 +48,7 @@ class AdaptiveLimit:
         self._tolerance = latency_tolerance
         self._cooldown_s = cooldown_s
         self._alpha = ewma_alpha
+        self._min_rise_s = latency_min_rise_s
         # Start low unless told otherwise: grow into the provider's capacity rather than hit it.
         self._value = float(initial if initial is not None else minimum)
         self._last_cut = -math.inf
@@ -92,7 +95,8 @@ class AdaptiveLimit:
             self._baseline = ewma
         else:
             self._baseline += BASELINE_RELAX * (ewma - self._baseline)
-        return self._samples >= MIN_LATENCY_SAMPLES and ewma > self._tolerance * self._baseline
+        return (self._samples >= MIN_LATENCY_SAMPLES and ewma > self._tolerance * self._baseline
+                and ewma - self._baseline > self._min_rise_s)
 
     def _cut(self, now: float) -> None:
         if now - self._last_cut < self._cooldown_s:

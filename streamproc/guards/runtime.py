@@ -16,6 +16,7 @@ Pure state machines live in the sibling modules; this module only wires them and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,7 @@ from streamproc.settings import Settings
 log = logging.getLogger(__name__)
 
 RATE_LIMITED = "rate_limit_exceeded"
+MIN_BREAKER_WAIT_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class BreakerSettings:
     window_s: float = 10.0
     min_calls: int = 10
     open_s: float = 5.0
+    hold_s: float = 10.0  # how long a call may wait (in memory) for an open breaker before it is parked
 
 
 class Guards:
@@ -62,7 +65,8 @@ class Guards:
                  adaptive: AdaptiveLimit | None = None, breakers: BreakerSettings | None = None,
                  budget: RetryBudget | None = None, estimator: TokenEstimator | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+                 wait: Callable[[asyncio.Event, float], Awaitable[object]] | None = None) -> None:
         self._caller = caller
         self.routes = routes or Routes()
         self.limiter = limiter  # None: no rate limiting
@@ -72,8 +76,11 @@ class Guards:
         self.breakers: dict[str, CircuitBreaker] = {}
         self.budget = budget  # None: retries limited by the policy alone
         self.estimator = estimator or TokenEstimator()
+        self._hold_s = breakers.hold_s if breakers is not None else 0.0
         self._clock = clock
         self._sleep = sleep
+        self._wait = wait or _wait_for_event
+        self._breaker_changed = asyncio.Event()  # set (and replaced) on every breaker transition
         self.deferred = 0  # counters read by the metrics collector
         self.fallbacks: dict[tuple[str, str, str], int] = {}  # (from, to, reason) -> calls
         self.budget_exhausted = 0
@@ -88,7 +95,7 @@ class Guards:
             adaptive=AdaptiveLimit(min(settings.adaptive_min_in_flight, settings.in_flight), settings.in_flight,
                                    initial=settings.in_flight),  # a batch starts at full speed; the limiter paces
             breakers=(BreakerSettings(settings.breaker_failure_rate, settings.breaker_window_s,
-                                      settings.breaker_min_calls, settings.breaker_open_s)
+                                      settings.breaker_min_calls, settings.breaker_open_s, settings.breaker_hold_s)
                       if settings.breaker_enabled else None),
             budget=RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min),
         )
@@ -116,23 +123,43 @@ class Guards:
 
     # -- the call ------------------------------------------------------------------------------------------
     async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int) -> CallResult | Deferred:
-        """Make the call through every guard; :class:`Deferred` when no model may be called now."""
-        if self._gate is None:
-            return await self._routed_call(request, body, first=attempt == 1)
-        async with self._gate:
-            return await self._routed_call(request, body, first=attempt == 1)
+        """Make the call through every guard; :class:`Deferred` when no model may be called soon enough."""
+        return await self._call(request, body, first=attempt == 1)
 
-    async def _routed_call(self, request: InferenceRequest, body: dict[str, Any],
-                           first: bool) -> CallResult | Deferred:
+    async def _call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Deferred:
         requested = body.get("model")
         if not isinstance(requested, str):  # malformed: let the provider say so (no model, no guard to pick)
             return await self._caller.call(request, body)
-        model = self.routes.first_callable(requested, self._may_call)
-        if model is None:
-            return self._defer(requested)
-        if model != requested:
-            self._count_fallback(requested, model, "breaker_open")
-            body = {**body, "model": model}
+        deadline = self._clock() + self._hold_s
+        while True:
+            model = self.routes.first_callable(requested, self._may_call)
+            if model is None:
+                if not await self._await_breakers(requested, deadline):
+                    return self._defer(requested)
+                continue
+            if model != requested:
+                self._count_fallback(requested, model, "breaker_open")
+            called = await self._gated_call(request, {**body, "model": model} if model != requested else body,
+                                            model, first)
+            if called is not None:
+                break
+        fallback = self._context_fallback(model, called)
+        if fallback is None:
+            return called
+        log.info("%s: %s says the input is too long; sending it to %s", request.request_id, model, fallback)
+        self._count_fallback(model, fallback, "context_length")
+        return await self._call(request, {**body, "model": fallback}, first=False)
+
+    async def _gated_call(self, request: InferenceRequest, body: dict[str, Any], model: str,
+                          first: bool) -> CallResult | None:
+        """Inside the AIMD gate: wait for tokens, ask the breaker once more, call; None if it said no."""
+        if self._gate is None:
+            return await self._paced_call(request, body, model, first)
+        async with self._gate:
+            return await self._paced_call(request, body, model, first)
+
+    async def _paced_call(self, request: InferenceRequest, body: dict[str, Any], model: str,
+                          first: bool) -> CallResult | None:
         cost = self.estimator.cost(body)
         if self.limiter is not None:
             wait = self.limiter.for_model(model, self._clock()).reserve(cost, self._clock())
@@ -141,17 +168,24 @@ class Guards:
         breaker = self._breaker(model)
         allowed_at = self._clock()
         if breaker is not None and not breaker.allow(allowed_at):
-            return self._defer(model)  # it opened while this call waited for tokens
+            return None  # it opened (or its probe went out) while this call waited for tokens
         if first and self.budget is not None:
             self.budget.on_first_attempt(request.batch_id or "")
         called = await self._caller.call(request, body)
         self._learn(model, body, cost, called, allowed_at)
-        fallback = self._context_fallback(model, called)
-        if fallback is None:
-            return called
-        log.info("%s: %s says the input is too long; sending it to %s", request.request_id, model, fallback)
-        self._count_fallback(model, fallback, "context_length")
-        return await self._routed_call(request, {**body, "model": fallback}, first=False)
+        return called
+
+    async def _await_breakers(self, model: str, deadline: float) -> bool:
+        """Wait for a breaker of the model's candidates to change or to let a probe through; False (park the
+        request) when that cannot happen before ``deadline``. Waiting holds the record's dispatcher slot, so
+        consumption stops by itself instead of moving the whole backlog through a retry tier."""
+        now = self._clock()
+        breakers = [b for b in (self._breaker(c) for c in self.routes.candidates(model)) if b is not None]
+        wake_at = min((breaker.retry_at(now) for breaker in breakers), default=now)
+        if wake_at > deadline:
+            return False
+        await self._wait(self._breaker_changed, max(wake_at - now, MIN_BREAKER_WAIT_S))
+        return True
 
     def _context_fallback(self, model: str, called: CallResult) -> str | None:
         outcome = called.outcome
@@ -171,6 +205,11 @@ class Guards:
         delay = max(0.0, breaker.retry_at(now) - now) if breaker is not None else 0.0
         return Deferred(delay, model)
 
+    def _on_breaker_change(self, model: str, old: BreakerState, new: BreakerState) -> None:
+        _log_breaker(model, old, new)
+        changed, self._breaker_changed = self._breaker_changed, asyncio.Event()
+        changed.set()  # wakes the calls waiting for this (or any) breaker
+
     def _breaker(self, model: str) -> CircuitBreaker | None:
         if self._breaker_settings is None:
             return None
@@ -178,7 +217,7 @@ class Guards:
         if breaker is None:
             conf = self._breaker_settings
             breaker = CircuitBreaker(conf.failure_rate, conf.window_s, conf.min_calls, conf.open_s,
-                                     on_change=lambda old, new: _log_breaker(model, old, new))
+                                     on_change=lambda old, new: self._on_breaker_change(model, old, new))
             self.breakers[model] = breaker
         return breaker
 
@@ -232,6 +271,11 @@ def _breaks(failure: Failure) -> bool:
 def _lower(headers: Any) -> dict[str, str]:
     """The ``x-ratelimit-*`` headers, with lower-case names (the limiter reads nothing else)."""
     return {name.lower(): value for name, value in headers.items() if name.lower().startswith("x-ratelimit-")}
+
+
+async def _wait_for_event(event: asyncio.Event, timeout_s: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout_s)
 
 
 def _log_breaker(model: str, old: BreakerState, new: BreakerState) -> None:

@@ -132,9 +132,10 @@ def test_outage_then_backfill_recovers_every_failure(settings: Settings, tmp_pat
     """An outage exhausts the retries of the requests caught in it; backfill replays them, the batch ends
     with one result per custom_id, and ids that had succeeded are not called again."""
     mock = start_mock("clean", 10, "--latency", "0.5")
-    # the breaker off: with it, the outage's requests would wait in a retry tier instead of failing
-    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", in_flight="8", breaker_enabled="false"),
-                           tmp_path / "w.log")
+    # the breaker and the retry budget off: with them, the outage's requests would wait in a retry tier, or
+    # (the replays too, while the outage lasts) fail at their first attempt, instead of spending their retries
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", in_flight="8", breaker_enabled="false",
+                                      retry_budget_ratio="100"), tmp_path / "w.log")
     worker.start()
     try:
         assert cli(settings, "submit", str(batch_file(tmp_path / "in.jsonl", 400, "o")), "--batch-id",

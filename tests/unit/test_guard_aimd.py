@@ -93,6 +93,16 @@ def test_a_latency_spike_cuts_instead_of_growing() -> None:
     assert limit.limit == int(before * 0.9)  # one cut (cooldown), and no growth while latency is high
 
 
+def test_a_rise_of_a_few_milliseconds_is_noise_not_a_queue() -> None:
+    """From 2 ms to 10 ms is x5, but far below the absolute rise that says a provider queues calls."""
+    limit = AdaptiveLimit(1, 1000, initial=50, cooldown_s=0.0)
+    grow(limit, 30, latency_s=0.002)
+    before = limit.limit
+    for n in range(40):
+        limit.on_success(0.010, now=100.0 + n * 0.01)
+    assert limit.limit > before
+
+
 def test_latency_cuts_repeat_after_each_cooldown() -> None:
     limit = AdaptiveLimit(1, 1000, initial=100, cooldown_s=1.0)
     grow(limit, 30, latency_s=1.0)

@@ -5,6 +5,7 @@ The guards run on a fake monotonic clock and a sleep that only advances it, so n
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass, field
 
@@ -40,6 +41,11 @@ class MonotonicClock:
     async def sleep(self, seconds: float) -> None:
         self.now += seconds
 
+    async def wait(self, event: asyncio.Event, timeout_s: float) -> None:
+        """An event wait that times out at once, on this clock (nothing else runs in these tests)."""
+        if not event.is_set():
+            self.now += timeout_s
+
 
 @dataclass
 class GuardedRig(Rig):
@@ -54,14 +60,15 @@ class GuardedRig(Rig):
         super().__post_init__()
         self.monotonic = MonotonicClock()
         self.guards = Guards(self.caller, routes=self.routes, breakers=self.breakers, budget=self.budget,
-                             limiter=self.limiter, clock=self.monotonic, sleep=self.monotonic.sleep)
+                             limiter=self.limiter, clock=self.monotonic, sleep=self.monotonic.sleep,
+                             wait=self.monotonic.wait)
         self.handler = Handler(self.guards, self.sink, self.store, self.policy, self.problems.append,
                                clock_ms=self.clock, rng=random.Random(SEED))
 
 
 async def test_open_breaker_parks_the_record_without_a_call_and_its_attempt_runs_later() -> None:
     rig = GuardedRig([UNAVAILABLE, UNAVAILABLE, answer("ok")],
-                     breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=2, open_s=5))
+                     breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=2, open_s=5, hold_s=0))
     for i in range(2):  # two 503s open the breaker of gpt-test
         assert await rig.handle(submission(make_request(f"r{i}"), offset=i)) is Disposition.ACK
     assert rig.guards.breaker_states()["gpt-test"].value == "open"
@@ -92,6 +99,32 @@ async def test_open_breaker_parks_the_record_without_a_call_and_its_attempt_runs
 
     assert await rig.handle(next_hop(deferred, offset=2)) is Disposition.ACK  # a stale copy: skipped
     assert len(rig.caller.calls) == 3
+
+
+async def test_a_call_waits_for_the_probe_when_the_breaker_half_opens_within_the_hold() -> None:
+    """With a hold longer than the open period, the record waits (its slot held, no Kafka traffic) and is
+    itself the half-open probe: no parking, one call."""
+    rig = GuardedRig([UNAVAILABLE, UNAVAILABLE, answer("ok")],
+                     breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=2, open_s=5, hold_s=10))
+    for i in range(2):
+        await rig.handle(submission(make_request(f"r{i}"), offset=i))
+    opened_at = rig.monotonic.now
+    await rig.handle(submission(make_request("waits"), offset=10))
+    assert [result.request_id for result in rig.sink.results] == ["waits"]
+    assert not rig.sink.retries[2:]  # only the two 503s were scheduled for retry: nothing parked
+    assert rig.monotonic.now - opened_at >= 5  # not before the open period ended
+    assert rig.guards.breaker_states()["gpt-test"].value == "closed"
+
+
+async def test_a_call_is_parked_when_the_breaker_cannot_probe_within_the_hold() -> None:
+    rig = GuardedRig([UNAVAILABLE, UNAVAILABLE],
+                     breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=2, open_s=30, hold_s=10))
+    for i in range(2):
+        await rig.handle(submission(make_request(f"r{i}"), offset=i))
+    await rig.handle(submission(make_request("parked"), offset=10))
+    assert len(rig.caller.calls) == 2
+    assert rig.sink.retries[-1].request.request_id == "parked"
+    assert text(rig.sink.retries[-1].headers, headers.DEFERRED) == "1"
 
 
 async def test_breaker_open_sends_to_the_fallback_model_and_the_result_says_so() -> None:
