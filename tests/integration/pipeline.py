@@ -6,9 +6,11 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from streamproc import codec
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult
@@ -235,3 +238,56 @@ async def wait_caught_up(bootstrap: str, settings: Settings, topic: str, timeout
             return
         await asyncio.sleep(0.5)
     raise AssertionError(f"the workers did not consume {topic} within {timeout_s}s")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (for a worker's ``/metrics``)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def scrape_gauge(port: int, name: str) -> float | None:
+    """The value of an unlabelled gauge on ``http://127.0.0.1:port/metrics``; None while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and not sample.labels:
+                return float(sample.value)
+    return None
+
+
+async def record_positions(bootstrap: str, topic: str) -> dict[str, tuple[int, int]]:
+    """Where each key of ``topic`` was written: key (as text) -> (partition, offset) of its last record."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    positions: dict[str, tuple[int, int]] = {}
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+        ends = await consumer.end_offsets(partitions)
+        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
+            batches = await consumer.getmany(timeout_ms=300, max_records=10000)
+            for tp, messages in batches.items():
+                for message in messages:
+                    if message.key is not None:
+                        positions[message.key.decode()] = (tp.partition, message.offset)
+    finally:
+        await consumer.stop()
+    return positions
+
+
+async def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offset per partition of ``topic`` (partitions never committed are absent)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic and meta.offset >= 0}
