@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -616,21 +616,27 @@ async def run(args: argparse.Namespace, stack: Stack) -> None:
     print(f"(benchmark took {time.monotonic() - started:.0f}s)")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--latency-requests", type=int, default=5000, help="requests of run 1 [5000]")
-    parser.add_argument("--latency", type=float, default=1.0, help="mock latency of run 1, seconds [1]")
-    parser.add_argument("--cpu-requests", type=int, default=10_000, help="requests of the CPU-bound runs [10000]")
-    parser.add_argument("--warmup", type=int, default=3000, help="requests of the unreported warm-up run [3000]")
+Suite = Callable[[argparse.Namespace, Stack], Coroutine[Any, Any, None]]
+
+
+def add_common_arguments(parser: argparse._ActionsContainer) -> None:
+    """Options every suite of ``scripts/bench`` shares."""
     parser.add_argument("--in-flight", type=int, default=256, help="in-flight bound of worker and baseline [256]")
     parser.add_argument("--partitions", type=int, default=8, help="partitions of every topic [8]")
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of a private broker")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (process logs) at the end")
-    parser.add_argument("--verbose", action="store_true", help="print calls started per second of each run")
-    args = parser.parse_args(argv)
-    global VERBOSE
-    VERBOSE = args.verbose
+    parser.add_argument("--verbose", action="store_true", help="print per-second timelines of each run")
+
+
+def add_arguments(parser: argparse._ActionsContainer) -> None:
+    """The pipeline suite's own options."""
+    parser.add_argument("--latency-requests", type=int, default=5000, help="requests of run 1 [5000]")
+    parser.add_argument("--latency", type=float, default=1.0, help="mock latency of run 1, seconds [1]")
+    parser.add_argument("--cpu-requests", type=int, default=10_000, help="requests of the CPU-bound runs [10000]")
+    parser.add_argument("--warmup", type=int, default=3000, help="requests of the unreported warm-up run [3000]")
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.warmup < 0:
         parser.error("--warmup must be at least 0")
     for name in ("latency_requests", "cpu_requests", "in_flight", "partitions"):
@@ -639,16 +645,24 @@ def main(argv: list[str] | None = None) -> None:
     if args.latency <= 0:
         parser.error("--latency must be positive")
 
+
+def execute(suite: Suite, args: argparse.Namespace) -> int:
+    """Run one suite on its own :class:`Stack`: 0 when every run converged, 1 when one did not, 130 on Ctrl-C
+    or SIGTERM. Everything started is stopped and the signal handlers are restored, so suites can follow."""
+    global VERBOSE
+    VERBOSE = args.verbose
+
     def terminate(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, terminate)
     # aiokafka warns about retries it handles itself (e.g. NotLeaderForPartition on topics just created)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     stack = Stack(args.keep)
     code = 0
     try:
-        asyncio.run(run(args, stack))
+        asyncio.run(suite(args, stack))
     except KeyboardInterrupt:
         print("\ninterrupted: stopping everything", file=sys.stderr)
         code = 130
@@ -656,10 +670,22 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         code = 1
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):  # cleanup (bounded by timeouts) is not interrupted
+        for signum in previous:  # cleanup (bounded by timeouts) is not interrupted
             signal.signal(signum, signal.SIG_IGN)
         stack.close()
-    sys.exit(code)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return code
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    add_common_arguments(parser)
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
+    sys.exit(execute(run, args))
 
 
 if __name__ == "__main__":
