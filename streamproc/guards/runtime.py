@@ -237,12 +237,12 @@ class Guards:
             breaker.record(not (isinstance(outcome, Failure) and _breaks(outcome)), now, started=allowed_at)
         if limiter is None:
             return
+        limits = _lower(called.headers)
+        limiter.observe(limits, now)
         if isinstance(outcome, Failure) and outcome.code == RATE_LIMITED:
             hint = outcome.retry_after_ms / 1000 if outcome.retry_after_ms is not None else None
-            if limiter.on_rate_limited(_lower(called.headers), hint, cost, now) and self.adaptive is not None:
+            if limiter.on_rate_limited(limits, hint, cost, now) and self.adaptive is not None:
                 self.adaptive.on_congestion(now)
-        else:
-            limiter.observe(_lower(called.headers), now)
 
     def _count_fallback(self, source: str, target: str, reason: str) -> None:
         key = (source, target, reason)

@@ -6,22 +6,27 @@ The guards run on a fake monotonic clock and a sleep that only advances it, so n
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from dataclasses import dataclass, field
 
 from streamproc import headers
+from streamproc.classify import classify_http_error
+from streamproc.guards.aimd import AdaptiveLimit
 from streamproc.guards.budget import RetryBudget
 from streamproc.guards.ratelimit import RateLimiter, RateLimits
 from streamproc.guards.routing import Routes
 from streamproc.guards.runtime import BreakerSettings, Guards
 from streamproc.handler import Disposition, Handler
 from streamproc.layers import FailureLayer, RequestStatus
+from streamproc.llm_client import CallResult
 from streamproc.state import CIRCUIT_OPEN
 from tests.unit.test_handler import (
     BODY,
     CONTEXT_TOO_LONG,
     SEED,
     UNAVAILABLE,
+    Reply,
     Rig,
     answer,
     make_request,
@@ -55,12 +60,14 @@ class GuardedRig(Rig):
     breakers: BreakerSettings | None = None
     budget: RetryBudget | None = None
     limiter: RateLimiter | None = None
+    adaptive: AdaptiveLimit | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.monotonic = MonotonicClock()
         self.guards = Guards(self.caller, routes=self.routes, breakers=self.breakers, budget=self.budget,
-                             limiter=self.limiter, clock=self.monotonic, sleep=self.monotonic.sleep,
+                             limiter=self.limiter, adaptive=self.adaptive, clock=self.monotonic,
+                             sleep=self.monotonic.sleep,
                              wait=self.monotonic.wait)
         self.handler = Handler(self.guards, self.sink, self.store, self.policy, self.problems.append,
                                clock_ms=self.clock, rng=random.Random(SEED))
@@ -196,3 +203,34 @@ async def test_rate_limiter_paces_calls_on_the_monotonic_clock() -> None:
     assert 3.5 <= rig.monotonic.now - started <= 4.5, rig.monotonic.now - started
     assert len(rig.sink.results) == 5
 
+
+
+def limited(remaining_requests: str) -> Reply:
+    """A 429 as OpenAI sends it, with the account's limit and what remains of it."""
+    hdrs = {"retry-after-ms": "2000", "x-ratelimit-limit-requests": "600",
+            "x-ratelimit-remaining-requests": remaining_requests, "x-ratelimit-remaining-tokens": "90000"}
+    raw = json.dumps({"error": {"message": "Rate limit reached", "type": "requests",
+                                "code": "rate_limit_exceeded"}}).encode()
+    outcome = classify_http_error(429, hdrs, raw)
+    return lambda body: CallResult(outcome, raw, 30, hdrs)
+
+
+async def test_a_429_saying_the_bucket_is_empty_pauses_the_model_and_cuts_the_in_flight_limit() -> None:
+    rig = GuardedRig([limited("0")], limiter=RateLimiter(RateLimits(), share=1.0),
+                     adaptive=AdaptiveLimit(1, 100, initial=100))
+    await rig.handle(submission(make_request("r"), offset=0))
+    model = rig.guards.rate_limits()["gpt-test"]
+    assert model.rpm == 600  # learned from x-ratelimit-limit-requests
+    assert rig.limiter is not None and rig.adaptive is not None
+    assert rig.limiter.for_model("gpt-test", rig.monotonic.now).paused_until == rig.monotonic.now + 2.0
+    assert rig.adaptive.limit == 90
+    assert rig.sink.retries[0].request.request_id == "r"  # the request itself is retried as usual
+
+
+async def test_a_429_while_the_provider_has_room_is_that_request_s_refusal_only() -> None:
+    rig = GuardedRig([limited("5")], limiter=RateLimiter(RateLimits(), share=1.0),
+                     adaptive=AdaptiveLimit(1, 100, initial=100))
+    await rig.handle(submission(make_request("r"), offset=0))
+    assert rig.limiter is not None and rig.adaptive is not None
+    assert rig.limiter.for_model("gpt-test", rig.monotonic.now).paused_until == float("-inf")
+    assert rig.adaptive.limit == 100
