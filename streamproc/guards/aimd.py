@@ -8,7 +8,8 @@ building. A cooldown makes a burst of 429s from one overload count once, not onc
 Latency is judged against a baseline, the lowest short-term average seen. The baseline drifts up slowly
 towards the current average, so a lasting change (a slower model version, longer prompts) becomes the new
 normal instead of cutting the limit forever. A rise must also exceed ``latency_min_rise_s`` in absolute
-terms: at a few milliseconds (a local model, a mock), doubling is scheduler noise, not a provider queue.
+terms: at a few milliseconds (a local model, a mock), or when the worker's own event loop is saturated
+(hundreds of ms), doubling is scheduler noise, not a provider queue.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class AdaptiveLimit:
 
     def __init__(self, minimum: int, maximum: int, initial: int | None = None, backoff: float = 0.9,
                  latency_tolerance: float = 2.0, cooldown_s: float = 1.0, ewma_alpha: float = 0.1,
-                 latency_min_rise_s: float = 0.25) -> None:
+                 latency_min_rise_s: float = 0.5) -> None:
         if not 1 <= minimum <= maximum:
             raise ValueError(f"need 1 <= minimum <= maximum, got {minimum}, {maximum}")
         if initial is not None and not minimum <= initial <= maximum:
