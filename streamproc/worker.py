@@ -21,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from streamproc import codec, headers
+from streamproc.batch_sizes import BatchSizes
 from streamproc.classify import ConfigurationProblem
 from streamproc.dispatcher import Dispatcher
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
@@ -95,7 +96,8 @@ class TableStore:
 class WorkerRuntime:
     """The app and its parts, built once per process."""
 
-    def __init__(self, settings: Settings, observer: Observer | None = None) -> None:
+    def __init__(self, settings: Settings, observer: Observer | None = None,
+                 batch_sizes: BatchSizes | None = None) -> None:
         self.settings = settings
         self.topology = topology_of(settings)
         self.app = make_faust_app(settings, settings.app_id, settings.partitions)
@@ -109,12 +111,21 @@ class WorkerRuntime:
         self.sink = FaustSink(self.app, self.topology)
         self.dispatcher = Dispatcher(settings.in_flight)
         self.llm = LLMClient(settings)
-        self.guards = Guards.from_settings(settings, self.llm)
+        self.batch_sizes = batch_sizes or BatchSizes()
+        self.guards = Guards.from_settings(settings, self.llm, self._expected_first_attempts)
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
         self.handler = Handler(self.guards, self.sink, TableStore(self.table), RetryPolicy(tiers=self.topology.tiers),
                                self._on_configuration_problem, rng=random.Random(), observer=observer)
         self._register_agents()
+
+    def _expected_first_attempts(self, batch_id: str) -> float:
+        """This worker's share of the batch's submitted requests (its share of the requests partitions)."""
+        submitted = self.batch_sizes.submitted(batch_id)
+        if not submitted:
+            return 0.0
+        mine = sum(1 for tp in self.app.consumer.assignment() if tp.topic == self.topology.requests)
+        return submitted * mine / self.settings.partitions
 
     # -- agents ------------------------------------------------------------------------------------------
     def _register_agents(self) -> None:
@@ -230,7 +241,14 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     asyncio.set_event_loop(loop)
     loop.run_until_complete(wait_for_broker(bootstrap))
     loop.run_until_complete(ensure_pipeline_topics(bootstrap, topology))
-    runtime = WorkerRuntime(settings, observer=metrics)
+    batch_sizes = BatchSizes()
+    loop.run_until_complete(batch_sizes.load(bootstrap, topology.batches))
+    runtime = WorkerRuntime(settings, observer=metrics, batch_sizes=batch_sizes)
+
+    async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
+        await batch_sizes.follow(bootstrap, topology.batches)
+
+    runtime.app.task(follow_batch_sizes)
     if metrics is not None:
         metrics.track_guards(runtime.guards)
         watch_worker(metrics, runtime.app, bootstrap, settings.app_id,

@@ -6,7 +6,11 @@ multiply the load. The budget allows ``minimum + ratio x first attempts`` retrie
 retryable failure is made terminal (``retry_budget_exhausted``), and backfill can replay it later.
 
 The counts are per worker and in memory: each worker sees its partitions' share of a batch's first
-attempts and retries, so the ratio holds across workers too; a restart begins afresh, which only errs on
+attempts and retries, so the ratio holds across workers too. Counted alone, first attempts *so far* make
+the budget strict early in a batch (an outage in its first minute exhausts it) and after a restart (the
+count begins again while the batch's retries go on). So a caller that knows how many first attempts of the
+batch are its share (the batch manifest's ``submitted`` count, times this worker's share of partitions)
+passes that, and the larger of the two counts; a restart then only forgets retries spent, which errs on
 the side of retrying.
 """
 
@@ -36,10 +40,12 @@ class RetryBudget:
     def on_first_attempt(self, batch: str) -> None:
         self._entry(batch)[0] += 1
 
-    def try_spend(self, batch: str) -> bool:
-        """True (and counted) if one more retry of ``batch`` fits in its budget."""
+    def try_spend(self, batch: str, expected_first_attempts: float = 0.0) -> bool:
+        """True (and counted) if one more retry of ``batch`` fits in its budget; the budget is measured against
+        the first attempts seen or ``expected_first_attempts``, whichever is larger."""
         entry = self._entry(batch)
-        if entry[1] + 1 > self._minimum + self._ratio * entry[0] + 1e-9:  # 0.2 x 15 is 3.0000000000000004
+        first_attempts = max(float(entry[0]), expected_first_attempts)
+        if entry[1] + 1 > self._minimum + self._ratio * first_attempts + 1e-9:  # 0.2 x 15 is 3.0000000000000004
             return False
         entry[1] += 1
         return True

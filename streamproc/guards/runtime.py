@@ -64,6 +64,7 @@ class Guards:
     def __init__(self, caller: Caller, *, routes: Routes | None = None, limiter: RateLimiter | None = None,
                  adaptive: AdaptiveLimit | None = None, breakers: BreakerSettings | None = None,
                  budget: RetryBudget | None = None, estimator: TokenEstimator | None = None,
+                 expected_first_attempts: Callable[[str], float] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
                  wait: Callable[[asyncio.Event, float], Awaitable[object]] | None = None) -> None:
@@ -75,6 +76,7 @@ class Guards:
         self._breaker_settings = breakers  # None: no breakers
         self.breakers: dict[str, CircuitBreaker] = {}
         self.budget = budget  # None: retries limited by the policy alone
+        self._expected_first_attempts = expected_first_attempts  # batch -> this worker's share of its size
         self.estimator = estimator or TokenEstimator()
         self._hold_s = breakers.hold_s if breakers is not None else 0.0
         self._clock = clock
@@ -86,7 +88,8 @@ class Guards:
         self.budget_exhausted = 0
 
     @classmethod
-    def from_settings(cls, settings: Settings, caller: Caller) -> Guards:
+    def from_settings(cls, settings: Settings, caller: Caller,
+                      expected_first_attempts: Callable[[str], float] | None = None) -> Guards:
         return cls(
             caller,
             routes=Routes(settings.context_windows, settings.context_fallbacks, settings.model_fallbacks),
@@ -98,6 +101,7 @@ class Guards:
                                       settings.breaker_min_calls, settings.breaker_open_s, settings.breaker_hold_s)
                       if settings.breaker_enabled else None),
             budget=RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min),
+            expected_first_attempts=expected_first_attempts,
         )
 
     # -- before the call -----------------------------------------------------------------------------------
@@ -116,7 +120,9 @@ class Guards:
 
     def allow_retry(self, batch_id: str | None) -> bool:
         """Spend one retry of the batch's budget; False when it is spent (the failure becomes terminal)."""
-        if self.budget is None or self.budget.try_spend(batch_id or ""):
+        batch = batch_id or ""
+        expected = self._expected_first_attempts(batch) if self._expected_first_attempts is not None else 0.0
+        if self.budget is None or self.budget.try_spend(batch, expected):
             return True
         self.budget_exhausted += 1
         return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,14 @@ from streamproc.events import InferenceRequest
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,
+    Outcomes,
     WorkerProcess,
     chat_request,
     produce_requests,
     start_mock,
     worker_env,
 )
+from tests.integration.test_operations import cli, wait_converged
 
 pytestmark = pytest.mark.integration
 
@@ -140,3 +143,44 @@ async def test_context_length_without_fallback_fails_before_any_call(settings: S
         assert (failure.layer.value, failure.error_code) == ("business", "context_length_exceeded")
         assert "pre-check" in failure.message and "4096-token context window of 'mock-small'" in failure.message
         assert not outcomes.results.get(request_id)
+
+
+def test_retry_budget_is_measured_against_the_submitted_batch(settings: Settings, tmp_path: Path) -> None:
+    """20 requests that each fail once (503), one call at a time, budget 50 % of first attempts: the first
+    10 failures retry (the manifest says 20 will come), the next 10 end ``retry_budget_exhausted``. Counted
+    as they happen, the first failure would already have had no budget (0.5 x 1 first attempt)."""
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": f"b-{i}", "prompt": f"Question {i} [mock:service_unavailable*1]"})
+                            + "\n" for i in range(20)))
+    submitted = cli(settings, "submit", str(path), "--batch-id", "budget")
+    assert submitted.returncode == 0, submitted.stderr
+    mock = start_mock("clean", 6)
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", in_flight="1", retry_budget_ratio="0.5",
+                                      retry_budget_min="0"), tmp_path / "worker.log")
+    worker.start()
+    try:
+        final = wait_converged(settings, "budget", 120, worker)[-1]
+    finally:
+        worker.stop()
+        mock.stop()
+    assert (final["succeeded"], final["failed"]["service"]) == (10, 10), (final, worker.log_tail())
+    ids = [f"b-{i}" for i in range(20)]
+    outcomes = asyncio.run(_outcomes(settings, ids))
+    codes = Counter(f.error_code for i in ids for f in outcomes.terminal(i))
+    assert codes == {"retry_budget_exhausted": 10}, codes
+    # one call at a time: the budget went to the first 10 failures, not every other one as a count of the
+    # first attempts so far would give (0.5 x 1, 0.5 x 2, ...: no, yes, no, yes, ...)
+    failed_at = {i: min(f.first_failure_ms for f in outcomes.failures[i]) for i in ids}
+    retried = [failed_at[i] for i in ids if outcomes.results.get(i)]
+    exhausted = [failed_at[i] for i in ids if outcomes.terminal(i)]
+    assert max(retried) < min(exhausted), (sorted(retried), sorted(exhausted))
+
+
+async def _outcomes(settings: Settings, ids: list[str]) -> Outcomes:
+    assert settings.kafka_bootstrap is not None
+    async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
+        deadline = time.monotonic() + 30
+        while reader.outcomes.unfinished(ids) and time.monotonic() < deadline:
+            await reader.poll()
+        assert not reader.outcomes.unfinished(ids)
+        return reader.outcomes

@@ -88,3 +88,15 @@ def test_the_default_cap_is_ten_thousand_batches() -> None:
 def test_invalid_settings_are_rejected(ratio: float, minimum: int, max_batches: int) -> None:
     with pytest.raises(ValueError):
         RetryBudget(ratio, minimum, max_batches)
+
+
+def test_the_expected_first_attempts_set_the_budget_before_they_happen() -> None:
+    """With the batch's size known (its manifest), an early failure may retry: the budget is not measured
+    against the few first attempts made so far."""
+    budget = RetryBudget(ratio=0.5, minimum=0)
+    budget.on_first_attempt("b")
+    assert not budget.try_spend("b")  # 0.5 x 1 first attempt: no whole retry
+    assert [budget.try_spend("b", expected_first_attempts=20) for _ in range(11)] == [True] * 10 + [False]
+    for _ in range(30):
+        budget.on_first_attempt("b")
+    assert budget.try_spend("b", expected_first_attempts=20)  # 31 seen now: the larger count decides

@@ -1,0 +1,21 @@
+"""Batch sizes from manifest records: the retry budget's view of how big a batch is."""
+
+from __future__ import annotations
+
+from streamproc.batch_sizes import BatchSizes
+from streamproc.batches import BatchManifest, encode_manifest
+
+
+def test_manifests_give_sizes_and_a_later_one_replaces_an_earlier_one() -> None:
+    sizes = BatchSizes()
+    sizes.apply(encode_manifest(BatchManifest("b1", 20, 1, "in.jsonl")))
+    sizes.apply(encode_manifest(BatchManifest("b2", 7, 1, "other.jsonl")))
+    sizes.apply(encode_manifest(BatchManifest("b1", 25, 2, "in.jsonl")))
+    assert (sizes.submitted("b1"), sizes.submitted("b2"), sizes.submitted("b3")) == (25, 7, None)
+
+
+def test_records_that_are_not_manifests_are_ignored() -> None:
+    sizes = BatchSizes()
+    for value in (None, b"", b"{not json", b"[1, 2]", b'{"batch_id": "x"}'):
+        sizes.apply(value)
+    assert sizes.submitted("x") is None
