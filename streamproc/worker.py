@@ -256,6 +256,13 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
                      in_flight=lambda: runtime.dispatcher.in_flight)
     log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
              settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
+    log.info("guards: rate limits %s RPM / %s TPM per model (share %g), in flight %d..%d (AIMD), breaker %s, "
+             "retry budget %g %% + %d, context windows %s, fallbacks %s, context fallbacks %s",
+             f"{settings.llm_rpm:g}" if settings.llm_rpm else "learned", f"{settings.llm_tpm:g}" if settings.llm_tpm
+             else "learned", settings.llm_limit_share, min(settings.adaptive_min_in_flight, settings.in_flight),
+             settings.in_flight, "on" if settings.breaker_enabled else "OFF", settings.retry_budget_ratio * 100,
+             settings.retry_budget_min, settings.context_windows or "none", settings.model_fallbacks or "none",
+             settings.context_fallbacks or "none")
     worker = faust.Worker(runtime.app, loop=loop, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     try:
         worker.execute_from_commandline()
