@@ -9,7 +9,10 @@ from typing import Any
 import yaml
 from prometheus_client import generate_latest
 
+from streamproc.events import InferenceRequest
+from streamproc.guards.runtime import Guards
 from streamproc.lag import PartitionLag
+from streamproc.llm_client import CallResult
 from streamproc.metrics import WorkerMetrics
 from streamproc.mockllm.cli import mock_llm
 from streamproc.settings import Settings
@@ -66,9 +69,18 @@ def test_prometheus_scrapes_the_worker_port_and_loads_the_rules() -> None:
 def test_alert_rules_use_metrics_the_worker_exposes() -> None:
     metrics = WorkerMetrics()
     metrics.set_lag([PartitionLag("g", "llm.requests", 0, 0, 1)], now=0.0)
-    exposed = set(re.findall(r"^# TYPE (\S+) ", generate_latest(metrics.registry).decode(), re.MULTILINE))
+    metrics.track_guards(Guards.from_settings(Settings(llm_base_url="http://llm"), NeverCalled()))
+    text = generate_latest(metrics.registry).decode()
+    exposed = {name + suffix for name, kind in re.findall(r"^# TYPE (\S+) (\w+)", text, re.MULTILINE)
+               for suffix in (("", "_total") if kind == "counter" else ("",))}
     rules = [rule for group in load("docker/alerts.yml")["groups"] for rule in group["rules"]]
-    assert "StreamprocLagBacklog" in {rule["alert"] for rule in rules}
+    assert {"StreamprocLagBacklog", "StreamprocCircuitBreakerOpen", "StreamprocRetryBudgetExhausted"} <= {
+        rule["alert"] for rule in rules}
     for rule in rules:
         for name in re.findall(r"\bstreamproc_\w+", rule["expr"]):
             assert name in exposed, f"{rule['alert']} uses {name}, which the worker does not expose"
+
+
+class NeverCalled:
+    async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:
+        raise AssertionError("no call in a configuration test")
