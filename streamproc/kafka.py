@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import faust
 
+import streamproc.faust_fixes  # noqa: F401  (applies the recovery fixes to faust before any app exists)
 from streamproc.errors import UserFacingError
 from streamproc.localkafka import LocalBroker
 from streamproc.settings import Settings
