@@ -1,0 +1,99 @@
+"""The faust recovery fixes: order of resume and seek, uncommitted partitions, fetch snapshots.
+
+faust's own steps are replaced by a fake that does what faust 0.15.3's ``on_recovery_completed`` does in the
+same order (resume the stream partitions, seek, then the queue-clearing resume), so the test shows what the
+wrapper changes around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from streamproc import faust_fixes
+
+
+class FakeConsumer:
+    def __init__(self, assignment: set[str], committed: dict[str, int | None]) -> None:
+        self._assignment = assignment
+        self._committed_offset = committed
+        self.events: list[str] = []
+
+    def assignment(self) -> set[str]:
+        return self._assignment
+
+    def resume_partitions(self, tps: Iterable[str]) -> None:
+        self.events.append(f"resume {sorted(tps)}")
+
+    async def perform_seek(self) -> None:
+        self.events.append("seek to committed")
+
+    async def earliest_offsets(self, *tps: str) -> dict[str, int]:
+        return dict.fromkeys(tps, 0)
+
+    async def seek(self, tp: str, offset: int) -> None:
+        self.events.append(f"seek {tp} to {offset}")
+
+
+class FakeApp:
+    def __init__(self, consumer: FakeConsumer) -> None:
+        self.consumer = consumer
+
+
+class FakeRecovery:
+    def __init__(self, consumer: FakeConsumer) -> None:
+        self.app = FakeApp(consumer)
+
+
+async def faust_steps(self: Any, generation_id: int = 0) -> None:
+    """faust 0.15.3's order: resume the stream partitions, await the seek, then clear the queues."""
+    consumer = self.app.consumer
+    consumer.resume_partitions({tp for tp in consumer.assignment() if not tp.startswith("changelog")})
+    await consumer.perform_seek()
+    consumer.events.append("clear queues and resume flow")
+
+
+async def test_stream_partitions_resume_after_the_seek_and_uncommitted_ones_go_back_to_the_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(faust_fixes, "_recovery_completed", faust_steps)
+    consumer = FakeConsumer({"requests-0", "requests-1", "changelog-0"}, {"requests-0": 42, "requests-1": None})
+    await faust_fixes._on_recovery_completed(FakeRecovery(consumer))
+    assert consumer.events == [
+        "seek to committed",
+        "seek requests-1 to 0",  # no committed offset: from its first record, not from wherever the fetch was
+        "resume ['requests-0', 'requests-1']",
+        "clear queues and resume flow",  # nothing awaited between the resume and the clear: no fetch lost
+    ]
+    assert "resume_partitions" not in vars(consumer) and "perform_seek" not in vars(consumer)  # restored
+
+
+async def test_the_consumer_methods_are_restored_when_recovery_is_interrupted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def interrupted(self: Any, generation_id: int = 0) -> None:
+        self.app.consumer.resume_partitions({"requests-0"})
+        raise RuntimeError("another rebalance")
+
+    monkeypatch.setattr(faust_fixes, "_recovery_completed", interrupted)
+    consumer = FakeConsumer({"requests-0"}, {})
+    with pytest.raises(RuntimeError):
+        await faust_fixes._on_recovery_completed(FakeRecovery(consumer))
+    assert "resume_partitions" not in vars(consumer) and "perform_seek" not in vars(consumer)
+    assert consumer.events == []  # held, not resumed: the next recovery resumes them
+
+
+async def test_a_fetch_takes_a_snapshot_and_an_empty_one_fetches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    fetched: list[Any] = []
+
+    async def fetch(self: Any, consumer: Any, partitions: Any, **kwargs: Any) -> dict[str, list[int]]:
+        fetched.append(partitions)
+        return {"requests-0": [1]}
+
+    monkeypatch.setattr(faust_fixes, "_fetch_records", fetch)
+    live = {"requests-0"}
+    assert await faust_fixes._fetch_active_records(None, None, live, timeout=1.0) == {"requests-0": [1]}
+    assert fetched[0] == live and fetched[0] is not live  # a copy: pausing later cannot empty it
+    assert await faust_fixes._fetch_active_records(None, None, set(), timeout=1.0) == {}
+    assert await faust_fixes._fetch_active_records(None, None, None, timeout=1.0) == {"requests-0": [1]}
+    assert fetched == [{"requests-0"}, None]  # the empty set never reached aiokafka ("every partition")
