@@ -20,6 +20,7 @@ from typing import Protocol
 from streamproc import codec, headers
 from streamproc.classify import ConfigurationProblem, Failure, Success
 from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
+from streamproc.guards.budget import EXHAUSTED_REASON
 from streamproc.guards.runtime import Deferred, Guards
 from streamproc.layers import FailureLayer, RequestStatus
 from streamproc.llm_client import Caller, CallResult, answer_content, request_body
@@ -163,11 +164,11 @@ class Handler:
         first_failure = hop.first_failure_ms or now
         decision = self._policy.decide(failure, hop.attempt, self._rng)
         if isinstance(decision, Retry) and not self._guards.allow_retry(request.batch_id):
-            failure = Failure(failure.layer, "retry_budget_exhausted",
+            failure = Failure(failure.layer, EXHAUSTED_REASON,
                               f"{failure.code}, not retried: the retry budget of batch {request.batch_id!r} is "
                               f"spent (backfill can replay it): {failure.message}"[:1000],
                               failure.http_status, failure.retry_after_ms)
-            decision = Terminal("retry_budget_exhausted")
+            decision = Terminal(EXHAUSTED_REASON)
         if isinstance(decision, Retry):
             next_request = (build_repair_request(request, answer_content(called.response_body), failure.message)
                             if decision.repair else request)

@@ -83,9 +83,8 @@ class Guards:
         self._sleep = sleep
         self._wait = wait or _wait_for_event
         self._breaker_changed = asyncio.Event()  # set (and replaced) on every breaker transition
-        self.deferred = 0  # counters read by the metrics collector
         self.fallbacks: dict[tuple[str, str, str], int] = {}  # (from, to, reason) -> calls
-        self.budget_exhausted = 0
+        self.budget_exhausted = 0  # read by the metrics collector, like fallbacks
 
     @classmethod
     def from_settings(cls, settings: Settings, caller: Caller,
@@ -205,7 +204,6 @@ class Guards:
         return breaker is None or breaker.retry_at(self._clock()) <= self._clock()
 
     def _defer(self, model: str) -> Deferred:
-        self.deferred += 1
         breaker = self._breaker(model)
         now = self._clock()
         delay = max(0.0, breaker.retry_at(now) - now) if breaker is not None else 0.0
@@ -243,11 +241,10 @@ class Guards:
             breaker.record(not (isinstance(outcome, Failure) and _breaks(outcome)), now, started=allowed_at)
         if limiter is None:
             return
-        limits = _lower(called.headers)
-        limiter.observe(limits, now)
+        limiter.observe(called.headers, now)  # it reads the x-ratelimit-* names in any case
         if isinstance(outcome, Failure) and outcome.code == RATE_LIMITED:
             hint = outcome.retry_after_ms / 1000 if outcome.retry_after_ms is not None else None
-            if limiter.on_rate_limited(limits, hint, cost, now) and self.adaptive is not None:
+            if limiter.on_rate_limited(called.headers, hint, cost, now) and self.adaptive is not None:
                 self.adaptive.on_congestion(now)
 
     def _count_fallback(self, source: str, target: str, reason: str) -> None:
@@ -272,11 +269,6 @@ def _breaks(failure: Failure) -> bool:
     if failure.layer is FailureLayer.TRANSPORT:
         return True
     return failure.layer is FailureLayer.SERVICE and (failure.http_status or 0) >= 500
-
-
-def _lower(headers: Any) -> dict[str, str]:
-    """The ``x-ratelimit-*`` headers, with lower-case names (the limiter reads nothing else)."""
-    return {name.lower(): value for name, value in headers.items() if name.lower().startswith("x-ratelimit-")}
 
 
 async def _wait_for_event(event: asyncio.Event, timeout_s: float) -> None:
