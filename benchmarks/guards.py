@@ -53,9 +53,8 @@ from benchmarks.pipeline import (
     BenchError,
     Sampler,
     Stack,
-    add_common_arguments,
-    execute,
     produce_requests,
+    suite_main,
     table,
     worker_env,
 )
@@ -743,13 +742,7 @@ async def run(args: argparse.Namespace, stack: Stack) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.guards", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    add_common_arguments(parser)
-    args = parser.parse_args(argv)
-    check_arguments(parser, args)
-    sys.exit(execute(run, args))
+    suite_main("python -m benchmarks.guards", __doc__, add_arguments, check_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -678,14 +678,21 @@ def execute(suite: Suite, args: argparse.Namespace) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", description=__doc__,
+def suite_main(prog: str, description: str | None, add_suite_arguments: Callable[[argparse.ArgumentParser], None],
+               check_suite_arguments: Callable[[argparse.ArgumentParser, argparse.Namespace], None],
+               suite: Suite, argv: list[str] | None) -> None:
+    """``python -m benchmarks.<suite>``: parse one suite's options and the common ones, run it, exit."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
+    add_suite_arguments(parser)
     add_common_arguments(parser)
     args = parser.parse_args(argv)
-    check_arguments(parser, args)
-    sys.exit(execute(run, args))
+    check_suite_arguments(parser, args)
+    sys.exit(execute(suite, args))
+
+
+def main(argv: list[str] | None = None) -> None:
+    suite_main("python -m benchmarks.pipeline", __doc__, add_arguments, check_arguments, run, argv)
 
 
 if __name__ == "__main__":
