@@ -23,8 +23,8 @@ import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streamproc import codec
-from streamproc.events import InferenceRequest, InferenceResult
-from streamproc.llm_client import POOL_SHARD_SIZE
+from streamproc.core.events import InferenceRequest, InferenceResult
+from streamproc.llm.client import POOL_SHARD_SIZE
 
 
 async def run(bootstrap: str, topic: str, group: str, results_topic: str, llm_url: str, in_flight: int,
@@ -32,7 +32,7 @@ async def run(bootstrap: str, topic: str, group: str, results_topic: str, llm_ur
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
                                 enable_auto_commit=True)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    # the same pool layout as the worker's LLM client (streamproc.llm_client): one httpx pool of 256
+    # the same pool layout as the worker's LLM client (streamproc.llm.client): one httpx pool of 256
     # connections costs ~10 ms of CPU per call in httpcore, which would measure httpcore, not the pipeline
     shards = math.ceil(in_flight / POOL_SHARD_SIZE)
     per_shard = math.ceil(in_flight / shards)

@@ -59,8 +59,10 @@ from benchmarks.pipeline import (
     worker_env,
 )
 from streamproc import codec
-from streamproc.events import FailureEvent, InferenceRequest, InferenceResult
-from streamproc.layers import FailureLayer
+from streamproc.app.topics import ensure_topics
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
+from streamproc.core.topology import Topology
+from streamproc.core.vocabulary import FailureLayer
 from streamproc.mockllm import FaultKind, MockLLMProcess
 from streamproc.mockllm.engine import (
     BODY_TOO_LARGE,
@@ -71,11 +73,9 @@ from streamproc.mockllm.engine import (
     RATE_LIMITED,
     UNAUTHORIZED,
 )
-from streamproc.mockllm.tokens import chat_prompt_tokens
+from streamproc.mockllm.token_count import chat_prompt_tokens
 from streamproc.mockllm.validation import parse_chat
 from streamproc.settings import DEFAULT_KAFKA_VERSION, Settings
-from streamproc.topics import ensure_topics
-from streamproc.topology import Topology
 
 TARGET_TIME_RATIO = 1.10
 TARGET_429_FRACTION = 0.02

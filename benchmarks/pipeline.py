@@ -48,12 +48,12 @@ from typing import IO, Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streamproc import codec
-from streamproc.events import InferenceRequest, InferenceResult
-from streamproc.layers import FailureLayer
-from streamproc.localkafka import LocalBroker
+from streamproc.app.topics import ensure_topics
+from streamproc.core.events import InferenceRequest, InferenceResult
+from streamproc.core.topology import Topology
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.devstack.broker import LocalBroker
 from streamproc.settings import DEFAULT_KAFKA_VERSION, Settings
-from streamproc.topics import ensure_topics
-from streamproc.topology import Topology, topology_of
 
 ROOT = Path(__file__).resolve().parent.parent
 RETRY_TIERS = "5s,30s,2m,10m"
@@ -416,8 +416,8 @@ class Bench:
     def topology(self, name: str) -> Topology:
         """The run's own topics and consumer group (app id = prefix + "-app"), as the worker will see them."""
         prefix = f"bench-{self.run_id}-{name}"
-        return topology_of(Settings(kafka_bootstrap=self.bootstrap, topic_prefix=prefix, app_id=f"{prefix}-app",
-                                    partitions=self.partitions, retry_tiers=RETRY_TIERS))
+        return Settings(kafka_bootstrap=self.bootstrap, topic_prefix=prefix, app_id=f"{prefix}-app",
+                                    partitions=self.partitions, retry_tiers=RETRY_TIERS).topology()
 
     def sampler(self, under_test: str, mock_pid: int) -> Callable[[int], Sampler]:
         def make(pid: int) -> Sampler:

@@ -14,22 +14,21 @@ from typing import Any, TypeVar
 
 import click
 
-from streamproc.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
+from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.roundtrip import run_round_trip
+from streamproc.app.worker import run_worker
+from streamproc.core.batch_status import format_status
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.devstack.broker import LocalBroker
 from streamproc.errors import UserFacingError
-from streamproc.kafka import resolve_bootstrap
-from streamproc.layers import FailureLayer
-from streamproc.localkafka import LocalBroker
 from streamproc.mockllm.cli import mock_llm
-from streamproc.progress import Progress
-from streamproc.results_export import export_results
-from streamproc.roundtrip import run_round_trip
-from streamproc.run import format_outcome, run_batch
+from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
+from streamproc.ops.progress import Progress
+from streamproc.ops.results import export_results
+from streamproc.ops.run import format_outcome, run_batch
+from streamproc.ops.status import read_status
+from streamproc.ops.submit import submit_file
 from streamproc.settings import Settings
-from streamproc.status import format_status
-from streamproc.status_reader import read_status
-from streamproc.submit import submit_file
-from streamproc.topology import topology_of
-from streamproc.worker import run_worker
 
 T = TypeVar("T")
 
@@ -218,7 +217,7 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
         batch_id=batch_id, layers=frozenset(FailureLayer(v) for v in layers) or frozenset(FailureLayer),
         error_codes=frozenset(error_codes), since_ms=_epoch_ms(since), until_ms=_epoch_ms(until),
         include_business=include_business)
-    failures, states = _run(read_for_backfill(resolve_bootstrap(settings), topology_of(settings)))
+    failures, states = _run(read_for_backfill(resolve_bootstrap(settings), settings.topology()))
     plan = plan_backfill(failures, states, selection)
     if as_json:
         click.echo(json.dumps({**plan.summary(), "dry_run": dry_run}))
@@ -282,15 +281,14 @@ def lag(groups: tuple[str, ...], all_groups: bool, as_json: bool, max_lag: int |
     """
     import logging  # local imports: this command is self-contained in a file others edit too
 
-    from streamproc.kafka import resolve_bootstrap as _bootstrap_of
-    from streamproc.lag import LagError, dumps, format_table, read_lag, sample_lag
-    from streamproc.topology import topology_of as _topology_of
+    from streamproc.app.bootstrap import resolve_bootstrap as _bootstrap_of
+    from streamproc.app.lag_reader import LagError, dumps, format_table, read_lag, sample_lag
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # its connection errors are reported below
     settings = Settings()
     bootstrap = _bootstrap_of(settings)
     wanted = None if all_groups else list(groups) or [settings.app_id]
-    topology = _topology_of(settings)  # the workers' inputs are listed even before their first commit
+    topology = settings.topology()  # the workers' inputs are listed even before their first commit
     inputs = {settings.app_id: [topology.requests, *(topology.retry(tier) for tier in topology.tiers)]}
     try:
         if no_rate:

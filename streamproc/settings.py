@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streamproc.core.topology import Topology, parse_tiers
+
 DEFAULT_KAFKA_VERSION = "3.9.2"
 
 
@@ -98,3 +100,7 @@ class Settings(BaseSettings):
     @property
     def kafka_jars_dir(self) -> Path:
         return self.cache_dir / f"kafka-{self.local_kafka_version}" / "libs"
+
+    def topology(self) -> Topology:
+        """Every topic name and size, derived from these settings in one place."""
+        return Topology(self.topic_prefix, self.partitions, parse_tiers(self.retry_tiers), self.app_id)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from streamproc.localkafka import LocalBroker
+from streamproc.devstack.broker import LocalBroker
 from streamproc.settings import Settings
 
 

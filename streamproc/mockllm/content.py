@@ -15,7 +15,7 @@ from typing import Any
 
 from streamproc.mockllm.faults import FaultKind
 from streamproc.mockllm.schemafill import fill_schema
-from streamproc.mockllm.tokens import text_tokens
+from streamproc.mockllm.token_count import text_tokens
 
 _WORDS = (
     "alpha", "batch", "stream", "token", "signal", "vector", "result", "answer", "model", "request",

@@ -13,18 +13,19 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from streamproc.layers import FailureLayer
-from streamproc.mockllm import errors, jsonfast
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.mockllm import error_bodies as errors
+from streamproc.mockllm import jsonfast
 from streamproc.mockllm.content import Answer, AnswerRequest, compose
-from streamproc.mockllm.errors import ErrorReply
+from streamproc.mockllm.error_bodies import ErrorReply
 from streamproc.mockllm.faults import FaultKind, ForcedFault, ForcedFaultError, draw, find_marker
 from streamproc.mockllm.identity import fingerprint, raw_key, request_key
 from streamproc.mockllm.latency import FixedLatency, Latency
+from streamproc.mockllm.limits import RateLimiter, format_duration, retry_headers
 from streamproc.mockllm.outage import OutageSwitch
 from streamproc.mockllm.profiles import ModelSpec, Profile
-from streamproc.mockllm.ratelimit import RateLimiter, format_duration, retry_headers
 from streamproc.mockllm.stats import CONFIG_LAYER, OK, Call, Stats
-from streamproc.mockllm.tokens import chat_prompt_tokens, text_tokens
+from streamproc.mockllm.token_count import chat_prompt_tokens, text_tokens
 from streamproc.mockllm.validation import CHAT, InvalidRequest, ParsedRequest, parse_chat, parse_completion
 
 FORCE_HEADER = "x-mock-fault"

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from streamproc.layers import FailureLayer
+from streamproc.core.vocabulary import FailureLayer
 
 
 class FaultKind(StrEnum):

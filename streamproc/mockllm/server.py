@@ -17,9 +17,9 @@ from typing import Any
 
 from aiohttp import web
 
-from streamproc.mockllm import errors
+from streamproc.mockllm import error_bodies as errors
 from streamproc.mockllm.engine import Completed, Hang, Incoming, MockEngine, Rejected
-from streamproc.mockllm.errors import ErrorReply
+from streamproc.mockllm.error_bodies import ErrorReply
 from streamproc.mockllm.faults import FaultKind
 from streamproc.mockllm.responses import completion_json, encode, stream_frames
 from streamproc.mockllm.validation import CHAT, COMPLETIONS

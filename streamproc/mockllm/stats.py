@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from streamproc.layers import FailureLayer
+from streamproc.core.vocabulary import FailureLayer
 
 K = TypeVar("K")
 OK = "ok"

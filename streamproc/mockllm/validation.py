@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from streamproc.mockllm import errors
+from streamproc.mockllm import error_bodies as errors
 from streamproc.mockllm.content import JSON_OBJECT, JSON_SCHEMA, TEXT
-from streamproc.mockllm.errors import ErrorReply
+from streamproc.mockllm.error_bodies import ErrorReply
 from streamproc.mockllm.faults import RequestTraits
 
 CHAT = "chat"

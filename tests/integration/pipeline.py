@@ -23,12 +23,11 @@ from aiokafka.structs import TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamproc import codec
-from streamproc.events import FailureEvent, InferenceRequest, InferenceResult
-from streamproc.layers import FailureLayer
+from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
+from streamproc.core.vocabulary import FailureLayer
 from streamproc.mockllm.runner import MockLLMProcess
 from streamproc.settings import Settings
-from streamproc.topics import ensure_pipeline_topics
-from streamproc.topology import topology_of
 
 
 def chat_request(request_id: str, i: int, *, batch_id: str = "b1", json_schema: bool = False) -> InferenceRequest:
@@ -115,7 +114,7 @@ async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | No
 
 
 async def produce_requests(bootstrap: str, settings: Settings, requests: Iterable[InferenceRequest]) -> int:
-    topology = topology_of(settings)
+    topology = settings.topology()
     await ensure_pipeline_topics(bootstrap, topology)
     topic = topology.requests
     return await produce(bootstrap, topic, ((r.request_id.encode(), codec.encode(r)) for r in requests))
@@ -143,7 +142,7 @@ class OutcomeReader:
     """Reads results, failures and dead letters from the beginning, incrementally."""
 
     def __init__(self, bootstrap: str, settings: Settings) -> None:
-        topology = topology_of(settings)
+        topology = settings.topology()
         self._result_topic = topology.results
         self._dead_letter_topic = topology.dead_letters
         self._topics = [topology.results, topology.dead_letters, *(topology.failed(layer) for layer in FailureLayer)]
@@ -188,7 +187,7 @@ class OutcomeReader:
 async def trace_requests(bootstrap: str, settings: Settings, request_ids: Iterable[str]) -> list[str]:
     """Where the given ids appear on every topic, and the group's committed offsets there: for failure reports."""
     wanted = {request_id.encode() for request_id in request_ids}
-    topics = list(topology_of(settings).all_topics())
+    topics = list(settings.topology().all_topics())
     consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None,
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamproc.events import InferenceRequest
+from streamproc.core.events import InferenceRequest
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,

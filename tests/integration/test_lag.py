@@ -1,7 +1,7 @@
 """``streamproc lag`` and the worker's ``/metrics`` against the real broker.
 
 The expected numbers are read independently in each test, straight through aiokafka's admin client
-(committed offsets) and a group-less consumer (end offsets), never through ``streamproc.lag``.
+(committed offsets) and a group-less consumer (end offsets), never through ``streamproc.app.lag_reader``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from streamproc import codec
-from streamproc.lag import BrokerUnavailable, DrainEstimator, GroupNotFound, LagReader, read_lag
+from streamproc.app.lag_reader import BrokerUnavailable, DrainEstimator, GroupNotFound, LagReader, read_lag
 from streamproc.settings import Settings
-from streamproc.topology import topology_of
 from tests.integration.pipeline import (
     OutcomeReader,
     WorkerProcess,
@@ -251,7 +250,7 @@ async def test_worker_serves_metrics_that_match_the_batch_and_the_lag(settings: 
                            tmp_path / "worker.log")
     worker.start()
     requests = [chat_request(f"m-{i}", i) for i in range(12)]
-    topology = topology_of(settings)
+    topology = settings.topology()
     try:
         await produce_requests(settings.kafka_bootstrap, settings, requests)
         async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:

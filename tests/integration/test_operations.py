@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from streamproc import codec
-from streamproc.events import InferenceResult
+from streamproc.core.events import InferenceResult
 from streamproc.settings import Settings
-from streamproc.topology import topology_of
 from tests.integration.pipeline import WorkerProcess, produce, start_mock, worker_env
 
 pytestmark = pytest.mark.integration
@@ -117,7 +116,7 @@ def test_submit_status_results_end_to_end(settings: Settings, tmp_path: Path) ->
     # a duplicate result on the topic (as a crash between result and state can leave) is exported once
     assert settings.kafka_bootstrap is not None
     duplicate = InferenceResult("c-1", "e2e", "mock-small", "{}", "dup", 1, 1, 1, "h")
-    asyncio.run(produce(settings.kafka_bootstrap, topology_of(settings).results, [(b"c-1", codec.encode(duplicate))]))
+    asyncio.run(produce(settings.kafka_bootstrap, settings.topology().results, [(b"c-1", codec.encode(duplicate))]))
     exported = cli(settings, "results", "--batch-id", "e2e", "--output", str(tmp_path / "out.jsonl"),
                    "--errors", str(tmp_path / "err.jsonl"))
     assert exported.returncode == 0, exported.stderr

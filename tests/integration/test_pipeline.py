@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from streamproc import codec
-from streamproc.events import InferenceResult
-from streamproc.layers import FailureLayer
+from streamproc.core.events import InferenceResult
+from streamproc.core.vocabulary import FailureLayer
 from streamproc.mockllm.identity import request_fingerprint
 from streamproc.settings import Settings
 from tests.integration.pipeline import (

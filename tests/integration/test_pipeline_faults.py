@@ -14,9 +14,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 
-from streamproc.localkafka import LocalBroker
+from streamproc.devstack.broker import LocalBroker
 from streamproc.settings import Settings
-from streamproc.topology import topology_of
 from tests.integration.pipeline import (
     MockServer,
     OutcomeReader,
@@ -69,7 +68,7 @@ async def test_sigkill_mid_batch_loses_nothing(settings: Settings, slow_mock: Mo
     kill fell between the result and the state write, DESIGN §4): that is a duplicated result, also bounded.
     """
     assert settings.kafka_bootstrap is not None
-    topology = topology_of(settings)
+    topology = settings.topology()
     port = free_port()
     env = worker_env(settings, slow_mock.url, tmp_path / "w1", in_flight=str(IN_FLIGHT),
                      worker_metrics_port=str(port))

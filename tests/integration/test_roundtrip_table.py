@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from rocksdict import AccessType, Rdict
 
-from streamproc.roundtrip import run_round_trip
+from streamproc.app.roundtrip import run_round_trip
 from streamproc.settings import Settings
 
 pytestmark = pytest.mark.integration

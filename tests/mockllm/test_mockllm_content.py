@@ -13,7 +13,7 @@ from streamproc.mockllm.faults import FaultKind
 from streamproc.mockllm.identity import fingerprint, request_fingerprint, request_key
 from streamproc.mockllm.responses import completion_json, split_content, stream_frames
 from streamproc.mockllm.schemafill import fill_schema
-from streamproc.mockllm.tokens import chat_prompt_tokens, text_tokens
+from streamproc.mockllm.token_count import chat_prompt_tokens, text_tokens
 
 LABEL_SCHEMA: dict[str, Any] = {
     "type": "object",

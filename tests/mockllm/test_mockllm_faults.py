@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from streamproc.layers import FailureLayer
+from streamproc.core.vocabulary import FailureLayer
 from streamproc.mockllm.faults import (
     FaultKind,
     FaultRatesError,

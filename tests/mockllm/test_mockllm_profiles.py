@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streamproc.layers import FailureLayer
+from streamproc.core.vocabulary import FailureLayer
 from streamproc.mockllm.faults import FaultKind, RequestTraits, draw
 from streamproc.mockllm.latency import (
     FixedLatency,

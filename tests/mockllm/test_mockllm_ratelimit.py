@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from streamproc.mockllm.limits import RateLimiter, TokenBucket, format_duration, retry_headers
 from streamproc.mockllm.profiles import RateLimits
-from streamproc.mockllm.ratelimit import RateLimiter, TokenBucket, format_duration, retry_headers
 
 
 @pytest.mark.parametrize(

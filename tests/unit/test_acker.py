@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from streamproc.acker import OrderedAcker
+from streamproc.core.acker import OrderedAcker
 
 
 def test_in_order_completions_release_at_once() -> None:

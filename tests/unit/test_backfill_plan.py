@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from streamproc.backfill import REPLAY, BackfillFilter, plan_backfill
-from streamproc.events import FailureEvent, InferenceRequest, RequestState
-from streamproc.layers import FailureLayer, RequestStatus
+from streamproc.core.events import FailureEvent, InferenceRequest, RequestState
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.ops.backfill import REPLAY, BackfillFilter, plan_backfill
 
 
 def failure(request_id: str, layer: FailureLayer, code: str, *, terminal: bool = True, at_ms: int = 1_000,

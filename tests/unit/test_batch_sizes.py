@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from streamproc.batch_sizes import BatchSizes
-from streamproc.batches import BatchManifest, encode_manifest
+from streamproc.app.manifest_follower import BatchSizes
+from streamproc.codec.manifest import BatchManifest, encode_manifest
 
 
 def test_manifests_give_sizes_and_a_later_one_replaces_an_earlier_one() -> None:

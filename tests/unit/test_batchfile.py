@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from streamproc.batchfile import (
+from streamproc.core.events import InferenceRequest
+from streamproc.core.request_state import input_hash
+from streamproc.ops.input_file import (
     BatchFileError,
     BatchLimits,
     DuplicateDetector,
@@ -18,8 +20,6 @@ from streamproc.batchfile import (
     parse_line,
     validate_file,
 )
-from streamproc.events import InferenceRequest
-from streamproc.state import input_hash
 
 LIMITS = BatchLimits()
 CHAT = "/v1/chat/completions"

@@ -10,17 +10,13 @@ from typing import Any
 import httpx
 import pytest
 
-from streamproc.classify import (
-    ConfigurationProblem,
-    Failure,
-    Success,
-    check_completion,
-    classify_exception,
-    classify_http_error,
-    parse_duration_ms,
-    retry_after_ms,
-)
-from streamproc.layers import FailureLayer
+from streamproc.core.durations import parse_duration_ms
+from streamproc.core.outcome import ConfigurationProblem, Failure, Success
+from streamproc.core.retry_hints import retry_after_ms
+from streamproc.core.verdict import classify_http_error
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.llm.completion import check_completion
+from streamproc.llm.transport_errors import classify_exception
 
 T, S, M, B = FailureLayer.TRANSPORT, FailureLayer.SERVICE, FailureLayer.SEMANTIC, FailureLayer.BUSINESS
 
@@ -605,7 +601,7 @@ def test_invalid_schema_is_the_requests_fault() -> None:
 
 
 def test_validators_are_compiled_once_per_schema() -> None:
-    from streamproc import classify
+    from streamproc.llm import completion as classify
 
     same_schema_other_key_order = {
         **CHAT,

@@ -26,12 +26,13 @@ from streamproc.codec import (
     decode,
     encode,
     encode_confluent,
+    framing,
     from_avro,
     peek_request_id,
     to_avro,
 )
-from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
-from streamproc.layers import FailureLayer, RequestStatus
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 EVENT_TYPES: list[type[Event]] = [InferenceRequest, InferenceResult, FailureEvent, RequestState]
@@ -551,14 +552,15 @@ def test_peek_uses_registered_foreign_schemas_with_a_request_id() -> None:
 # --- the schema files are the contract -----------------------------------------------------------------
 
 
-def test_package_ships_byte_identical_copies_of_the_schema_files() -> None:
-    shipped = resources.files("streamproc").joinpath("schemas")
-    canonical = {path.name: path.read_bytes() for path in SCHEMA_DIR.glob("*.avsc")}
-    packaged = {entry.name: entry.read_bytes() for entry in shipped.iterdir() if entry.name.endswith(".avsc")}
+def test_the_package_loads_the_top_level_schemas_the_single_source() -> None:
+    """``streamproc/codec/schemas`` is a link to ``schemas/``: one hand-kept copy, which a built wheel ships
+    as files (setuptools follows the link)."""
+    shipped = Path(str(resources.files("streamproc.codec").joinpath("schemas")))
 
-    assert sorted(canonical) == ["FailureEvent.avsc", "InferenceRequest.avsc", "InferenceResult.avsc",
-                                 "RequestState.avsc"]
-    assert packaged == canonical, "copy schemas/*.avsc to streamproc/schemas/ (the package loads that copy)"
+    assert shipped.is_symlink()
+    assert shipped.resolve() == SCHEMA_DIR.resolve()
+    assert sorted(path.name for path in shipped.glob("*.avsc")) == [
+        "FailureEvent.avsc", "InferenceRequest.avsc", "InferenceResult.avsc", "RequestState.avsc"]
 
 
 def _walk_records(schema: Any) -> list[dict[str, Any]]:
@@ -647,7 +649,7 @@ def test_schemas_are_parsed_once_at_import_not_per_record(monkeypatch: pytest.Mo
         raise AssertionError("schema parsed or fingerprinted per record")
 
     for name in ("parse_schema", "to_parsing_canonical_form", "fingerprint"):
-        monkeypatch.setattr(codec, name, forbidden)
+        monkeypatch.setattr(framing, name, forbidden)
     for record in (FULL_REQUEST, RESULT, FAILURE, STATE):
         assert decode(encode(record), type(record)) == record
         assert peek_request_id(encode(record))

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable, Hashable
 
 import pytest
 
-from streamproc.dispatcher import Dispatcher
-from streamproc.handler import Disposition
+from streamproc.app.dispatcher import Dispatcher
+from streamproc.app.handler import Disposition
 
 
 async def settle(rounds: int = 20) -> None:

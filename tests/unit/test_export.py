@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from streamproc.events import FailureEvent, InferenceRequest, InferenceResult
-from streamproc.export import ExportCounts, ExportDeduper, error_line, output_line
-from streamproc.layers import FailureLayer
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.ops.output_format import ExportCounts, ExportDeduper, error_line, output_line
 
 RESPONSE = {
     "id": "chatcmpl-123",

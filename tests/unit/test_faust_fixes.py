@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from streamproc import faust_fixes
+from streamproc.app import faust_fixes
 
 
 class FakeConsumer:

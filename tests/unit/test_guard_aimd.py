@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from streamproc.guards.aimd import AdaptiveGate, AdaptiveLimit
+from streamproc.core.guards.aimd import AdaptiveLimit
+from streamproc.llm.gate import AdaptiveGate
 
 
 async def settle(rounds: int = 10) -> None:

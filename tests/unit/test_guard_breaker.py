@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamproc.guards.breaker import BreakerState, CircuitBreaker
+from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from streamproc.guards.bucket import TokenBucket
+from streamproc.core.guards.bucket import TokenBucket
 
 
 def test_starts_full_and_admits_up_to_capacity_without_waiting() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamproc.guards.budget import RetryBudget
+from streamproc.core.guards.budget import RetryBudget
 
 
 def test_the_minimum_is_available_before_any_first_attempt() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from streamproc.guards.ratelimit import ModelRateLimiter, RateLimiter, RateLimits
+from streamproc.core.guards.rate_limits import ModelRateLimiter, RateLimiter, RateLimits
 
 
 def exhausted_tokens(remaining: int = 0, reset: str = "6s") -> dict[str, str]:

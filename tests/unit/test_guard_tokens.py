@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from streamproc.guards.tokens import TokenEstimator
+from streamproc.core.guards.token_estimate import TokenEstimator
 
 
 def chat(*contents: Any, **extra: Any) -> dict[str, Any]:

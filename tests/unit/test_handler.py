@@ -16,20 +16,26 @@ from typing import Any
 import httpx
 import pytest
 
-from streamproc import codec, headers
-from streamproc.classify import (
-    ConfigurationProblem,
-    Failure,
-    check_completion,
-    classify_exception,
-    classify_http_error,
+from streamproc import codec
+from streamproc.app.handler import Disposition, Handler, Record
+from streamproc.core import headers
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
+from streamproc.core.outcome import ConfigurationProblem, Failure
+from streamproc.core.request_state import (
+    RecordRef,
+    Start,
+    admit,
+    input_hash,
+    on_retry_scheduled,
+    on_success,
+    on_terminal_failure,
 )
-from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
-from streamproc.handler import Disposition, Handler, Record
-from streamproc.layers import FailureLayer, RequestStatus
-from streamproc.llm_client import CallResult
-from streamproc.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy, Tier
-from streamproc.state import RecordRef, Start, admit, input_hash, on_retry_scheduled, on_success, on_terminal_failure
+from streamproc.core.retry_policy import DEFAULT_MAX_ATTEMPTS, RetryPolicy, Tier
+from streamproc.core.verdict import classify_http_error
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.llm.client import CallResult
+from streamproc.llm.completion import check_completion
+from streamproc.llm.transport_errors import classify_exception
 
 NOW = 1_700_000_000_000
 SEED = 7

@@ -10,17 +10,17 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from streamproc import headers
-from streamproc.classify import classify_http_error
-from streamproc.guards.aimd import AdaptiveLimit
-from streamproc.guards.budget import RetryBudget
-from streamproc.guards.ratelimit import RateLimiter, RateLimits
-from streamproc.guards.routing import Routes
-from streamproc.guards.runtime import BreakerSettings, Guards
-from streamproc.handler import Disposition, Handler
-from streamproc.layers import FailureLayer, RequestStatus
-from streamproc.llm_client import CallResult
-from streamproc.state import CIRCUIT_OPEN
+from streamproc.app.handler import Disposition, Handler
+from streamproc.core import headers
+from streamproc.core.guards.aimd import AdaptiveLimit
+from streamproc.core.guards.budget import RetryBudget
+from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
+from streamproc.core.guards.routing import Routes
+from streamproc.core.request_state import CIRCUIT_OPEN
+from streamproc.core.verdict import classify_http_error
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.llm.client import CallResult
+from streamproc.llm.guarded import BreakerSettings, Guards
 from tests.unit.test_handler import (
     BODY,
     CONTEXT_TOO_LONG,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from streamproc.lag import (
+from streamproc.app.lag_reader import (
     COLUMNS,
     DrainEstimator,
     GroupLag,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamproc.localkafka import new_cluster_id, server_properties
+from streamproc.devstack.broker import new_cluster_id, server_properties
 
 
 def test_single_node_config_uses_loopback_and_replication_one() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from streamproc.handler import Disposition, Handler, Record
-from streamproc.lag import PartitionLag
-from streamproc.metrics import WorkerMetrics
-from streamproc.observe import NullObserver, Observer, guarded
-from streamproc.retry import RetryPolicy
+from streamproc.app.handler import Disposition, Handler, Record
+from streamproc.app.lag_reader import PartitionLag
+from streamproc.app.metrics import WorkerMetrics
+from streamproc.app.observe import NullObserver, Observer, guarded
+from streamproc.core.retry_policy import RetryPolicy
 from tests.unit.test_handler import (
     CONTEXT_TOO_LONG,
     READ_TIMEOUT,

@@ -9,11 +9,11 @@ from typing import Any
 import yaml
 from prometheus_client import generate_latest
 
-from streamproc.events import InferenceRequest
-from streamproc.guards.runtime import Guards
-from streamproc.lag import PartitionLag
-from streamproc.llm_client import CallResult
-from streamproc.metrics import WorkerMetrics
+from streamproc.app.lag_reader import PartitionLag
+from streamproc.app.metrics import WorkerMetrics
+from streamproc.core.events import InferenceRequest
+from streamproc.llm.client import CallResult
+from streamproc.llm.guarded import Guards
 from streamproc.mockllm.cli import mock_llm
 from streamproc.settings import Settings
 

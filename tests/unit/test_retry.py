@@ -9,19 +9,11 @@ from typing import Any
 
 import pytest
 
-from streamproc.classify import Failure
-from streamproc.events import InferenceRequest, RepairContext
-from streamproc.layers import FailureLayer
-from streamproc.retry import (
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_TIERS,
-    Retry,
-    RetryPolicy,
-    Terminal,
-    Tier,
-    build_repair_request,
-    repair_messages,
-)
+from streamproc.core.events import InferenceRequest, RepairContext
+from streamproc.core.outcome import Failure
+from streamproc.core.retry_policy import DEFAULT_MAX_ATTEMPTS, DEFAULT_TIERS, Retry, RetryPolicy, Terminal, Tier
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.llm.repair import build_repair_request, repair_messages
 
 T, S, M, B = FailureLayer.TRANSPORT, FailureLayer.SERVICE, FailureLayer.SEMANTIC, FailureLayer.BUSINESS
 POLICY = RetryPolicy()

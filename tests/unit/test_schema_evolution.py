@@ -18,9 +18,9 @@ import pytest
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from streamproc import codec
-from streamproc.codec import Codec, CodecError, CodecErrorCode, Event, avro_schema, to_avro
-from streamproc.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
-from streamproc.layers import FailureLayer, RequestStatus
+from streamproc.codec import Codec, CodecError, CodecErrorCode, Event, avro_schema, framing, to_avro
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 EVENT_TYPES: list[type[Event]] = [InferenceRequest, InferenceResult, FailureEvent, RequestState]
 REQUEST = InferenceRequest(
@@ -102,7 +102,7 @@ def test_a_registered_old_request_reads_with_the_defaults_of_the_fields_added_si
 
 
 def test_the_module_level_codec_accepts_registrations(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(codec, "_DEFAULT_CODEC", Codec())  # keep the registration out of other tests
+    monkeypatch.setattr(framing, "_DEFAULT_CODEC", Codec())  # keep the registration out of other tests
     data = _single_object(REQUEST_V1, OLD_REQUEST_DATUM)
 
     codec.register_writer_schema(REQUEST_V1)
@@ -323,4 +323,4 @@ def test_a_renamed_field_found_through_its_alias_is_not_missing() -> None:
         {"name": "required", "type": "int"},
     ]}
 
-    assert codec._missing_fields(writer, reader) == ["required"]
+    assert framing._missing_fields(writer, reader) == ["required"]

@@ -7,10 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from streamproc.events import InferenceRequest, RequestState
-from streamproc.layers import FailureLayer, RequestStatus
-from streamproc.retry import build_repair_request
-from streamproc.state import (
+from streamproc.core.events import InferenceRequest, RequestState
+from streamproc.core.request_state import (
     Admission,
     Conflict,
     RecordRef,
@@ -23,6 +21,8 @@ from streamproc.state import (
     on_success,
     on_terminal_failure,
 )
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.llm.repair import build_repair_request
 
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Label: Buy now!!!"}], "temperature": 0}
 REQUEST = InferenceRequest("req-1", json.dumps(BODY), batch_id="batch-1")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from streamproc.batches import BatchManifest, decode_manifest, encode_manifest
-from streamproc.events import RequestState
-from streamproc.layers import FailureLayer, RequestStatus
-from streamproc.status import StatusFold, format_status
+from streamproc.codec.manifest import BatchManifest, decode_manifest, encode_manifest
+from streamproc.core.batch_status import StatusFold, format_status
+from streamproc.core.events import RequestState
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 
 def state(request_id: str, status: RequestStatus, layer: FailureLayer | None = None,

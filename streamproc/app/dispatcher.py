@@ -1,0 +1,72 @@
+"""Bounded concurrency with ordered acks: hundreds of LLM calls in flight, nothing acked out of order.
+
+faust's ``concurrency=N`` can commit past a message still in flight (faust-streaming #606), so the worker
+takes events one at a time (``concurrency=1``, ``noack()``), runs each in its own task under a semaphore,
+and acks a partition's events only as a contiguous completed prefix (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable
+
+from streamproc.app.handler import Disposition
+from streamproc.core.acker import OrderedAcker
+
+Ack = Callable[[], Awaitable[object]]
+
+
+class Dispatcher:
+    """Runs handler calls concurrently (at most ``limit``) and releases their acks in offset order."""
+
+    def __init__(self, limit: int) -> None:
+        self._slots = asyncio.Semaphore(limit)
+        self._acker: OrderedAcker[Ack] = OrderedAcker()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._acking = asyncio.Lock()  # FIFO: acks released by different tasks never overtake each other
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def submit(self, lane: Hashable, offset: int, work: Callable[[], Awaitable[Disposition]],
+                     ack: Ack) -> None:
+        """Wait for a free slot, then start ``work``; ``ack`` runs once it and every lower offset are done.
+
+        ``lane`` is the partition (with the consumer generation, so a partition handed back after a
+        rebalance starts a fresh lane). The task copies the caller's context, so faust's current event
+        (a contextvar) stays the one being handled, which table writes need.
+        """
+        await self._slots.acquire()
+        try:
+            self._acker.track(lane, offset, ack)
+        except BaseException:
+            self._slots.release()  # a rejected event must not keep its slot
+            raise
+        task = asyncio.create_task(self._run(lane, offset, work))
+        self._tasks.add(task)
+        self._idle.clear()
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not self._tasks:
+            self._idle.set()
+
+    async def _run(self, lane: Hashable, offset: int, work: Callable[[], Awaitable[Disposition]]) -> None:
+        try:
+            disposition = await work()
+        finally:
+            self._slots.release()
+        if disposition is Disposition.ACK:
+            released = self._acker.complete(lane, offset)
+            if released:
+                async with self._acking:  # an ack that awaits must not let a later release ack before it
+                    for ack in released:
+                        await ack()
+
+    async def wait_idle(self) -> None:
+        """Return once no task runs (used to drain before a deliberate stop)."""
+        await self._idle.wait()

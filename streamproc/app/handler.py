@@ -1,0 +1,295 @@
+"""What happens to one record: admit it against the state table, call the LLM, emit exactly one outcome.
+
+The handler never raises. Every record ends as a result, a retry record, a failure event or a dead letter,
+and every send is awaited before the handler returns, so the dispatcher may ack the record afterwards.
+The only exception is a configuration problem (bad key, unknown model, no quota): that record is held
+unacked and the worker is told to stop, so the batch is not burnt into failure records.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Protocol
+
+from streamproc import codec
+from streamproc.app.observe import Observer, guarded
+from streamproc.core import headers
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
+from streamproc.core.guards.budget import EXHAUSTED_REASON
+from streamproc.core.outcome import ConfigurationProblem, Failure, Success
+from streamproc.core.request_state import (
+    CIRCUIT_OPEN,
+    Conflict,
+    RecordRef,
+    Skip,
+    Start,
+    admit,
+    input_hash,
+    on_deferred,
+    on_retry_scheduled,
+    on_success,
+    on_terminal_failure,
+)
+from streamproc.core.retry_policy import Retry, RetryPolicy, Terminal, Tier
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.llm.client import Caller, CallResult, answer_content, request_body
+from streamproc.llm.guarded import Deferred, Guards
+from streamproc.llm.repair import build_repair_request
+
+log = logging.getLogger(__name__)
+
+
+class Disposition(Enum):
+    """What the dispatcher does with the record once the handler returns."""
+
+    ACK = "ack"  # its outcome is safely on Kafka
+    HOLD = "hold"  # never ack: the worker stops and the record is read again after the fix
+
+
+@dataclass(frozen=True)
+class Record:
+    """A consumed Kafka record, independent of the client library."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Mapping[str, bytes]
+
+
+class Sink(Protocol):
+    """Where outcomes go; each method returns once the broker has the record."""
+
+    async def result(self, result: InferenceResult) -> None: ...
+    async def failure(self, event: FailureEvent, headers: headers.Headers) -> None: ...
+    async def retry(self, tier: Tier, request: InferenceRequest, headers: headers.Headers) -> None: ...
+    async def dead_letter(self, record: Record, headers: headers.Headers) -> None: ...
+
+
+class StateStore(Protocol):
+    """The request_state table, seen through the partition of the record being handled."""
+
+    def get(self, request_id: str) -> RequestState | None: ...
+    def put(self, state: RequestState) -> None: ...
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Handler:
+    """The per-record logic shared by the requests dispatcher and every retry tier."""
+
+    def __init__(self, caller: Caller | Guards, sink: Sink, store: StateStore, policy: RetryPolicy,
+                 on_configuration_problem: Callable[[ConfigurationProblem], None],
+                 clock_ms: Callable[[], int] = _now_ms, rng: random.Random | None = None,
+                 observer: Observer | None = None) -> None:
+        self._guards = caller if isinstance(caller, Guards) else Guards(caller)  # a bare caller: no guards
+        self._sink = sink
+        self._store = store
+        self._policy = policy
+        self._on_configuration_problem = on_configuration_problem
+        self._clock_ms = clock_ms
+        self._rng = rng or random.Random()
+        self._observer = guarded(observer)  # metrics; never raises into the handler
+
+    async def handle(self, record: Record) -> Disposition:
+        """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
+        try:
+            return await self._handle(record)
+        except Exception as exc:
+            log.exception("unexpected error handling %s[%d]@%d", record.topic, record.partition, record.offset)
+            return await self._internal_error(record, exc)
+
+    async def _handle(self, record: Record) -> Disposition:
+        hop = headers.read_hop(record.headers)
+        origin = hop.origin or headers.Origin(record.topic, record.partition, record.offset)
+        request = await self._decode(record, origin)
+        if request is None:
+            return Disposition.ACK
+        now = self._clock_ms()
+        admission = admit(self._store.get(request.request_id), request, hop.attempt, now,
+                          source=RecordRef(record.topic, record.offset), replay=hop.replay, deferred=hop.deferred)
+        if isinstance(admission, Skip):
+            log.debug("skip %s: %s (%s[%d]@%d, attempt %d)", request.request_id, admission.reason, record.topic,
+                      record.partition, record.offset, hop.attempt)
+            self._observer.on_skip(admission.reason.value)
+            return Disposition.ACK
+        if isinstance(admission, Conflict):
+            await self._emit_failure(request, admission.failure, hop.attempt, True, now, origin)
+            return Disposition.ACK
+        assert isinstance(admission, Start)
+        state = admission.state
+        self._store.put(state)
+
+        try:  # after admission, so that the terminal failure below also ends the state (a repair hop can fail here)
+            body = self._guards.precheck(request_body(request))
+        except ValueError as exc:
+            body = Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
+        if isinstance(body, Failure):  # malformed, or over the model's context window: no call
+            await self._terminal(request, body, hop.attempt, hop.first_failure_ms or now, origin, state)
+            return Disposition.ACK
+
+        called = await self._guards.call(request, body, hop.attempt)
+        if isinstance(called, Deferred):
+            await self._defer(request, called, hop, origin, state)
+            return Disposition.ACK
+        self._observer.on_started()
+        self._observer.on_llm_call(called.latency_ms / 1000)
+        outcome = called.outcome
+        if isinstance(outcome, ConfigurationProblem):
+            self._on_configuration_problem(outcome)
+            return Disposition.HOLD
+        if isinstance(outcome, Success):
+            await self._sink.result(InferenceResult(
+                request_id=request.request_id, batch_id=request.batch_id, model=outcome.model,
+                response_json=called.response_body.decode("utf-8", "replace"), content=outcome.content,
+                attempts=hop.attempt, latency_ms=called.latency_ms, completed_ms=self._clock_ms(),
+                input_hash=state.input_hash,
+            ))
+            self._observer.on_result()
+            self._store.put(on_success(state, self._clock_ms()))  # result first, then state (DESIGN §4)
+            return Disposition.ACK
+        await self._after_failure(request, outcome, called, hop, origin, state)
+        return Disposition.ACK
+
+    async def _after_failure(self, request: InferenceRequest, failure: Failure, called: CallResult,
+                             hop: headers.Hop, origin: headers.Origin, state: RequestState) -> None:
+        now = self._clock_ms()
+        first_failure = hop.first_failure_ms or now
+        decision = self._policy.decide(failure, hop.attempt, self._rng)
+        if isinstance(decision, Retry) and not self._guards.allow_retry(request.batch_id):
+            failure = Failure(failure.layer, EXHAUSTED_REASON,
+                              f"{failure.code}, not retried: the retry budget of batch {request.batch_id!r} is "
+                              f"spent (backfill can replay it): {failure.message}"[:1000],
+                              failure.http_status, failure.retry_after_ms)
+            decision = Terminal(EXHAUSTED_REASON)
+        if isinstance(decision, Retry):
+            next_request = (build_repair_request(request, answer_content(called.response_body), failure.message)
+                            if decision.repair else request)
+            due = now + decision.due_in_ms
+            await self._sink.retry(decision.tier, next_request, headers.hop_headers(
+                request.request_id, hop.attempt + 1, origin, failure, first_failure, due_ms=due))
+            self._observer.on_retry(decision.tier.name)
+            await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin)
+            self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now))
+            return
+        await self._terminal(request, failure, hop.attempt, first_failure, origin, state)
+
+    async def _defer(self, request: InferenceRequest, deferred: Deferred, hop: headers.Hop, origin: headers.Origin,
+                     state: RequestState) -> None:
+        """Park the record, attempt not made, in the shortest retry tier, due when the breaker may probe
+        (DESIGN §5); a jitter of up to a second spreads the parked records."""
+        now = self._clock_ms()
+        tier = self._policy.tiers[0]  # never longer: a closed breaker must find its backlog soon
+        wanted = round(deferred.delay_s * 1000) + self._rng.randrange(1000)
+        reason = Failure(FailureLayer.SERVICE, CIRCUIT_OPEN, f"the circuit breaker of {deferred.model} is open")
+        due = now + min(wanted, tier.delay_ms)
+        await self._sink.retry(tier, request, headers.hop_headers(
+            request.request_id, hop.attempt, origin, reason, hop.first_failure_ms, due_ms=due, replay=hop.replay,
+            deferred=True))
+        self._store.put(on_deferred(state, now))
+        self._observer.on_deferred(tier.name)
+
+    async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,
+                        origin: headers.Origin, state: RequestState | None) -> None:
+        await self._emit_failure(request, failure, attempt, True, first_failure_ms, origin)
+        now = self._clock_ms()
+        if state is not None:
+            self._store.put(on_terminal_failure(state, failure.layer, failure.code, now))
+        elif self._store.get(request.request_id) is None:  # a record rejected before admission
+            self._store.put(RequestState(request.request_id, RequestStatus.FAILED, input_hash(request),
+                                         attempts=attempt, batch_id=request.batch_id, last_layer=failure.layer,
+                                         last_error_code=failure.code, created_ms=now, updated_ms=now))
+
+    async def _emit_failure(self, request: InferenceRequest, failure: Failure, attempt: int, terminal: bool,
+                            first_failure_ms: int, origin: headers.Origin) -> None:
+        event = FailureEvent(
+            request=request, layer=failure.layer, error_code=failure.code, message=failure.message,
+            attempt=attempt, terminal=terminal, first_failure_ms=first_failure_ms,
+            last_failure_ms=self._clock_ms(), http_status=failure.http_status,
+            retry_after_ms=failure.retry_after_ms,
+        )
+        await self._sink.failure(event, headers.hop_headers(request.request_id, attempt, origin, failure,
+                                                            first_failure_ms))
+        self._observer.on_failure(failure.layer.value, failure.code, terminal)
+
+    async def _decode(self, record: Record, origin: headers.Origin) -> InferenceRequest | None:
+        """The record's request, or None once a poison record has been turned into its failure."""
+        key = _text(record.key)
+        try:
+            request = codec.decode(record.value, InferenceRequest)
+        except codec.CodecError as exc:
+            request_id = key or codec.peek_request_id(record.value)
+            reason = f"record {record.topic}[{record.partition}]@{record.offset}: {exc}"
+            if request_id is None:
+                failure = Failure(FailureLayer.BUSINESS, "unreadable_record", f"{reason}; no request id")
+                await self._sink.dead_letter(record, headers.hop_headers(
+                    "", 1, origin, failure, self._clock_ms()) | {headers.ERROR_MESSAGE: reason.encode()[:1000]})
+                self._observer.on_failure(failure.layer.value, failure.code, True)
+                return None
+            placeholder = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
+            failure = Failure(FailureLayer.BUSINESS, "undecodable_record", reason)
+            await self._terminal(placeholder, failure, 1, self._clock_ms(), origin, None)
+            return None
+        if key is not None and key != request.request_id:
+            failure = Failure(FailureLayer.BUSINESS, "key_mismatch",
+                              f"record key {key!r} differs from the request id {request.request_id!r}: "
+                              "topics are keyed by request id so that its state stays on one partition")
+            await self._terminal(replace(request, request_id=key), failure, 1, self._clock_ms(), origin, None)
+            return None
+        return request
+
+    async def _internal_error(self, record: Record, exc: Exception) -> Disposition:
+        """Last resort for a bug: a terminal business failure that backfill can replay once it is fixed."""
+        request_id = _text(record.key) or ""
+        try:
+            request = codec.decode(record.value, InferenceRequest)
+        except codec.CodecError:
+            request = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
+        failure = Failure(FailureLayer.BUSINESS, "internal_error", f"{type(exc).__name__}: {exc}"[:1000])
+        hop = headers.read_hop(record.headers)  # provenance is carried, never rewritten (DESIGN §3)
+        origin = hop.origin or headers.Origin(record.topic, record.partition, record.offset)
+        try:
+            await self._emit_failure(request, failure, hop.attempt, True, hop.first_failure_ms or self._clock_ms(),
+                                     origin)
+        except Exception:
+            log.exception("could not record the internal error of %s; holding the record", request_id)
+            return Disposition.HOLD
+        self._fail_own_attempt(request.request_id, record, failure)
+        return Disposition.ACK
+
+    def _fail_own_attempt(self, request_id: str, record: Record, failure: Failure) -> None:
+        """Mark ``failed`` an attempt this record left ``in_flight``, so a replay (backfill) may start it again.
+
+        Left ``in_flight``, every later record for the id, replays included, would be skipped as a duplicate.
+        Any other state (another record's attempt, a success) is not this record's to change.
+        """
+        try:
+            state = self._store.get(request_id)
+            if (state is not None and state.status is RequestStatus.IN_FLIGHT
+                    and (state.source_topic, state.source_offset) == (record.topic, record.offset)):
+                self._store.put(on_terminal_failure(state, failure.layer, failure.code, self._clock_ms()))
+        except Exception:
+            log.exception("could not mark %s failed after its internal error", request_id)
+
+
+def _text(data: bytes | None) -> str | None:
+    if not data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _raw_value(value: bytes | None) -> dict[str, str]:
+    """Keep an undecodable value with its failure (base64), so nothing is lost."""
+    return {"raw_value_base64": base64.b64encode(value or b"").decode()}

@@ -1,0 +1,63 @@
+"""How many requests each batch submitted, followed from the manifests topic, for the retry budget.
+
+The retry budget of a batch is a fraction of its first attempts (DESIGN §5). Counting them as they happen
+makes the budget strict early in a batch and after a restart, so a worker also reads the batch manifests
+(``llm.batches``: compacted, one partition, written by ``submit`` once a file is sent, see
+:mod:`streamproc.codec.manifest`). Every worker reads the whole topic without a consumer group, so each knows
+every batch whatever partitions it owns. A batch produced without ``submit`` has no manifest: its budget
+counts first attempts as they happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from streamproc.app.topic_reader import TopicReader
+from streamproc.codec.manifest import decode_manifest
+
+log = logging.getLogger(__name__)
+
+FOLLOW_INTERVAL_S = 2.0
+
+
+class BatchSizes:
+    """batch id -> submitted count, from the manifests read so far."""
+
+    def __init__(self) -> None:
+        self._sizes: dict[str, int] = {}
+
+    def submitted(self, batch_id: str) -> int | None:
+        return self._sizes.get(batch_id)
+
+    def apply(self, value: bytes | None) -> None:
+        """Take one record of the manifests topic; anything that is not a manifest is ignored."""
+        if not value:
+            return
+        try:
+            manifest = decode_manifest(value)
+        except ValueError as exc:
+            log.debug("ignoring a record of the manifests topic: %s", exc)
+            return
+        self._sizes[manifest.batch_id] = manifest.submitted
+
+    async def load(self, bootstrap: str, topic: str) -> None:
+        """Read the manifests topic up to now (at start-up, before any request is handled)."""
+        async with TopicReader(bootstrap, [topic]) as reader:
+            for record in await reader.read_to_end():
+                self.apply(record.value)
+
+    async def follow(self, bootstrap: str, topic: str, interval_s: float = FOLLOW_INTERVAL_S) -> None:
+        """Keep reading new manifests until cancelled; a broker problem is logged and retried."""
+        while True:
+            try:
+                async with TopicReader(bootstrap, [topic]) as reader:
+                    while True:
+                        for record in await reader.read_to_end():
+                            self.apply(record.value)
+                        await asyncio.sleep(interval_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the budget falls back to counting; never stop the worker for it
+                log.warning("could not read the batch manifests from %s (%s); retrying", topic, exc)
+                await asyncio.sleep(interval_s * 5)

@@ -1,0 +1,240 @@
+"""Prometheus metrics of a worker, served on ``/metrics`` (``STREAMPROC_WORKER_METRICS_PORT``; 0 = off).
+
+:class:`WorkerMetrics` is the handler's :class:`~streamproc.app.observe.Observer`: counters and the latency
+histogram move when the corresponding record is on the broker. ``in_flight`` reads the dispatcher when
+scraped. ``consumer_lag`` is refreshed every few seconds by :class:`LagWatcher` from the broker (the
+group's committed offsets and the log-end offsets, as ``streamproc lag`` reads them) for the partitions
+assigned to *this* worker, so summing over all workers gives the group's lag without double counting.
+
+Every series is prefixed ``streamproc_``:
+
+* ``requests_started_total``: LLM calls started (every attempt);
+* ``results_total``; ``failures_total{layer,code,terminal}`` (dead letters count as
+  ``business``/``unreadable_record``); ``retries_total{tier}``; ``skipped_total{reason}``;
+  ``deferred_total{tier}`` (parked by an open breaker);
+* ``llm_latency_seconds``: histogram of LLM call latency, any outcome;
+* ``in_flight``: records being handled; ``consumer_lag{topic,partition}``;
+* ``consumer_lag_updated_timestamp_seconds``: when ``consumer_lag`` was last read successfully;
+* guards: ``circuit_breaker_state{model}`` (0 closed, 1 half-open, 2 open), ``adaptive_in_flight_limit``,
+  ``rate_limit_rpm{model}`` / ``rate_limit_tpm{model}``, ``fallbacks_total{model,fallback,reason}``,
+  ``retry_budget_exhausted_total``, ``token_estimate_ratio``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from streamproc.app.lag_reader import LagError, LagReader, PartitionLag
+from streamproc.core.guards.breaker import BreakerState
+from streamproc.llm.guarded import Guards
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "streamproc"
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
+LAG_REFRESH_S = 10.0
+
+
+class WorkerMetrics:
+    """The worker's metrics in one registry; implements :class:`streamproc.app.observe.Observer`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        if registry is None:  # a private registry with the usual process metrics (a second instance is fine)
+            registry = CollectorRegistry()
+            for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+                registry.register(collector)
+        self.registry = registry
+        common: dict[str, Any] = {"namespace": NAMESPACE, "registry": registry}
+        self.started = Counter("requests_started", "LLM calls started (every attempt).", **common)
+        self.results = Counter("results", "Results written to the results topic.", **common)
+        self.failures = Counter("failures", "Failure events written, by layer, error code and terminality.",
+                                ["layer", "code", "terminal"], **common)
+        self.retries = Counter("retries", "Retry records written, by retry tier.", ["tier"], **common)
+        self.skipped = Counter("skipped", "Records acked without a call (duplicates), by reason.", ["reason"],
+                               **common)
+        self.deferred = Counter("deferred", "Records parked unanswered in a retry tier because their model's "
+                                "circuit breaker was open, by tier.", ["tier"], **common)
+        self.latency = Histogram("llm_latency_seconds", "Latency of LLM calls, any outcome.",
+                                 buckets=LATENCY_BUCKETS, **common)
+        self.in_flight = Gauge("in_flight", "Records this worker is handling now.", **common)
+        self.consumer_lag = Gauge("consumer_lag", "Records not yet committed by the group, per partition "
+                                  "assigned to this worker.", ["topic", "partition"], **common)
+        self.lag_updated = Gauge("consumer_lag_updated_timestamp_seconds",
+                                 "Unix time of the last successful consumer_lag reading.", **common)
+        self._lag_labels: set[tuple[str, str]] = set()
+
+    # -- Observer ----------------------------------------------------------------------------------------
+    def on_started(self) -> None:
+        self.started.inc()
+
+    def on_llm_call(self, latency_s: float) -> None:
+        self.latency.observe(max(latency_s, 0.0))
+
+    def on_result(self) -> None:
+        self.results.inc()
+
+    def on_failure(self, layer: str, code: str, terminal: bool) -> None:
+        self.failures.labels(layer=layer, code=code, terminal="true" if terminal else "false").inc()
+
+    def on_retry(self, tier: str) -> None:
+        self.retries.labels(tier=tier).inc()
+
+    def on_skip(self, reason: str) -> None:
+        self.skipped.labels(reason=reason).inc()
+
+    def on_deferred(self, tier: str) -> None:
+        self.deferred.labels(tier=tier).inc()
+
+    # -- gauges ------------------------------------------------------------------------------------------
+    def track_in_flight(self, count: Callable[[], int]) -> None:
+        """``in_flight`` reads ``count()`` at every scrape."""
+        self.in_flight.set_function(lambda: float(count()))
+
+    def track_guards(self, guards: Guards) -> None:
+        """The guards' state, read at every scrape (see :class:`GuardsCollector`)."""
+        self.registry.register(GuardsCollector(guards))
+
+    def set_lag(self, rows: Iterable[PartitionLag], now: float) -> None:
+        """Replace the ``consumer_lag`` series: partitions no longer listed (revoked) disappear."""
+        labels = set()
+        for row in rows:
+            key = (row.topic, str(row.partition))
+            self.consumer_lag.labels(*key).set(row.lag)
+            labels.add(key)
+        for gone in self._lag_labels - labels:
+            self.consumer_lag.remove(*gone)
+        self._lag_labels = labels
+        self.lag_updated.set(now)
+
+    # -- serving -----------------------------------------------------------------------------------------
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """``/metrics`` on ``host:port`` from a daemon thread; OSError when the port is taken."""
+        start_http_server(port, addr=host, registry=self.registry)
+        log.info("metrics on http://%s:%d/metrics", host, port)
+
+
+_BREAKER_CODES = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 1.0, BreakerState.OPEN: 2.0}
+
+
+class GuardsCollector(Collector):
+    """Reads the worker's :class:`Guards` when scraped, so the guards keep plain counters and no metric objects."""
+
+    def __init__(self, guards: Guards) -> None:
+        self._guards = guards
+
+    def collect(self) -> Iterable[Metric]:
+        guards = self._guards
+        breaker = GaugeMetricFamily(f"{NAMESPACE}_circuit_breaker_state",
+                                    "Circuit breaker per model: 0 closed, 1 half-open, 2 open.", labels=["model"])
+        for model, state in guards.breaker_states().items():
+            breaker.add_metric([model], _BREAKER_CODES[state])
+        yield breaker
+        if guards.in_flight_limit is not None:
+            yield GaugeMetricFamily(f"{NAMESPACE}_adaptive_in_flight_limit",
+                                    "The AIMD in-flight limit of LLM calls.", value=guards.in_flight_limit)
+        if guards.limiter is not None:  # series per model, once a model was called
+            rpm = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_rpm", "Requests/min this worker paces each model to.",
+                                    labels=["model"])
+            tpm = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_tpm", "Tokens/min this worker paces each model to.",
+                                    labels=["model"])
+            for model, limits in guards.rate_limits().items():
+                if limits.rpm is not None:
+                    rpm.add_metric([model], limits.rpm)
+                if limits.tpm is not None:
+                    tpm.add_metric([model], limits.tpm)
+            yield rpm
+            yield tpm
+        fallbacks = CounterMetricFamily(f"{NAMESPACE}_fallbacks", "Calls sent to a fallback model, by reason.",
+                                        labels=["model", "fallback", "reason"])
+        for (model, fallback, reason), count in guards.fallbacks.items():
+            fallbacks.add_metric([model, fallback, reason], count)
+        yield fallbacks
+        yield CounterMetricFamily(f"{NAMESPACE}_retry_budget_exhausted",
+                                  "Retryable failures made terminal because their batch's retry budget was spent.",
+                                  value=guards.budget_exhausted)
+        yield GaugeMetricFamily(f"{NAMESPACE}_token_estimate_ratio",
+                                "Calibration of the prompt-token estimate (provider's count / characters-based).",
+                                value=guards.estimator.ratio)
+
+
+class LagWatcher:
+    """Refreshes ``consumer_lag`` for the partitions of ``topics`` currently assigned to this worker."""
+
+    def __init__(self, metrics: WorkerMetrics, bootstrap: str, group: str, topics: Collection[str],
+                 assignment: Callable[[], Iterable[tuple[str, int]]],
+                 clock: Callable[[], float] | None = None) -> None:
+        self._metrics = metrics
+        self._bootstrap = bootstrap
+        self._group = group
+        self._topics = frozenset(topics)
+        self._assignment = assignment
+        self._clock = clock or time.time
+        self._reader: LagReader | None = None
+        self._failing = False
+
+    async def refresh(self) -> None:
+        """One reading; a failure is logged (once until it recovers) and leaves the gauges as they were."""
+        try:
+            mine = {(topic, partition) for topic, partition in self._assignment() if topic in self._topics}
+            if self._reader is None:
+                reader = LagReader(self._bootstrap)
+                await reader.start()
+                self._reader = reader
+            rows = await self._reader.partitions(self._group, mine)
+        except Exception as exc:  # never let a metric stop the worker
+            if not self._failing:
+                log.warning("could not read the consumer lag (%s); will retry", exc)
+            self._failing = True
+            if not isinstance(exc, LagError):
+                await self.close()  # reconnect next time
+            return
+        if self._failing:
+            log.info("reading the consumer lag again")
+        self._failing = False
+        self._metrics.set_lag(rows, self._clock())
+
+    async def close(self, *args: Any, **kwargs: Any) -> None:
+        """Close the clients (also a faust ``on_before_shutdown`` receiver, hence the arguments)."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            try:
+                await reader.close()
+            except Exception:
+                log.debug("closing the lag reader", exc_info=True)
+
+
+def serve_worker_metrics(port: int, host: str) -> WorkerMetrics:
+    """The worker's metrics, already served on ``host:port`` (raises OSError when it cannot listen)."""
+    metrics = WorkerMetrics()
+    metrics.serve(port, host)
+    return metrics
+
+
+def watch_worker(metrics: WorkerMetrics, app: Any, bootstrap: str, group: str, topics: Collection[str],
+                 in_flight: Callable[[], int], interval_s: float = LAG_REFRESH_S) -> LagWatcher:
+    """Hook the gauges to a faust app: ``in_flight`` from ``in_flight()``, lag from a periodic timer."""
+    metrics.track_in_flight(in_flight)
+
+    def assignment() -> list[tuple[str, int]]:
+        return [(tp.topic, tp.partition) for tp in app.consumer.assignment()]
+
+    watcher = LagWatcher(metrics, bootstrap, group, topics, assignment)
+    app.timer(interval_s, name="streamproc.app.metrics.consumer_lag")(watcher.refresh)
+    app.on_before_shutdown.connect(watcher.close)
+    return watcher

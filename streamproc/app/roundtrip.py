@@ -1,0 +1,168 @@
+"""A smoke check of the whole local stack: keyed records through a faust agent that keeps a RocksDB table.
+
+The agent adds each record's value to a per-key total in a rocksdict-backed table and emits the new total.
+Running it twice across a worker restart proves the table survives (RocksDB files plus the changelog).
+Run a worker with ``python -m streamproc.app.roundtrip APP_ID IN_TOPIC OUT_TOPIC PARTITIONS``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.faust_app import make_faust_app
+from streamproc.app.topics import ensure_topics
+from streamproc.settings import Settings
+
+
+def build_app(settings: Settings, app_id: str, in_topic: str, out_topic: str, partitions: int) -> faust.App:
+    """The round-trip app: ``totals[key] += value`` in a RocksDB table, then emit ``(key, total)``."""
+    app = make_faust_app(settings, app_id, partitions)
+    source = app.topic(in_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
+                       value_serializer="raw", partitions=partitions)
+    sink = app.topic(out_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
+                     value_serializer="raw", partitions=partitions)
+    totals = app.Table("totals", default=int, partitions=partitions, options={"driver": "rocksdict"})
+
+    @app.agent(source)
+    async def add(stream: Any) -> None:
+        async for key, value in stream.items():
+            name = key.decode()
+            totals[name] += int(value)
+            await sink.send(key=key, value=str(totals[name]).encode())
+
+    return app
+
+
+@dataclass
+class Worker:
+    """A round-trip worker in its own process, stopped the way an operator would (SIGTERM)."""
+
+    settings: Settings
+    app_id: str
+    in_topic: str
+    out_topic: str
+    partitions: int
+    log_path: str
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> None:
+        env = {**os.environ, "STREAMPROC_KAFKA_BOOTSTRAP": resolve_bootstrap(self.settings),
+               "STREAMPROC_DATA_DIR": str(self.settings.data_dir)}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "streamproc.app.roundtrip", self.app_id, self.in_topic, self.out_topic,
+                 str(self.partitions)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 60.0) -> int:
+        assert self.process is not None, "worker not started"
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+async def produce(bootstrap: str, topic: str, records: Iterable[tuple[str, int]]) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    sent = 0
+    try:
+        for key, value in records:
+            await producer.send(topic, key=key.encode(), value=str(value).encode())
+            sent += 1
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return sent
+
+
+async def read_all(bootstrap: str, topic: str, expected: int, wait_s: float,
+                   alive: Callable[[], bool] = lambda: True) -> list[tuple[str, int]]:
+    """Read ``topic`` from the beginning until ``expected`` records arrived, ``wait_s`` passed or the
+    producing side died (``alive`` turned false)."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    records: list[tuple[str, int]] = []
+    deadline = time.monotonic() + wait_s
+    try:
+        while len(records) < expected and time.monotonic() < deadline and alive():
+            batches = await consumer.getmany(timeout_ms=500)
+            for batch in batches.values():
+                records.extend((m.key.decode(), int(m.value)) for m in batch)
+    finally:
+        await consumer.stop()
+    return records
+
+
+@dataclass(frozen=True)
+class RoundTripReport:
+    records_per_pass: int
+    first_pass_ok: bool
+    second_pass_ok: bool
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.first_pass_ok and self.second_pass_ok
+
+
+async def run_round_trip(settings: Settings, records: int, log_path: str, partitions: int = 4) -> RoundTripReport:
+    """Two passes of ``records`` keys through the app, with a worker restart between them."""
+    started = time.monotonic()
+    run_id = uuid.uuid4().hex[:8]
+    bootstrap = resolve_bootstrap(settings)
+    in_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.in"
+    out_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.out"
+    await ensure_topics(bootstrap, {in_topic: partitions, out_topic: partitions})
+    worker = Worker(settings, f"streamproc-roundtrip-{run_id}", in_topic, out_topic, partitions, log_path)
+    keys = [f"key-{i}" for i in range(records)]
+
+    worker.start()
+    try:
+        await produce(bootstrap, in_topic, ((k, 1) for k in keys))
+        first = await read_all(bootstrap, out_topic, records, wait_s=120, alive=worker.alive)
+    finally:
+        worker.stop()
+    first_ok = sorted(first) == sorted((k, 1) for k in keys)
+
+    worker.start()
+    try:
+        await produce(bootstrap, in_topic, ((k, 1) for k in keys))
+        both = await read_all(bootstrap, out_topic, 2 * records, wait_s=120, alive=worker.alive)
+    finally:
+        worker.stop()
+    totals_by_key: dict[str, list[int]] = defaultdict(list)
+    for key, total in both:
+        totals_by_key[key].append(total)
+    second_ok = len(both) == 2 * records and all(sorted(totals_by_key[k]) == [1, 2] for k in keys)
+    return RoundTripReport(records, first_ok, second_ok, time.monotonic() - started)
+
+
+def main(argv: list[str]) -> None:
+    app_id, in_topic, out_topic, partitions = argv
+    app = build_app(Settings(), app_id, in_topic, out_topic, int(partitions))
+    faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,75 @@
+"""Create topics up front and refuse to run on a topic whose partition count differs from the plan.
+
+Co-partitioning is what keeps per-request state local to the worker that owns a request, so a
+mismatched topic is a configuration error to stop on, not something to work around.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from streamproc.core.topology import Topology
+from streamproc.errors import UserFacingError
+
+
+class TopicMismatchError(UserFacingError):
+    """An existing topic has another partition count than streamproc needs."""
+
+
+def _partition_counts(metadata: list[dict[str, object]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for topic in metadata:
+        if topic.get("error_code", 0) == 0:
+            partitions = topic.get("partitions")
+            counts[str(topic["topic"])] = len(partitions) if isinstance(partitions, list) else 0
+    return counts
+
+
+async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], replication: int = 1,
+                        configs: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    """Create the missing topics (with ``configs`` per topic, e.g. compaction); raise
+    :class:`TopicMismatchError` for an existing one of the wrong size."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [NewTopic(name, count, replication, topic_configs=dict((configs or {}).get(name, {})))
+                   for name, count in partitions_by_topic.items() if name not in existing]
+        if missing:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another worker created them first
+                await admin.create_topics(missing)
+        names = list(partitions_by_topic)
+        for _ in range(50):  # a new topic's metadata can lag its creation by a moment
+            counts = _partition_counts(await admin.describe_topics(names))
+            if all(counts.get(name, 0) > 0 for name in names):
+                break
+            await asyncio.sleep(0.1)
+        wrong = {name: counts.get(name, 0) for name, want in partitions_by_topic.items()
+                 if counts.get(name, 0) != want}
+        if wrong:
+            details = ", ".join(f"{name} has {have} (needs {partitions_by_topic[name]})"
+                                for name, have in wrong.items())
+            raise TopicMismatchError(
+                f"topic partition counts differ from the configuration: {details}; every request-carrying "
+                "topic must have the same partition count: recreate the topics or change the setting"
+            )
+    finally:
+        await admin.close()
+
+
+async def ensure_pipeline_topics(bootstrap: str, topology: Topology) -> None:
+    """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests compacted.
+
+    The state table's changelog is created here too, before any worker starts: when faust creates it
+    itself, its consumer can cache metadata taken while the new topic has no partitions yet, and then
+    refuses every table write (``PartitionsMismatch``) until the next metadata refresh (seen in tests).
+    """
+    compacted = {"cleanup.policy": "compact"}
+    await ensure_topics(bootstrap, {**topology.all_topics(), topology.state_changelog: topology.partitions,
+                                    topology.batches: 1},
+                        configs={topology.batches: compacted, topology.state_changelog: compacted})

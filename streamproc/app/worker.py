@@ -1,0 +1,278 @@
+"""``streamproc worker``: the faust app that turns requests into results or layered failures.
+
+One dispatcher agent per topic (``llm.requests`` and every retry tier), each taking events unacked and
+handing them to the shared :class:`Dispatcher`; the ``request_state`` table (RocksDB via rocksdict) is
+read and written by the :class:`Handler` through the partition of the event being handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import random
+import sys
+import time
+from typing import Any
+
+import faust
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from streamproc import codec
+from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.dispatcher import Dispatcher
+from streamproc.app.faust_app import make_faust_app
+from streamproc.app.handler import Disposition, Handler, Record
+from streamproc.app.manifest_follower import BatchSizes
+from streamproc.app.metrics import serve_worker_metrics, watch_worker
+from streamproc.app.observe import Observer
+from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.core import headers
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
+from streamproc.core.outcome import ConfigurationProblem
+from streamproc.core.retry_policy import RetryPolicy, Tier
+from streamproc.core.topology import Topology
+from streamproc.llm.client import LLMClient
+from streamproc.llm.guarded import Guards
+from streamproc.settings import Settings
+
+log = logging.getLogger("streamproc.app.worker")
+
+EXIT_CONFIGURATION = 3
+_REBALANCE_POLL_S = 0.2
+
+
+class FaustSink:
+    """Sends outcomes through the app's producer and waits until the broker acknowledged each one."""
+
+    def __init__(self, app: faust.App, topology: Topology) -> None:
+        self._topology = topology
+        self._topics: dict[str, Any] = {
+            name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                            value_serializer="raw", partitions=count)
+            for name, count in topology.all_topics().items()
+        }
+
+    def topic(self, name: str) -> Any:
+        return self._topics[name]
+
+    async def _send(self, name: str, key: bytes | None, value: bytes | None, hdrs: headers.Headers) -> None:
+        delivery = await self._topics[name].send(key=key, value=value, headers=hdrs)
+        await delivery  # the record is on the broker (acks=all) before the source event is acked
+
+    async def result(self, result: InferenceResult) -> None:
+        await self._send(self._topology.results, result.request_id.encode(), codec.encode(result),
+                         {headers.REQUEST_ID: result.request_id.encode()})
+
+    async def failure(self, event: FailureEvent, hdrs: headers.Headers) -> None:
+        await self._send(self._topology.failed(event.layer), event.request.request_id.encode(),
+                         codec.encode(event), hdrs)
+
+    async def retry(self, tier: Tier, request: InferenceRequest, hdrs: headers.Headers) -> None:
+        await self._send(self._topology.retry(tier), request.request_id.encode(), codec.encode(request), hdrs)
+
+    async def dead_letter(self, record: Record, hdrs: headers.Headers) -> None:
+        await self._send(self._topology.dead_letters, record.key, record.value, hdrs)
+
+    async def requeue(self, record: Record) -> None:
+        """Put a tier record back at the tail of its topic, unchanged (its due time travels in headers)."""
+        await self._send(record.topic, record.key, record.value, dict(record.headers))
+
+
+class TableStore:
+    """``request_state`` as typed values (Avro-encoded in RocksDB and in the changelog)."""
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+
+    def get(self, request_id: str) -> RequestState | None:
+        raw = self._table.get(request_id.encode())
+        return codec.decode(raw, RequestState) if raw else None
+
+    def put(self, state: RequestState) -> None:
+        self._table[state.request_id.encode()] = codec.encode(state)
+
+
+class WorkerRuntime:
+    """The app and its parts, built once per process."""
+
+    def __init__(self, settings: Settings, observer: Observer | None = None,
+                 batch_sizes: BatchSizes | None = None) -> None:
+        self.settings = settings
+        self.topology = settings.topology()
+        self.app = make_faust_app(settings, settings.app_id, settings.partitions)
+        self.app.conf.stream_buffer_maxsize = max(settings.in_flight * 2, 1024)
+        self.table = self.app.Table("request_state", key_type=bytes, value_type=bytes,
+                                    partitions=settings.partitions, options={"driver": "rocksdict"})
+        # faust derives serializers from the types (json for bytes); values are our Avro frames, kept as is.
+        # The store and the changelog topic are created lazily, so setting them here covers both.
+        untyped_table: Any = self.table  # TableT does not declare the serializer attributes
+        untyped_table.key_serializer = untyped_table.value_serializer = "raw"
+        self.sink = FaustSink(self.app, self.topology)
+        self.dispatcher = Dispatcher(settings.in_flight)
+        self.llm = LLMClient(settings)
+        self.batch_sizes = batch_sizes or BatchSizes()
+        self.guards = Guards.from_settings(settings, self.llm, self._expected_first_attempts)
+        self.configuration_problem: ConfigurationProblem | None = None
+        self._halted = asyncio.Event()
+        self.handler = Handler(self.guards, self.sink, TableStore(self.table), RetryPolicy(tiers=self.topology.tiers),
+                               self._on_configuration_problem, rng=random.Random(), observer=observer)
+        self._register_agents()
+
+    def _expected_first_attempts(self, batch_id: str) -> float:
+        """This worker's share of the batch's submitted requests (its share of the requests partitions)."""
+        submitted = self.batch_sizes.submitted(batch_id)
+        if not submitted:
+            return 0.0
+        mine = sum(1 for tp in self.app.consumer.assignment() if tp.topic == self.topology.requests)
+        return submitted * mine / self.settings.partitions
+
+    # -- agents ------------------------------------------------------------------------------------------
+    def _register_agents(self) -> None:
+        self.app.agent(self.sink.topic(self.topology.requests), name="dispatch-requests")(self._dispatch)
+        for tier in self.topology.tiers:
+            self.app.agent(self.sink.topic(self.topology.retry(tier)), name=f"dispatch-retry-{tier.name}")(
+                self._dispatch_delayed)
+
+    async def _dispatch(self, stream: Any) -> None:
+        await self._consume(stream, delayed=False)
+
+    async def _dispatch_delayed(self, stream: Any) -> None:
+        await self._consume(stream, delayed=True)
+
+    async def _consume(self, stream: Any, delayed: bool) -> None:
+        manual = stream.noack()
+        async for event in manual.events():
+            if self._halted.is_set():
+                continue  # held: never acked, read again after the operator's fix
+            message = event.message
+            record = Record(message.topic, message.partition, message.offset, message.key, message.value,
+                            headers.as_mapping(message.headers))
+
+            def ack(event: Any = event) -> Any:
+                return manual.ack(event)
+
+            work = functools.partial(self.handler.handle, record)
+            if delayed and not await self._wait_until_due(record):
+                # a rebalance or stop must not wait for a sleeping tier: put the record back at the tail
+                # of its topic; its ack still goes through the ordered lane like any other
+                work = functools.partial(self._requeue, record)
+            await self.dispatcher.submit((message.tp, message.generation_id), message.offset, work, ack)
+
+    async def _requeue(self, record: Record) -> Disposition:
+        await self.sink.requeue(record)
+        return Disposition.ACK
+
+    async def _wait_until_due(self, record: Record) -> bool:
+        """Sleep until the record's ``x-due-ts``; False if a rebalance or shutdown started meanwhile."""
+        due_ms = headers.read_hop(record.headers).due_ms or 0
+        while (wait_s := (due_ms - time.time() * 1000) / 1000) > 0:
+            if not self.app.flow_control.is_active() or self.app.should_stop:
+                return False
+            await asyncio.sleep(min(wait_s, _REBALANCE_POLL_S))
+        return True
+
+    # -- configuration problems --------------------------------------------------------------------------
+    def _on_configuration_problem(self, problem: ConfigurationProblem) -> None:
+        if self._halted.is_set():
+            return
+        self.configuration_problem = problem
+        self._halted.set()
+        log.critical("STOPPING: the LLM endpoint refused the configuration (%s, HTTP %s): %s. %s",
+                     problem.code, problem.http_status, problem.message, _what_to_fix(problem))
+        asyncio.get_running_loop().create_task(self._halt())
+
+    async def _halt(self) -> None:
+        """Let the other in-flight calls finish, commit what is acked, and exit without acking the rest."""
+        try:
+            await asyncio.wait_for(self.dispatcher.wait_idle(), self.settings.llm_timeout_s + 5)
+            await self.app.producer.flush()
+            await self.app.commit(set(self.app.consumer.assignment()))
+        except Exception:
+            log.exception("while stopping after a configuration problem")
+        logging.shutdown()
+        os._exit(EXIT_CONFIGURATION)
+
+
+def _what_to_fix(problem: ConfigurationProblem) -> str:
+    if problem.http_status == 401:
+        return "Fix STREAMPROC_LLM_API_KEY, then start the worker again; nothing was marked failed."
+    if problem.http_status == 404:
+        return "The model or URL does not exist: fix the requests' model or STREAMPROC_LLM_BASE_URL."
+    if problem.code == "insufficient_quota":
+        return "The account is out of quota: add credit, then start the worker again."
+    return "Fix the account or endpoint settings, then start the worker again; nothing was marked failed."
+
+
+async def wait_for_broker(bootstrap: str, give_up_after_s: float | None = None) -> None:
+    """Retry with backoff until the cluster answers, saying so, rather than crash on a late broker."""
+    delay, started = 0.5, time.monotonic()
+    while True:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return
+        except KafkaError as exc:
+            if give_up_after_s is not None and time.monotonic() - started > give_up_after_s:
+                raise
+            log.warning("Kafka at %s is not reachable (%s); retrying in %.1fs", bootstrap, exc, delay)
+        finally:
+            await admin.close()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
+    """Run a worker until SIGTERM/SIGINT; returns the process exit code."""
+    logging.basicConfig(level=loglevel, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore"):  # httpx logs every request at INFO: a line (and CPU) per LLM call
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    bootstrap = resolve_bootstrap(settings)
+    topology = settings.topology()
+    try:  # before anything else, so that a taken port fails fast
+        metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host)
+                   if settings.worker_metrics_port else None)
+    except OSError as exc:
+        log.critical("STOPPING: cannot serve /metrics on %s:%d (%s); change STREAMPROC_WORKER_METRICS_PORT",
+                     settings.worker_metrics_host, settings.worker_metrics_port, exc)
+        return EXIT_CONFIGURATION
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(wait_for_broker(bootstrap))
+    loop.run_until_complete(ensure_pipeline_topics(bootstrap, topology))
+    batch_sizes = BatchSizes()
+    loop.run_until_complete(batch_sizes.load(bootstrap, topology.batches))
+    runtime = WorkerRuntime(settings, observer=metrics, batch_sizes=batch_sizes)
+
+    async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
+        await batch_sizes.follow(bootstrap, topology.batches)
+
+    runtime.app.task(follow_batch_sizes)
+    if metrics is not None:
+        metrics.track_guards(runtime.guards)
+        watch_worker(metrics, runtime.app, bootstrap, settings.app_id,
+                     [topology.requests, *(topology.retry(tier) for tier in topology.tiers)],
+                     in_flight=lambda: runtime.dispatcher.in_flight)
+    log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
+             settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
+    log.info("guards: rate limits %s RPM / %s TPM per model (share %g), in flight %d..%d (AIMD), breaker %s, "
+             "retry budget %g %% + %d, context windows %s, fallbacks %s, context fallbacks %s",
+             f"{settings.llm_rpm:g}" if settings.llm_rpm else "learned", f"{settings.llm_tpm:g}" if settings.llm_tpm
+             else "learned", settings.llm_limit_share, min(settings.adaptive_min_in_flight, settings.in_flight),
+             settings.in_flight, "on" if settings.breaker_enabled else "OFF", settings.retry_budget_ratio * 100,
+             settings.retry_budget_min, settings.context_windows or "none", settings.model_fallbacks or "none",
+             settings.context_fallbacks or "none")
+    worker = faust.Worker(runtime.app, loop=loop, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exit_:
+        code = exit_.code
+        return code if isinstance(code, int) else 0
+    return 0
+
+
+def main() -> None:
+    sys.exit(run_worker(Settings()))

@@ -1,0 +1,48 @@
+"""Durations as providers and settings write them: Go durations (``6m0s``), suffixed (``500ms``) or bare seconds."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Final
+
+GO_UNITS: Final = "ms|us|\u00b5s|ns|h|m|s"  # alternation order matters: "ms" before "m" and "s"
+_GO_DURATION: Final = re.compile(rf"(\d+(?:\.\d+)?)({GO_UNITS})")
+_UNIT_MS: Final[Mapping[str, float]] = {
+    "h": 3_600_000,
+    "m": 60_000,
+    "s": 1_000,
+    "ms": 1,
+    "us": 1e-3,
+    "\u00b5s": 1e-3,
+    "ns": 1e-6,
+}
+
+def parse_duration_ms(text: str) -> int | None:
+    """Parse ``1s``, ``6m0s``, ``20ms``, ``1.5s``, ``1h2m3s`` (Go durations) or bare seconds; else None."""
+    text = text.strip()
+    seconds = parse_seconds(text)
+    if seconds is not None:
+        return ceil_ms(seconds * 1000)
+    total, end = 0.0, 0
+    for match in _GO_DURATION.finditer(text):
+        if match.start() != end:
+            return None
+        total += float(match.group(1)) * _UNIT_MS[match.group(2)]
+        end = match.end()
+    return ceil_ms(total) if end and end == len(text) else None
+
+def parse_seconds(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def ceil_ms(ms: float) -> int:
+    """Round up (a hint is a "not before"), but 1.1 s is 1100 ms, not 1101 ms through float noise."""
+    return math.ceil(ms - 1e-6)

@@ -1,0 +1,82 @@
+"""The records that travel on streamproc's topics, as typed values (their Avro schemas are in ``schemas/``).
+
+Bodies are kept as JSON text: the OpenAI request and response bodies are open-ended, and keeping them as
+text means a reader in any language gets exactly what was sent and received.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+
+
+@dataclass(frozen=True)
+class RepairContext:
+    """What a semantic repair attempt sends back to the model: its bad output and why it was rejected."""
+
+    bad_output: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """One LLM call to make; key = ``request_id`` (OpenAI ``custom_id``)."""
+
+    request_id: str
+    body_json: str  # the OpenAI request body, e.g. {"model": ..., "messages": [...]}
+    url: str = "/v1/chat/completions"
+    batch_id: str | None = None
+    submitted_ms: int = 0
+    repair: RepairContext | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """The successful answer to one request; key = ``request_id``."""
+
+    request_id: str
+    batch_id: str | None
+    model: str  # the model that answered (may be a fallback)
+    response_json: str  # the provider's full response body
+    content: str  # choices[0].message.content
+    attempts: int
+    latency_ms: int
+    completed_ms: int
+    input_hash: str
+
+
+@dataclass(frozen=True)
+class FailureEvent:
+    """One failed attempt (``terminal`` on the last), carrying the full request so it can be replayed."""
+
+    request: InferenceRequest
+    layer: FailureLayer
+    error_code: str
+    message: str
+    attempt: int
+    terminal: bool
+    first_failure_ms: int
+    last_failure_ms: int
+    http_status: int | None = None
+    retry_after_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class RequestState:
+    """The state-table value for one request id: a fold over that request's events (DESIGN §4)."""
+
+    request_id: str
+    status: RequestStatus
+    input_hash: str
+    attempts: int = 0
+    batch_id: str | None = None
+    last_layer: FailureLayer | None = None
+    last_error_code: str | None = None
+    created_ms: int = 0
+    updated_ms: int = 0
+    # the record that started the current attempt: its redelivery after a crash is admitted again,
+    # any other record for an id in flight is a duplicate (see state.admit)
+    source_topic: str | None = None
+    source_offset: int | None = None

@@ -1,0 +1,206 @@
+"""Pace one worker's calls under the provider's requests/min and tokens/min limits.
+
+The limits come from the settings, from the provider's ``x-ratelimit-limit-*`` headers, or both (then the
+lower wins: a configured limit is how much of the account this deployment may use). Limits are per account,
+so each of N workers paces at ``share = 1/N`` of them. Buckets hold only a tenth of a second of traffic:
+providers enforce "per minute" limits over much shorter windows, so a full minute's burst would be refused.
+
+A 429 is *congestion* only when the provider says a bucket is empty (or says nothing about its buckets):
+then the whole worker pauses until the bucket refills. A 429 while the buckets still have room is a refusal
+of that one request (e.g. a single call larger than the tokens/min limit), and pausing everyone for it would
+only slow the batch down.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from streamproc.core.durations import parse_duration_ms
+from streamproc.core.guards.bucket import TokenBucket
+
+DEFAULT_CONGESTION_WAIT_S = 1.0  # a 429 that names no wait at all
+_UNITS = ("requests", "tokens")
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """Per-minute limits; ``None`` means unknown, i.e. unlimited until a header says otherwise."""
+
+    rpm: float | None = None
+    tpm: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("rpm", self.rpm), ("tpm", self.tpm)):
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number > 0 or None, got {value}")
+
+
+class ModelRateLimiter:
+    """Requests/min and tokens/min buckets of one model endpoint, shared by all calls of a worker."""
+
+    def __init__(self, configured: RateLimits, share: float, now: float, burst_s: float = 0.1) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        if not (burst_s > 0 and math.isfinite(burst_s)):
+            raise ValueError(f"burst_s must be a finite number > 0, got {burst_s}")
+        self._configured = configured
+        self._share = share
+        self._burst_s = burst_s
+        self._advertised = RateLimits()  # the latest x-ratelimit-limit-* values
+        self._limits = RateLimits()
+        self._requests: TokenBucket | None = None
+        self._tokens: TokenBucket | None = None
+        self._paused_until = -math.inf  # also holds a pause while no limit (so no bucket) is known
+        self._apply(now)
+
+    @property
+    def limits(self) -> RateLimits:
+        """The effective per-minute limits of this worker (after ``share``)."""
+        return self._limits
+
+    @property
+    def paused_until(self) -> float:
+        """The end of the latest congestion pause (``-inf`` if there was none)."""
+        return self._paused_until
+
+    def reserve(self, tokens: int, now: float) -> float:
+        """Seconds to wait before sending one call of ``tokens`` tokens; both buckets are charged now."""
+        wait = max(0.0, self._paused_until - now)
+        if self._requests is not None:
+            wait = max(wait, self._requests.reserve(1, now))
+        if self._tokens is not None:
+            wait = max(wait, self._tokens.reserve(max(0, tokens), now))
+        return wait
+
+    def observe(self, headers: Mapping[str, str], now: float) -> None:
+        """Learn the account limits from a response's ``x-ratelimit-limit-*`` headers (any status)."""
+        rpm = _positive(_header(headers, "x-ratelimit-limit-requests"))
+        tpm = _positive(_header(headers, "x-ratelimit-limit-tokens"))
+        if rpm is None and tpm is None:
+            return
+        self._advertised = RateLimits(
+            rpm=rpm if rpm is not None else self._advertised.rpm,
+            tpm=tpm if tpm is not None else self._advertised.tpm,
+        )
+        self._apply(now)
+
+    def on_rate_limited(self, headers: Mapping[str, str], retry_after_s: float | None, tokens: int,
+                        now: float) -> bool:
+        """Handle a 429: pause the worker and return True if it is congestion; else change nothing.
+
+        Callers pass the 429's headers to :meth:`observe` as well: this method reads only the
+        ``remaining`` and ``reset`` headers.
+        """
+        exhausted = self._exhausted(headers, tokens)
+        if exhausted is None:
+            return False
+        wait = _finite_non_negative(retry_after_s)
+        if wait is None:
+            resets = [_duration_s(_header(headers, f"x-ratelimit-reset-{unit}")) for unit in exhausted]
+            wait = max((reset for reset in resets if reset is not None), default=DEFAULT_CONGESTION_WAIT_S)
+        until = now + wait
+        self._paused_until = max(self._paused_until, until)
+        for bucket in (self._requests, self._tokens):
+            if bucket is not None:
+                bucket.pause_until(until, now)
+        return True
+
+    def _exhausted(self, headers: Mapping[str, str], tokens: int) -> tuple[str, ...] | None:
+        """The units the headers say are exhausted; all units if they say nothing; None if none is."""
+        remaining_requests = _number(_header(headers, "x-ratelimit-remaining-requests"))
+        remaining_tokens = _number(_header(headers, "x-ratelimit-remaining-tokens"))
+        if remaining_requests is None and remaining_tokens is None:
+            return _UNITS
+        exhausted = tuple(
+            unit
+            for unit, empty in (
+                ("requests", remaining_requests is not None and remaining_requests <= 0),
+                ("tokens", remaining_tokens is not None and remaining_tokens < tokens),
+            )
+            if empty
+        )
+        return exhausted or None
+
+    def _apply(self, now: float) -> None:
+        rpm = _lower(self._configured.rpm, self._advertised.rpm)
+        tpm = _lower(self._configured.tpm, self._advertised.tpm)
+        self._limits = RateLimits(
+            rpm=rpm * self._share if rpm is not None else None,
+            tpm=tpm * self._share if tpm is not None else None,
+        )
+        self._requests = self._bucket(self._requests, self._limits.rpm, now)
+        self._tokens = self._bucket(self._tokens, self._limits.tpm, now)
+
+    def _bucket(self, bucket: TokenBucket | None, per_minute: float | None, now: float) -> TokenBucket | None:
+        if per_minute is None:
+            return None
+        rate = per_minute / 60.0
+        capacity = max(1.0, rate * self._burst_s)
+        if bucket is None:
+            bucket = TokenBucket(rate, capacity, now)
+            bucket.pause_until(self._paused_until, now)  # a limit learnt during a pause must not end it
+        elif bucket.rate_per_s != rate or bucket.capacity != capacity:
+            bucket.set_rate(rate, capacity, now)
+        return bucket
+
+
+class RateLimiter:
+    """One :class:`ModelRateLimiter` per model (each model has its own limits), created on first use."""
+
+    def __init__(self, configured: RateLimits, share: float, burst_s: float = 0.1) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        self._configured = configured
+        self._share = share
+        self._burst_s = burst_s
+        self._models: dict[str, ModelRateLimiter] = {}
+
+    def for_model(self, model: str, now: float) -> ModelRateLimiter:
+        limiter = self._models.get(model)
+        if limiter is None:
+            limiter = self._models[model] = ModelRateLimiter(self._configured, self._share, now, self._burst_s)
+        return limiter
+
+    def limits_by_model(self) -> dict[str, RateLimits]:
+        """The effective per-minute limits of each model seen so far (for metrics)."""
+        return {model: limiter.limits for model, limiter in self._models.items()}
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    """``name`` (lower case) from ``headers``, whatever the case of their keys."""
+    value = headers.get(name)
+    if value is None:
+        value = next((v for k, v in headers.items() if k.lower() == name), None)
+    return value
+
+
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _positive(text: str | None) -> float | None:
+    value = _number(text)
+    return value if value is not None and value > 0 else None
+
+
+def _finite_non_negative(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+def _duration_s(text: str | None) -> float | None:
+    millis = parse_duration_ms(text) if text is not None else None
+    return millis / 1000 if millis is not None and millis >= 0 else None
+
+
+def _lower(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)

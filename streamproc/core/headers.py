@@ -1,0 +1,110 @@
+"""The ``x-*`` headers on retry and failure records (DESIGN §3): UTF-8 text, replaced on every hop.
+
+Headers are rebuilt from scratch at each hop rather than appended to, so they never grow with the number
+of attempts; provenance (``x-orig-*``) is written once, from the first record, and then carried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from streamproc.core.outcome import Failure
+
+REQUEST_ID = "x-request-id"
+ATTEMPT = "x-attempt"
+DUE_TS = "x-due-ts"
+FIRST_FAILURE_TS = "x-first-failure-ts"
+FAILURE_LAYER = "x-failure-layer"
+ERROR_CODE = "x-error-code"
+ERROR_MESSAGE = "x-error-message"
+RETRY_AFTER_MS = "x-retry-after-ms"
+ORIG_TOPIC = "x-orig-topic"
+ORIG_PARTITION = "x-orig-partition"
+ORIG_OFFSET = "x-orig-offset"
+REPLAY = "x-replay"
+DEFERRED = "x-deferred"  # parked by an open circuit breaker: the attempt it carries has not been made yet
+
+Headers = dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a request was first read: the requests topic's partition and offset."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Hop:
+    """What the headers of an incoming record say about its journey so far."""
+
+    attempt: int = 1
+    due_ms: int | None = None
+    first_failure_ms: int | None = None
+    origin: Origin | None = None
+    replay: bool = False
+    deferred: bool = False
+
+
+def as_mapping(raw: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | None) -> dict[str, bytes]:
+    """Kafka clients give headers as a list of pairs or a dict; the last value of a name wins."""
+    if raw is None:
+        return {}
+    pairs = raw.items() if isinstance(raw, Mapping) else raw
+    return {name: bytes(value) for name, value in pairs if value is not None}
+
+
+def _int(headers: Mapping[str, bytes], name: str) -> int | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+
+
+def read_hop(headers: Mapping[str, bytes]) -> Hop:
+    """Parse our headers; anything missing or unreadable takes the value of a first submission."""
+    topic = headers.get(ORIG_TOPIC)
+    partition, offset = _int(headers, ORIG_PARTITION), _int(headers, ORIG_OFFSET)
+    origin = (Origin(topic.decode("utf-8", "replace"), partition, offset)
+              if topic is not None and partition is not None and offset is not None else None)
+    return Hop(
+        attempt=max(1, _int(headers, ATTEMPT) or 1),
+        due_ms=_int(headers, DUE_TS),
+        first_failure_ms=_int(headers, FIRST_FAILURE_TS),
+        origin=origin,
+        replay=headers.get(REPLAY) == b"1",
+        deferred=headers.get(DEFERRED) == b"1",
+    )
+
+
+def hop_headers(request_id: str, attempt: int, origin: Origin, failure: Failure, first_failure_ms: int | None,
+                due_ms: int | None = None, replay: bool = False, deferred: bool = False) -> Headers:
+    """Headers of a retry record (``attempt`` is the attempt it will make, with ``due_ms``), of a deferred
+    record (``attempt`` not made yet; ``failure`` says why it waits) or of a failure record (``attempt`` is
+    the attempt that failed, no due time)."""
+    headers: Headers = {
+        REQUEST_ID: request_id.encode(),
+        ATTEMPT: str(attempt).encode(),
+        FAILURE_LAYER: failure.layer.value.encode(),
+        ERROR_CODE: failure.code.encode(),
+        ORIG_TOPIC: origin.topic.encode(),
+        ORIG_PARTITION: str(origin.partition).encode(),
+        ORIG_OFFSET: str(origin.offset).encode(),
+    }
+    if first_failure_ms is not None:
+        headers[FIRST_FAILURE_TS] = str(first_failure_ms).encode()
+    if due_ms is not None:
+        headers[DUE_TS] = str(due_ms).encode()
+    if failure.retry_after_ms is not None:
+        headers[RETRY_AFTER_MS] = str(failure.retry_after_ms).encode()
+    if replay:
+        headers[REPLAY] = b"1"
+    if deferred:
+        headers[DEFERRED] = b"1"
+    return headers

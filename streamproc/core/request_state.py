@@ -1,0 +1,228 @@
+"""The per-request state machine, as a fold over the request's events (DESIGN §4).
+
+``admit`` decides whether a record read from ``requests``, a retry tier or a replay may call the LLM;
+``on_success``, ``on_retry_scheduled`` and ``on_terminal_failure`` give the state after the outcome. All
+are pure: the worker reads and writes the table, these only compute.
+
+The crash case: the worker writes ``in_flight`` before the call and acks the record only after the
+outcome is sent, so after a SIGKILL the record is delivered again while the table still says
+``in_flight``. Skipping it would lose the request. The state therefore remembers the record that started
+the attempt (``source_topic``, ``source_offset``; the partition is the same for every co-partitioned
+topic): the same record again is a redelivery and is admitted; any other record for an id in flight is a
+duplicate and is skipped.
+
+``attempts`` is the attempt number (``x-attempt``) of the latest attempt started. A retry record is
+admitted only if it is newer than that, so a stale copy of a retry record (left by a crash between its
+send and the state write) cannot start a second concurrent call.
+
+A *deferred* record (parked in a retry tier by an open circuit breaker, DESIGN §5) carries an attempt that
+was never made: the state says ``retrying`` with ``last_error_code`` ``circuit_open`` and that same attempt
+number, and only a deferred record of exactly that attempt is admitted. A resubmission, or a stale copy
+of the deferred record once the attempt has been made, is skipped.
+
+A retry record newer than an ``in_flight`` attempt is admitted too: it is written only after that
+attempt's call ended, so the ``in_flight`` state is stale. This happens after a SIGKILL, when the table
+comes back older than the offsets already committed (faust's table recovery can replay a changelog that
+lacks the last writes); skipping the retry record then would lose the request (seen in the SIGKILL test).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from streamproc.core.events import InferenceRequest, RequestState
+from streamproc.core.outcome import Failure
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+
+CIRCUIT_OPEN = "circuit_open"
+
+
+@dataclass(frozen=True)
+class RecordRef:
+    """Where a record was read; a redelivery after a crash has the same ref, a resubmission does not."""
+
+    topic: str
+    offset: int
+
+
+class SkipReason(StrEnum):
+    """Why a record does not call the LLM; the record is acked with no other effect."""
+
+    ALREADY_SUCCEEDED = "already_succeeded"
+    IN_FLIGHT = "in_flight"
+    RETRYING = "retrying"
+    ALREADY_FAILED = "already_failed"
+
+
+@dataclass(frozen=True)
+class Start:
+    """Call the LLM; write ``state`` (``in_flight``) to the table first."""
+
+    state: RequestState
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Do not call the LLM."""
+
+    reason: SkipReason
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Same id, different body: write ``failure`` (business, terminal); the table entry stays as it is."""
+
+    failure: Failure
+
+
+Admission = Start | Skip | Conflict
+
+
+def input_hash(request: InferenceRequest) -> str:
+    """A stable fingerprint of what is asked: url plus canonical body JSON (key order and spacing ignored).
+
+    A body that is not JSON is hashed as sent, so the hash is defined for every record.
+    """
+    try:
+        canonical = json.dumps(json.loads(request.body_json), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        canonical = request.body_json
+    return hashlib.sha256(f"{request.url}\n{canonical}".encode()).hexdigest()[:32]
+
+
+def admit(
+    current: RequestState | None,
+    request: InferenceRequest,
+    attempt: int,
+    now_ms: int,
+    *,
+    source: RecordRef,
+    replay: bool = False,
+    deferred: bool = False,
+) -> Admission:
+    """Decide what a record may do given the table's state for its id.
+
+    ``attempt`` is the record's ``x-attempt`` (1 for a submission); ``source`` is where it was read.
+    In order: no state → start; in flight and ``source`` is the record that started it → start again
+    (crash redelivery); the deferred record of a parked attempt → start; a replay (backfill) starts a
+    ``failed`` or ``pending`` request, even with a fixed, different body, and is skipped otherwise, never a
+    conflict; another body → conflict; then by status: ``pending`` starts, ``succeeded`` / ``failed`` /
+    ``in_flight`` skip, ``retrying`` starts only a retry record newer than the latest attempt started.
+    """
+    if attempt < 1:
+        raise ValueError(f"attempt numbers start at 1, got {attempt}")
+    digest = input_hash(request)
+    if current is None:
+        return Start(_in_flight(None, request, digest, attempt, now_ms, source))
+    status = current.status
+    if status is RequestStatus.IN_FLIGHT and (current.source_topic, current.source_offset) == (
+        source.topic,
+        source.offset,
+    ):
+        return Start(_in_flight(current, request, digest, attempt, now_ms, source))  # crash redelivery
+    if (deferred and status is RequestStatus.RETRYING and current.last_error_code == CIRCUIT_OPEN
+            and attempt == current.attempts and digest == current.input_hash):
+        return Start(_in_flight(current, request, digest, attempt, now_ms, source))  # its parked attempt, at last
+    if replay:
+        match status:
+            case RequestStatus.FAILED | RequestStatus.PENDING:
+                return Start(_in_flight(current, request, digest, attempt, now_ms, source))
+            case RequestStatus.SUCCEEDED:
+                return Skip(SkipReason.ALREADY_SUCCEEDED)
+            case RequestStatus.IN_FLIGHT:
+                return Skip(SkipReason.IN_FLIGHT)
+            case RequestStatus.RETRYING:
+                return Skip(SkipReason.RETRYING)
+    if digest != current.input_hash:
+        return Conflict(
+            Failure(
+                FailureLayer.BUSINESS,
+                "conflicting_duplicate",
+                f"request id {request.request_id!r} was already submitted with a different body "
+                f"(input hash {current.input_hash}, now {digest}; its status is {status})",
+            )
+        )
+    match status:
+        case RequestStatus.PENDING:
+            return Start(_in_flight(current, request, digest, attempt, now_ms, source))
+        case RequestStatus.SUCCEEDED:
+            return Skip(SkipReason.ALREADY_SUCCEEDED)
+        case RequestStatus.FAILED:
+            return Skip(SkipReason.ALREADY_FAILED)
+        case RequestStatus.IN_FLIGHT:
+            if attempt > current.attempts:  # see the module docstring: a successor proves the attempt ended
+                return Start(_in_flight(current, request, digest, attempt, now_ms, source))
+            return Skip(SkipReason.IN_FLIGHT)
+        case RequestStatus.RETRYING:
+            if attempt > current.attempts:
+                return Start(_in_flight(current, request, digest, attempt, now_ms, source))
+            return Skip(SkipReason.RETRYING)
+
+
+def _in_flight(
+    current: RequestState | None,
+    request: InferenceRequest,
+    digest: str,
+    attempt: int,
+    now_ms: int,
+    source: RecordRef,
+) -> RequestState:
+    if current is None:
+        return RequestState(
+            request_id=request.request_id,
+            status=RequestStatus.IN_FLIGHT,
+            input_hash=digest,
+            attempts=attempt,
+            batch_id=request.batch_id,
+            created_ms=now_ms,
+            updated_ms=now_ms,
+            source_topic=source.topic,
+            source_offset=source.offset,
+        )
+    return replace(
+        current,
+        status=RequestStatus.IN_FLIGHT,
+        input_hash=digest,
+        attempts=attempt,
+        batch_id=request.batch_id if request.batch_id is not None else current.batch_id,
+        updated_ms=now_ms,
+        source_topic=source.topic,
+        source_offset=source.offset,
+    )
+
+
+def on_success(state: RequestState, now_ms: int) -> RequestState:
+    """The result was sent (result first, then state: DESIGN §4)."""
+    return replace(state, status=RequestStatus.SUCCEEDED, updated_ms=now_ms, source_topic=None, source_offset=None)
+
+
+def on_retry_scheduled(state: RequestState, layer: FailureLayer, code: str, now_ms: int) -> RequestState:
+    """The failure and the retry record were sent; the request waits in a tier."""
+    return _after_failure(state, RequestStatus.RETRYING, layer, code, now_ms)
+
+
+def on_deferred(state: RequestState, now_ms: int) -> RequestState:
+    """The record was parked unanswered (its model's breaker is open); its attempt is still to be made."""
+    return _after_failure(state, RequestStatus.RETRYING, FailureLayer.SERVICE, CIRCUIT_OPEN, now_ms)
+
+
+def on_terminal_failure(state: RequestState, layer: FailureLayer, code: str, now_ms: int) -> RequestState:
+    """The terminal failure was sent; only a replay starts the request again."""
+    return _after_failure(state, RequestStatus.FAILED, layer, code, now_ms)
+
+
+def _after_failure(
+    state: RequestState, status: RequestStatus, layer: FailureLayer, code: str, now_ms: int
+) -> RequestState:
+    return replace(
+        state,
+        status=status,
+        last_layer=layer,
+        last_error_code=code,
+        updated_ms=now_ms,
+        source_topic=None,
+        source_offset=None,
+    )

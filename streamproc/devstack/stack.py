@@ -1,0 +1,98 @@
+"""Start whatever the configuration lacks: the built-in broker, the mock LLM server, worker processes.
+
+``run`` and the demo use it so that one command works on a fresh machine; everything it started is
+stopped again on exit, and everything that was configured is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import click
+
+from streamproc.devstack.broker import LocalBroker
+from streamproc.mockllm.runner import MockLLMProcess
+from streamproc.settings import Settings
+
+
+@dataclass
+class LocalStack:
+    """The effective settings (with the addresses of what was started) and the processes to stop."""
+
+    settings: Settings
+    mock_profile: str = "realistic"
+    workers: int | None = None  # None: one worker when the broker is local, else none
+    mock: MockLLMProcess | None = None
+    worker_processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    started_broker: LocalBroker | None = None
+
+    def __enter__(self) -> LocalStack:
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _start(self) -> None:
+        settings = self.settings
+        updates: dict[str, object] = {}
+        if not settings.kafka_bootstrap:
+            broker = LocalBroker(settings)
+            if not broker.status().running:
+                click.echo("no STREAMPROC_KAFKA_BOOTSTRAP: starting the built-in Kafka broker...", err=True)
+                self.started_broker = broker
+            updates["kafka_bootstrap"] = broker.start().bootstrap
+        if not settings.llm_base_url:
+            click.secho(f"WARNING: no STREAMPROC_LLM_BASE_URL: using the built-in MOCK LLM server (profile "
+                        f"{self.mock_profile}); its answers are fake", err=True, fg="yellow", bold=True)
+            self.mock = MockLLMProcess.start("--profile", self.mock_profile, "--seed", "1")
+            updates["llm_base_url"] = self.mock.url
+        self.settings = settings.model_copy(update=updates)
+        count = self.workers if self.workers is not None else (1 if not settings.kafka_bootstrap else 0)
+        for index in range(count):
+            self.worker_processes.append(self._start_worker(index, count))
+
+    def _start_worker(self, index: int, count: int) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        # the rate limits are the account's: each of the workers started here paces to its part of them
+        env["STREAMPROC_LLM_LIMIT_SHARE"] = str(self.settings.llm_limit_share / count)
+        env["STREAMPROC_KAFKA_BOOTSTRAP"] = str(self.settings.kafka_bootstrap)
+        env["STREAMPROC_LLM_BASE_URL"] = str(self.settings.llm_base_url)
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        env["STREAMPROC_DATA_DIR"] = str(self.settings.data_dir / f"worker-{index}")
+        log_path = self.worker_log(index)
+        click.echo(f"starting worker {index} (log: {log_path})", err=True)
+        with open(log_path, "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "streamproc", "worker"], env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def worker_log(self, index: int) -> Path:
+        return self.settings.data_dir / f"worker-{index}.log"
+
+    def workers_alive(self) -> bool:
+        return all(process.poll() is None for process in self.worker_processes)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for process in self.worker_processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.worker_processes:
+            try:
+                process.wait(90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.mock is not None:
+            self.mock.stop()
+        if self.started_broker is not None:
+            with contextlib.suppress(Exception):
+                self.started_broker.stop()

@@ -1,0 +1,123 @@
+"""One HTTP call to an OpenAI-compatible endpoint, turned into a classified outcome; it never raises.
+
+The connection pools (several small ones, see ``POOL_SHARD_SIZE``) are sized to the in-flight limit in total,
+so a worker's concurrency is bounded in one place, and the read timeout stays well below the consumer's
+rebalance timeout (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from streamproc.core.events import InferenceRequest
+from streamproc.core.outcome import Outcome
+from streamproc.core.verdict import classify_http_error
+from streamproc.llm.completion import check_completion
+from streamproc.llm.repair import repair_messages
+from streamproc.llm.transport_errors import classify_exception
+from streamproc.settings import Settings
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The classified outcome and what came back (the raw body feeds results and repair requests, the headers
+    the rate limiter)."""
+
+    outcome: Outcome
+    response_body: bytes
+    latency_ms: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class Caller(Protocol):
+    """Makes one LLM call; never raises."""
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult: ...
+
+
+def request_body(request: InferenceRequest) -> dict[str, Any]:
+    """The JSON body to send: the request's own, plus the repair turns on a repair attempt."""
+    body: Any = json.loads(request.body_json)
+    if not isinstance(body, dict):
+        raise ValueError("the request body is not a JSON object")
+    return repair_messages(body, request.repair) if request.repair is not None else body
+
+
+def answer_content(response_body: bytes) -> str:
+    """``choices[0].message.content`` of a response, or '' (for repair prompts; never raises)."""
+    try:
+        content = json.loads(response_body)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return ""
+    return content if isinstance(content, str) else ""
+
+
+# httpcore 1.0's pool does work proportional to its connections each time a request starts or ends, and to
+# the square of its idle connections (``_assign_requests_to_connections`` counts the idle ones once per idle
+# connection): one pool of 256 connections costs ~10 ms of CPU per call and starves the event loop well
+# below 256 calls in flight. Pools of at most this many connections, the least busy chosen per call, bound
+# the total the same way at a small fraction of that cost. They share one TLS context (each would otherwise
+# load the CA bundle: ~50 ms and ~1 MB apiece).
+POOL_SHARD_SIZE = 8
+
+
+class LLMClient:
+    """An httpx client for ``{base_url}/chat/completions`` (and ``/completions``)."""
+
+    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if not settings.llm_base_url:
+            raise ValueError("STREAMPROC_LLM_BASE_URL is not set: the worker has no LLM endpoint to call")
+        headers = {"user-agent": "streamproc"}
+        if settings.llm_api_key is not None:
+            headers["authorization"] = f"Bearer {settings.llm_api_key.get_secret_value()}"
+        # a given transport (tests) is one shared object: one client then, so it is closed once
+        shards = 1 if transport is not None else math.ceil(settings.in_flight / POOL_SHARD_SIZE)
+        per_shard = math.ceil(settings.in_flight / shards)
+        tls = httpx.create_ssl_context()
+        self._clients = [
+            httpx.AsyncClient(
+                base_url=settings.llm_base_url.rstrip("/"),
+                headers=headers,
+                timeout=httpx.Timeout(settings.llm_timeout_s, connect=settings.llm_connect_timeout_s),
+                limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
+                verify=tls,
+                transport=transport,
+            )
+            for _ in range(shards)
+        ]
+        self._busy = [0] * shards  # calls running per client: with at most in_flight calls, the least busy
+        # client always has a free connection (shards * per_shard >= in_flight), so no call waits for one
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:
+        """POST the body; every outcome, exceptions included, comes back classified."""
+        path = request.url.removeprefix("/v1")
+        shard = min(range(len(self._busy)), key=self._busy.__getitem__)
+        self._busy[shard] += 1
+        started = time.monotonic()
+        try:
+            response = await self._clients[shard].post(path, json=body, headers={"x-request-id": request.request_id})
+            content = response.content
+        except Exception as exc:
+            return CallResult(classify_exception(exc), b"", _ms_since(started))
+        finally:
+            self._busy[shard] -= 1
+        latency = _ms_since(started)
+        if response.status_code == 200:
+            return CallResult(check_completion(content, body), content, latency, response.headers)
+        return CallResult(classify_http_error(response.status_code, response.headers, content), content, latency,
+                          response.headers)
+
+    async def aclose(self) -> None:
+        for client in self._clients:
+            await client.aclose()
+
+
+def _ms_since(started: float) -> int:
+    return round((time.monotonic() - started) * 1000)

@@ -1,0 +1,113 @@
+"""Checks of a 200 chat completion against what the request asked for (DESIGN §2, L1 and L3 rows).
+
+Kept in the LLM layer because JSON Schema validation needs jsonschema; the core stays free of it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from jsonschema import exceptions as jsonschema_exceptions
+from jsonschema import validators as jsonschema_validators
+
+from streamproc.core.outcome import Failure, Outcome, Success, truncate
+from streamproc.core.verdict import classify_embedded_error, excerpt
+from streamproc.core.vocabulary import FailureLayer
+
+_T, _B = FailureLayer.TRANSPORT, FailureLayer.BUSINESS
+
+
+def check_completion(body: bytes, request_body: Mapping[str, Any]) -> Outcome:
+    """Check a 200 chat-completion body against what the request asked for (DESIGN §2, L1 and L3 rows)."""
+    try:
+        doc: Any = json.loads(body)
+    except ValueError as exc:
+        return _transport("invalid_response_body", f"200 body is not JSON ({exc}): {excerpt(body)}")
+    if not isinstance(doc, dict):
+        return _transport("invalid_response_body", f"200 body is not a JSON object: {excerpt(body)}")
+    if doc.get("error") is not None and not doc.get("choices"):
+        return classify_embedded_error(doc)
+
+    choices = doc.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or not isinstance(message, dict):
+        return _transport("missing_choices", f"200 body has no choices[0].message: {excerpt(body)}")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        return _transport("invalid_response_body", f"message.content is {type(content).__name__}, not text")
+
+    finish_reason = choice.get("finish_reason")
+    refusal = message.get("refusal")
+    if finish_reason == "content_filter":
+        return _failure(_B, "content_policy_violation", "the provider's content filter stopped the answer")
+    if isinstance(refusal, str) and refusal.strip():
+        return _failure(_B, "refusal", f"the model refused: {refusal}")
+    if finish_reason == "length":
+        tokens = _usage(doc).get("completion_tokens")
+        spent = f" after {tokens} completion tokens" if tokens is not None else ""
+        return _failure(FailureLayer.SEMANTIC, "truncated", f"finish_reason=length: the answer was cut off{spent}")
+    if content is None or not content.strip():
+        return _failure(FailureLayer.SEMANTIC, "empty_content", "the answer has no content")
+
+    problem = _check_format(content, request_body.get("response_format"))
+    if problem is not None:
+        return problem
+    model = doc.get("model")
+    if not isinstance(model, str):
+        requested = request_body.get("model")
+        model = requested if isinstance(requested, str) else ""
+    usage = _usage(doc)
+    return Success(content, model, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+
+
+def _check_format(content: str, response_format: Any) -> Failure | None:
+    fmt = response_format if isinstance(response_format, dict) else {}
+    kind = fmt.get("type")
+    if kind not in ("json_object", "json_schema"):
+        return None
+    try:
+        value: Any = json.loads(content)
+    except ValueError as exc:
+        return _failure(FailureLayer.SEMANTIC, "invalid_json", f"the answer is not JSON: {exc}")
+    if kind == "json_object" and not isinstance(value, dict):
+        return _failure(FailureLayer.SEMANTIC, "invalid_json", f"expected a JSON object, got {type(value).__name__}")
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if kind != "json_schema" or not isinstance(schema, dict):
+        return None
+    try:
+        validator = _validator(json.dumps(schema, sort_keys=True, separators=(",", ":")))
+    except jsonschema_exceptions.SchemaError as exc:
+        return _failure(_B, "invalid_json_schema", f"response_format.json_schema.schema is invalid: {exc.message}")
+    error = jsonschema_exceptions.best_match(validator.iter_errors(value))
+    if error is None:
+        return None
+    return _failure(FailureLayer.SEMANTIC, "schema_mismatch", f"{error.message} (at {error.json_path})")
+
+
+@lru_cache(maxsize=256)
+def _validator(canonical_schema: str) -> Any:
+    """Compile once per distinct schema: a batch usually shares one schema across all its requests."""
+    schema = json.loads(canonical_schema)
+    validator_class = jsonschema_validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    return validator_class(schema)
+
+
+def _usage(doc: dict[str, Any]) -> dict[str, int]:
+    usage = doc.get("usage")
+    if not isinstance(usage, dict):
+        return {}
+    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _transport(code: str, message: str) -> Failure:
+    return Failure(_T, code, truncate(message), 200)
+
+
+def _failure(layer: FailureLayer, code: str, message: str) -> Failure:
+    return Failure(layer, code, truncate(message), 200)

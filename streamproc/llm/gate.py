@@ -1,0 +1,70 @@
+"""The in-flight gate: an asyncio semaphore whose size follows the core's AIMD limit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from types import TracebackType
+
+from streamproc.core.guards.aimd import AdaptiveLimit
+
+
+class AdaptiveGate:
+    """An asyncio semaphore whose size follows an AdaptiveLimit (it is async but does no I/O).
+
+    When the limit shrinks, running holders finish undisturbed and newcomers wait until ``in_use`` is below
+    the new limit. Waiters are woken first come, first served.
+    """
+
+    def __init__(self, limit: AdaptiveLimit) -> None:
+        self._limit = limit
+        self._in_use = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        limit.subscribe(self._wake)
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
+    @property
+    def limit(self) -> AdaptiveLimit:
+        return self._limit
+
+    async def acquire(self) -> None:
+        if not self.waiting and self._in_use < self._limit.limit:
+            self._in_use += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # _wake hands the slot over: it counts it in in_use before waking us
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # granted, then cancelled before we resumed: give the slot back
+            elif waiter in self._waiters:  # _wake may already have dropped it as done
+                self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        if self._in_use <= 0:
+            raise RuntimeError("AdaptiveGate released more often than acquired")
+        self._in_use -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._in_use < self._limit.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._in_use += 1
+                waiter.set_result(None)
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.release()

@@ -1,0 +1,70 @@
+"""Exceptions raised while calling the LLM, classified: always transport, since nothing came back to judge."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Iterator
+
+import httpx
+
+from streamproc.core.outcome import Failure, truncate
+from streamproc.core.vocabulary import FailureLayer
+
+
+def classify_exception(exc: BaseException) -> Failure:
+    """Classify an exception raised while calling the LLM; always transport (nothing came back to judge)."""
+    text = str(exc)
+    message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return Failure(FailureLayer.TRANSPORT, _exception_code(exc), truncate(message))
+
+
+def _exception_code(exc: BaseException) -> str:
+    timeouts: tuple[tuple[type[BaseException], str], ...] = (
+        (httpx.ConnectTimeout, "connect_timeout"),
+        (httpx.ReadTimeout, "read_timeout"),
+        (httpx.WriteTimeout, "write_timeout"),
+        (httpx.PoolTimeout, "pool_timeout"),
+        (httpx.TimeoutException, "timeout"),
+        (TimeoutError, "timeout"),
+    )
+    for exc_type, code in timeouts:
+        if isinstance(exc, exc_type):
+            return code
+    chain = list(_causes(exc))
+    if any(isinstance(e, ssl.SSLError) for e in chain):
+        return "tls_error"
+    if isinstance(exc, httpx.ConnectError):
+        if any(isinstance(e, socket.gaierror) for e in chain):
+            return "dns_error"
+        if any(isinstance(e, ConnectionRefusedError) for e in chain):
+            return "connection_refused"
+        return "connect_error"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        lowered = str(exc).lower()
+        return "server_disconnected" if "disconnected" in lowered or "closed" in lowered else "protocol_error"
+    by_type: tuple[tuple[type[BaseException], str], ...] = (
+        (httpx.ProtocolError, "protocol_error"),
+        (httpx.NetworkError, "connection_reset"),
+        (ConnectionError, "connection_reset"),
+        (httpx.ProxyError, "proxy_error"),
+        (httpx.UnsupportedProtocol, "unsupported_protocol"),
+        (httpx.DecodingError, "invalid_response_body"),
+        (httpx.TooManyRedirects, "too_many_redirects"),
+        (httpx.TransportError, "transport_error"),
+        (OSError, "transport_error"),
+    )
+    for exc_type, code in by_type:
+        if isinstance(exc, exc_type):
+            return code
+    return "unexpected_error"
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and what it wraps: httpx → httpcore → the OS error that says DNS, refused or TLS."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__

@@ -1,0 +1,1 @@
+"""What users do: submit, input file checks, status, results export, backfill, lag, run."""

@@ -1,0 +1,146 @@
+"""``backfill``: replay terminal failures from the failure topics, idempotently, after a plan.
+
+The plan is pure: the latest terminal failure of each request id that matches the filters, judged against
+the request's current state (succeeded since: skip) and the layer's rule (business only on request,
+semantic with a repair prompt). Replays go back onto ``llm.requests`` with ``x-replay: 1``, which lets the
+state machine restart a ``failed`` request and never a succeeded one, so running backfill twice is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from streamproc import codec
+from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.topic_reader import TopicReader
+from streamproc.core import headers
+from streamproc.core.events import FailureEvent, InferenceRequest, RequestState
+from streamproc.core.topology import Topology
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.llm.repair import build_repair_request
+from streamproc.ops.progress import Progress
+from streamproc.settings import Settings
+
+REPLAY = "replay"
+
+
+@dataclass(frozen=True)
+class BackfillFilter:
+    batch_id: str | None = None
+    layers: frozenset[FailureLayer] = frozenset(FailureLayer)
+    error_codes: frozenset[str] = frozenset()  # empty: every code
+    since_ms: int | None = None
+    until_ms: int | None = None
+    include_business: bool = False
+
+    def matches(self, failure: FailureEvent) -> bool:
+        return ((self.batch_id is None or failure.request.batch_id == self.batch_id)
+                and failure.layer in self.layers
+                and (not self.error_codes or failure.error_code in self.error_codes)
+                and (self.since_ms is None or failure.last_failure_ms >= self.since_ms)
+                and (self.until_ms is None or failure.last_failure_ms < self.until_ms))
+
+
+@dataclass
+class BackfillPlan:
+    """What backfill will do, by (layer, code): replay or skip with a reason."""
+
+    replays: list[InferenceRequest] = field(default_factory=list)
+    counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (layer, code, decision)
+
+    @property
+    def to_skip(self) -> int:
+        return sum(count for (_, _, decision), count in self.counts.items() if decision != REPLAY)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"layer": layer, "error_code": code, "decision": decision, "count": count}
+                for (layer, code, decision), count in sorted(self.counts.items())]
+
+    def summary(self) -> dict[str, Any]:
+        return {"to_replay": len(self.replays), "to_skip": self.to_skip, "rows": self.rows()}
+
+
+def plan_backfill(failures: Iterable[FailureEvent], states: dict[str, RequestState],
+                  selection: BackfillFilter) -> BackfillPlan:
+    """The latest matching terminal failure per request id, and what to do with it."""
+    latest: dict[str, FailureEvent] = {}
+    for failure in failures:
+        if failure.terminal and selection.matches(failure):
+            latest[failure.request.request_id] = failure
+    plan = BackfillPlan()
+    for request_id, failure in latest.items():
+        state = states.get(request_id)
+        decision = _decide(failure, state, selection)
+        plan.counts[(failure.layer.value, failure.error_code, decision)] += 1
+        if decision == REPLAY:
+            request = failure.request
+            if failure.layer is FailureLayer.SEMANTIC:
+                request = build_repair_request(request, "", failure.message)
+            plan.replays.append(request)
+    return plan
+
+
+def _decide(failure: FailureEvent, state: RequestState | None, selection: BackfillFilter) -> str:
+    if state is not None and state.status is RequestStatus.SUCCEEDED:
+        return "skip: succeeded since"
+    if state is not None and state.status in (RequestStatus.IN_FLIGHT, RequestStatus.RETRYING):
+        return "skip: already being retried"
+    if failure.layer is FailureLayer.BUSINESS and not selection.include_business:
+        return "skip: business (fix the input, then --include-business)"
+    if not failure.request.body_json:
+        return "skip: the original record was undecodable"
+    return REPLAY
+
+
+async def read_for_backfill(bootstrap: str, topology: Topology) -> tuple[list[FailureEvent], dict[str, RequestState]]:
+    """Terminal failures of every layer, and the latest state per request id."""
+    failures: list[FailureEvent] = []
+    states: dict[str, RequestState] = {}
+    topics = [topology.failed(layer) for layer in FailureLayer]
+    async with TopicReader(bootstrap, [*topics, topology.state_changelog]) as reader:
+        async for chunk in reader.chunks_to_end():
+            for record in chunk:
+                if not record.value:
+                    continue
+                try:
+                    if record.topic == topology.state_changelog:
+                        state = codec.decode(record.value, RequestState)
+                        states[state.request_id] = state
+                    else:
+                        event = codec.decode(record.value, FailureEvent)
+                        if event.terminal:
+                            failures.append(event)
+                except codec.CodecError:
+                    continue
+    return failures, states
+
+
+async def replay(settings: Settings, plan: BackfillPlan, rate_per_s: float, progress: Progress | None) -> int:
+    """Send the plan's replays, at most ``rate_per_s`` a second (a backlog must not hit the provider at once)."""
+    topology = settings.topology()
+    producer = AIOKafkaProducer(bootstrap_servers=resolve_bootstrap(settings), acks="all", enable_idempotence=True)
+    await producer.start()
+    interval = 1.0 / rate_per_s
+    started = time.monotonic()
+    try:
+        if progress is not None:
+            progress.start(len(plan.replays))
+        for index, request in enumerate(plan.replays):
+            delay = started + index * interval - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await producer.send(topology.requests, key=request.request_id.encode(), value=codec.encode(request),
+                                headers=[(headers.REPLAY, b"1"), (headers.ATTEMPT, b"1")])
+            if progress is not None:
+                progress.advance(1)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return len(plan.replays)

@@ -1,0 +1,87 @@
+"""``run``: the whole job in one command — submit, follow the batch until it converged, export.
+
+On a machine with nothing configured it brings up the local stack (broker, worker, mock LLM server),
+so ``streamproc run requests.jsonl --output out.jsonl`` works on a fresh machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.core.batch_status import BatchStatus
+from streamproc.devstack.stack import LocalStack
+from streamproc.errors import UserFacingError
+from streamproc.ops.progress import Progress
+from streamproc.ops.results import ExportReport, export_results
+from streamproc.ops.status import BatchStatusReader
+from streamproc.ops.submit import SubmitReport, submit_file
+from streamproc.settings import Settings
+
+
+class RunError(UserFacingError):
+    """The batch did not converge (a worker died, or the timeout passed)."""
+
+
+@dataclass(frozen=True)
+class RunReport:
+    submit: SubmitReport
+    status: BatchStatus
+    export: ExportReport
+    seconds: float
+    llm_calls: int | None  # known when the mock server answered
+
+
+async def follow_until_converged(settings: Settings, batch_id: str, timeout_s: float, stack: LocalStack | None,
+                                 progress: Progress | None) -> BatchStatus:
+    """Poll the batch's status (incrementally) until every request ended."""
+    deadline = time.monotonic() + timeout_s
+    async with BatchStatusReader(resolve_bootstrap(settings), settings.topology(), batch_id) as reader:
+        done = 0
+        while True:
+            status = await reader.refresh()
+            ended = status.succeeded + status.terminal_failures
+            if progress is not None:
+                progress.start(status.submitted)
+                progress.advance(ended - done)
+            done = ended
+            if status.converged:
+                return status
+            if stack is not None and not stack.workers_alive():
+                raise RunError(f"the worker stopped before the batch converged; see {stack.worker_log(0)}")
+            if time.monotonic() > deadline:
+                raise RunError(f"batch {batch_id} did not converge within {timeout_s:.0f}s: {status.as_json()}")
+            await asyncio.sleep(1.0)
+
+
+def run_batch(settings: Settings, file: Path, output: Path, errors: Path | None, batch_id: str,
+              timeout_s: float, mock_profile: str, workers: int | None) -> RunReport:
+    started = time.monotonic()
+    with LocalStack(settings, mock_profile=mock_profile, workers=workers) as stack:
+        effective = stack.settings
+        with Progress(f"submitting {file.name}") as bar:
+            submitted = asyncio.run(submit_file(effective, file, batch_id, progress=bar))
+        with Progress("processing") as bar:
+            status = asyncio.run(follow_until_converged(effective, batch_id, timeout_s, stack, bar))
+        exported = export_results(effective, batch_id, output, errors)
+        calls = int(stack.mock.stats()["calls"]) if stack.mock is not None else None
+    return RunReport(submitted, status, exported, time.monotonic() - started, calls)
+
+
+def format_outcome(report: RunReport) -> str:
+    """The outcome table printed at the end of ``run`` (and by the demo)."""
+    status = report.status
+    rows = [("submitted", status.submitted), ("succeeded", status.succeeded)]
+    rows += [(f"failed: {layer}", count) for layer, count in status.failed.items()]
+    lines = [f"{name:<18} {count:>9}" for name, count in rows]
+    if report.llm_calls is not None:
+        lines.append(f"{'LLM calls spent':<18} {report.llm_calls:>9}"
+                     f"  ({report.llm_calls / max(status.submitted, 1):.2f} per request)")
+    lines.append(f"{'time':<18} {report.seconds:>8.1f}s")
+    lines.append(f"results: {report.export.output} ({report.export.results} lines)")
+    if report.export.errors_path is not None:
+        lines.append(f"errors:  {report.export.errors_path} ({report.export.failures} lines)")
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""``submit``: validate a JSONL batch file whole, then stream its requests onto ``llm.requests``.
+
+Nothing is sent from an invalid file (unless the caller asks to skip invalid lines): a half-sent batch is
+worse than a rejected one. Both passes stream the file, so memory does not grow with its size. The
+manifest (how many were submitted) is written last, once every request is acknowledged by the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from streamproc import codec
+from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.codec.manifest import BatchManifest, encode_manifest
+from streamproc.errors import UserFacingError
+from streamproc.ops.input_file import BatchLimits, LineError, iter_requests, validate_file
+from streamproc.ops.progress import Progress
+from streamproc.ops.status import BatchStatusReader
+from streamproc.settings import Settings
+
+_CONFIRM_EVERY = 5_000  # deliveries awaited in chunks: bounded memory, still pipelined
+
+
+class SubmitError(UserFacingError):
+    """The batch was not sent; the message is the one-line reason."""
+
+
+class InvalidBatchFile(SubmitError):
+    def __init__(self, path: Path, errors: list[LineError], error_count: int) -> None:
+        shown = "\n".join(f"  {error}" for error in errors)
+        more = f"\n  ... and {error_count - len(errors)} more" if error_count > len(errors) else ""
+        super().__init__(f"{path}: {error_count} invalid line(s); nothing was sent "
+                         f"(--skip-invalid sends the valid ones):\n{shown}{more}")
+        self.errors = errors
+        self.error_count = error_count
+
+
+@dataclass(frozen=True)
+class SubmitReport:
+    batch_id: str
+    sent: int
+    skipped_invalid: int
+    seconds: float
+
+
+def limits_of(settings: Settings) -> BatchLimits:
+    return BatchLimits(max_body_bytes=settings.max_body_bytes, default_model=settings.default_model)
+
+
+async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_invalid: bool = False,
+                      progress: Progress | None = None) -> SubmitReport:
+    """Validate ``path``, send its requests keyed by ``custom_id``, then write the batch manifest."""
+    started = time.monotonic()
+    limits = limits_of(settings)
+    report = await asyncio.to_thread(validate_file, path, limits, batch_id)
+    if report.error_count and not skip_invalid:
+        raise InvalidBatchFile(path, report.errors, report.error_count)
+    if report.valid == 0:
+        raise SubmitError(f"{path}: no valid request to send ({report.lines} lines)")
+    bootstrap = resolve_bootstrap(settings)
+    topology = settings.topology()
+    await ensure_pipeline_topics(bootstrap, topology)
+    async with BatchStatusReader(bootstrap, topology, batch_id) as existing:
+        await existing.refresh()
+        if existing.manifest is not None:
+            raise SubmitError(f"batch {batch_id!r} was already submitted ({existing.manifest.submitted} requests "
+                              f"from {existing.manifest.source}); choose another --batch-id")
+
+    if progress is not None:
+        progress.start(report.valid)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=20,
+                                max_batch_size=512 * 1024, compression_type="gzip")
+    await producer.start()
+    sent = 0
+    try:
+        pending: list[asyncio.Future[object]] = []
+        submitted_ms = int(time.time() * 1000)
+        for request in iter_requests(path, limits, batch_id, submitted_ms, skip_invalid):
+            pending.append(await producer.send(topology.requests, key=request.request_id.encode(),
+                                               value=codec.encode(request)))
+            if len(pending) >= _CONFIRM_EVERY:
+                sent += await _confirm(pending, progress)
+        sent += await _confirm(pending, progress)
+        manifest = BatchManifest(batch_id, sent, submitted_ms, str(path), report.error_count)
+        await producer.send_and_wait(topology.batches, key=batch_id.encode(), value=encode_manifest(manifest))
+    finally:
+        await producer.stop()
+    return SubmitReport(batch_id, sent, report.error_count, time.monotonic() - started)
+
+
+async def _confirm(pending: list[asyncio.Future[object]], progress: Progress | None) -> int:
+    """Wait until the broker acknowledged every pending send; a failed delivery aborts the submit."""
+    count = len(pending)
+    await asyncio.gather(*pending)
+    pending.clear()
+    if progress is not None:
+        progress.advance(count)
+    return count
