@@ -10,7 +10,7 @@ from streamproc.app.lag_reader import PartitionLag
 from streamproc.app.metrics import WorkerMetrics
 from streamproc.app.observe import NullObserver, Observer, guarded
 from streamproc.core.retry_policy import RetryPolicy
-from tests.unit.test_handler import (
+from tests.unit.app.test_handler import (
     CONTEXT_TOO_LONG,
     READ_TIMEOUT,
     REQUESTS,

@@ -34,7 +34,7 @@ from streamproc.codec import (
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMA_DIR = Path(__file__).resolve().parents[3] / "schemas"
 EVENT_TYPES: list[type[Event]] = [InferenceRequest, InferenceResult, FailureEvent, RequestState]
 
 BODY_1KB = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x" * 960}]})

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from streamproc.core.events import InferenceRequest, RequestState
+from streamproc.core.events import InferenceRequest, RepairContext, RequestState
 from streamproc.core.request_state import (
     Admission,
     Conflict,
@@ -22,7 +22,6 @@ from streamproc.core.request_state import (
     on_terminal_failure,
 )
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
-from streamproc.llm.repair import build_repair_request
 
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Label: Buy now!!!"}], "temperature": 0}
 REQUEST = InferenceRequest("req-1", json.dumps(BODY), batch_id="batch-1")
@@ -83,7 +82,7 @@ def test_input_hash_changes_with_the_body_or_the_url() -> None:
 
 
 def test_input_hash_ignores_what_is_not_the_input() -> None:
-    repaired = build_repair_request(REQUEST, "bad", "invalid_json")
+    repaired = replace(REQUEST, repair=RepairContext(bad_output="bad", reason="invalid_json"))
     annotated = replace(REQUEST, batch_id="other", metadata={"k": "v"}, submitted_ms=5)
     assert input_hash(repaired) == input_hash(annotated) == input_hash(REQUEST)
 

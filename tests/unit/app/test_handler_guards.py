@@ -21,7 +21,7 @@ from streamproc.core.verdict import classify_http_error
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import CallResult
 from streamproc.llm.guarded import BreakerSettings, Guards
-from tests.unit.test_handler import (
+from tests.unit.app.test_handler import (
     BODY,
     CONTEXT_TOO_LONG,
     SEED,

@@ -1,0 +1,16 @@
+"""Batch manifests: what submit writes so that status and the retry budget know a batch's size."""
+
+from __future__ import annotations
+
+from streamproc.codec.manifest import BatchManifest, decode_manifest, encode_manifest
+
+
+def test_manifest_round_trip_and_rejects_foreign_records() -> None:
+    manifest = BatchManifest("b", 10, 123, "in.jsonl", invalid_skipped=2)
+    assert decode_manifest(encode_manifest(manifest)) == manifest
+    for foreign in (b"[]", b'{"batch_id": "b"}', b'{"batch_id": "b", "submitted": "x", "created_ms": 1}'):
+        try:
+            decode_manifest(foreign)
+        except ValueError:
+            continue
+        raise AssertionError(f"{foreign!r} was accepted")

@@ -1,0 +1,187 @@
+"""The in-flight gate: an asyncio semaphore that follows the AIMD limit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from streamproc.core.guards.aimd import AdaptiveLimit
+from streamproc.llm.gate import AdaptiveGate
+
+
+async def settle(rounds: int = 10) -> None:
+    """Let every runnable task run until it blocks again."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+def grow(limit: AdaptiveLimit, successes: int, latency_s: float = 0.1, now: float = 0.0) -> None:
+    for _ in range(successes):
+        limit.on_success(latency_s, now)
+
+
+async def test_the_gate_admits_up_to_the_limit_then_queues() -> None:
+    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=2))
+    await gate.acquire()
+    await gate.acquire()
+    third = asyncio.create_task(gate.acquire())
+    await settle()
+    assert not third.done()
+    assert (gate.in_use, gate.waiting) == (2, 1)
+    gate.release()
+    await asyncio.wait_for(third, 1)
+    assert (gate.in_use, gate.waiting) == (2, 0)
+
+
+async def test_waiters_are_woken_first_come_first_served() -> None:
+    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=1))
+    await gate.acquire()
+    order: list[int] = []
+
+    async def take(n: int) -> None:
+        await gate.acquire()
+        order.append(n)
+
+    tasks = [asyncio.create_task(take(n)) for n in range(4)]
+    await settle()
+    for _ in range(4):
+        gate.release()
+        await settle()
+    await asyncio.wait_for(asyncio.gather(*tasks), 1)
+    assert order == [0, 1, 2, 3]
+
+
+async def test_a_newcomer_does_not_overtake_a_waiter() -> None:
+    limit = AdaptiveLimit(1, 10, initial=1, cooldown_s=0.0)
+    gate = AdaptiveGate(limit)
+    await gate.acquire()
+    waiter = asyncio.create_task(gate.acquire())
+    await settle()
+    gate.release()  # the slot is handed to the waiter, not left for whoever comes next
+    newcomer = asyncio.create_task(gate.acquire())
+    await settle()
+    assert waiter.done()
+    assert not newcomer.done()
+    newcomer.cancel()
+    await settle()
+    assert gate.waiting == 0
+
+
+async def test_shrinking_does_not_interrupt_holders_but_holds_back_newcomers() -> None:
+    limit = AdaptiveLimit(1, 10, initial=4, backoff=0.5, cooldown_s=0.0)
+    gate = AdaptiveGate(limit)
+    for _ in range(4):
+        await gate.acquire()
+    limit.on_congestion(0.0)
+    assert limit.limit == 2
+    assert gate.in_use == 4
+    waiter = asyncio.create_task(gate.acquire())
+    gate.release()
+    gate.release()  # in_use 2: still not below the limit
+    await settle()
+    assert not waiter.done()
+    gate.release()  # in_use 1 < 2
+    await asyncio.wait_for(waiter, 1)
+    assert gate.in_use == 2
+
+
+async def test_growing_wakes_waiters_without_a_release() -> None:
+    limit = AdaptiveLimit(1, 10, initial=1)
+    gate = AdaptiveGate(limit)
+    await gate.acquire()
+    waiters = [asyncio.create_task(gate.acquire()) for _ in range(2)]
+    await settle()
+    assert not any(w.done() for w in waiters)
+    limit.on_success(0.1, 0.0)  # 1 -> 2
+    await settle()
+    assert [w.done() for w in waiters] == [True, False]
+    assert gate.in_use == 2
+    waiters[1].cancel()
+    await settle()
+    assert gate.in_use == 2
+
+
+async def test_a_cancelled_waiter_leaves_the_queue_and_takes_no_slot() -> None:
+    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=1))
+    await gate.acquire()
+    cancelled = asyncio.create_task(gate.acquire())
+    behind = asyncio.create_task(gate.acquire())
+    await settle()
+    cancelled.cancel()
+    await settle()
+    assert cancelled.cancelled()
+    assert gate.waiting == 1
+    gate.release()
+    await asyncio.wait_for(behind, 1)
+    assert gate.in_use == 1
+
+
+async def test_a_waiter_cancelled_after_being_granted_gives_the_slot_back() -> None:
+    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=1))
+    await gate.acquire()
+    granted = asyncio.create_task(gate.acquire())
+    behind = asyncio.create_task(gate.acquire())
+    await settle()
+    gate.release()  # hands the slot to `granted`...
+    granted.cancel()  # ...which is cancelled before it could resume
+    await settle()
+    assert granted.cancelled()
+    await asyncio.wait_for(behind, 1)  # the slot went on to the next waiter
+    assert gate.in_use == 1
+    gate.release()
+    assert gate.in_use == 0
+
+
+async def test_a_waiter_cancelled_while_a_release_drops_it_does_not_fail() -> None:
+    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=1))
+    await gate.acquire()
+    waiter = asyncio.create_task(gate.acquire())
+    await settle()
+    waiter.cancel()  # its future is cancelled now; the task runs its cleanup later
+    gate.release()  # drops the cancelled future from the queue before the cleanup runs
+    await settle()
+    assert waiter.cancelled()
+    assert (gate.in_use, gate.waiting) == (0, 0)
+
+
+async def test_async_with_releases_even_on_error() -> None:
+    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=1))
+    with pytest.raises(RuntimeError, match="boom"):
+        async with gate:
+            assert gate.in_use == 1
+            raise RuntimeError("boom")
+    assert gate.in_use == 0
+
+
+async def test_releasing_more_than_acquired_is_an_error() -> None:
+    gate = AdaptiveGate(AdaptiveLimit(1, 10))
+    with pytest.raises(RuntimeError):
+        gate.release()
+    assert gate.in_use == 0
+
+
+async def test_many_tasks_run_concurrently_within_the_maximum_and_all_finish() -> None:
+    limit = AdaptiveLimit(1, 8, initial=4, backoff=0.5, cooldown_s=0.0)
+    gate = AdaptiveGate(limit)
+    running = 0
+    peak = 0
+    done = 0
+
+    async def work(n: int) -> None:
+        nonlocal running, peak, done
+        async with gate:
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0)
+            if n % 5 == 0:
+                limit.on_congestion(0.0)
+            else:
+                limit.on_success(0.01, 0.0)
+            running -= 1
+            done += 1
+
+    await asyncio.wait_for(asyncio.gather(*(work(n) for n in range(200))), 5)
+    assert done == 200
+    assert (gate.in_use, gate.waiting) == (0, 0)
+    assert 1 < peak <= 8
