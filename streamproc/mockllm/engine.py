@@ -21,7 +21,7 @@ from streamproc.mockllm.error_bodies import ErrorReply
 from streamproc.mockllm.faults import FaultKind, ForcedFault, ForcedFaultError, draw, find_marker
 from streamproc.mockllm.identity import fingerprint, raw_key, request_key
 from streamproc.mockllm.latency import FixedLatency, Latency
-from streamproc.mockllm.limits import RateLimiter, format_duration, retry_headers
+from streamproc.mockllm.limits import ServerLimiter, format_duration, retry_headers
 from streamproc.mockllm.outage import OutageSwitch
 from streamproc.mockllm.profiles import ModelSpec, Profile
 from streamproc.mockllm.stats import CONFIG_LAYER, OK, Call, Stats
@@ -112,7 +112,7 @@ class MockEngine:
         }
         self.models: dict[str, ModelSpec] = {m.name: m for m in profile.models}
         self.stats = Stats()
-        self.limiter = RateLimiter(profile.rate_limits, self.started_at)
+        self.limiter = ServerLimiter(profile.rate_limits, self.started_at)
         self.outage = OutageSwitch(profile.outage, self.started_at)
         self._expected_auth = f"Bearer {api_key}" if api_key is not None else None
 
@@ -121,7 +121,7 @@ class MockEngine:
     def reset(self) -> None:
         """Forget every call (attempt numbers start again from 0) and refill the rate-limit buckets."""
         self.stats.reset()
-        self.limiter = RateLimiter(self.profile.rate_limits, self.clock())
+        self.limiter = ServerLimiter(self.profile.rate_limits, self.clock())
 
     def snapshot(self, *, detail: bool = False) -> dict[str, Any]:
         now = self.clock()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from streamproc.mockllm.profiles import RateLimits
+from streamproc.mockllm.profiles import ServerLimits
 
 
 def format_duration(seconds: float) -> str:
@@ -31,7 +31,7 @@ def _ceil_ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000 - 1e-6))
 
 
-class TokenBucket:
+class ServerBucket:
     """A bucket of ``capacity`` refilled at ``limit_per_minute / 60`` per second.
 
     A cost larger than the capacity is admitted when the bucket is full and drives it below zero, so big
@@ -88,12 +88,12 @@ class Admission:
     used: int = 0
 
 
-class RateLimiter:
+class ServerLimiter:
     """Both buckets together: a request is admitted only if both admit it, and then pays both."""
 
-    def __init__(self, limits: RateLimits, now: float) -> None:
-        self.requests = TokenBucket(limits.rpm, limits.burst_seconds, now) if limits.rpm is not None else None
-        self.tokens = TokenBucket(limits.tpm, limits.burst_seconds, now) if limits.tpm is not None else None
+    def __init__(self, limits: ServerLimits, now: float) -> None:
+        self.requests = ServerBucket(limits.rpm, limits.burst_seconds, now) if limits.rpm is not None else None
+        self.tokens = ServerBucket(limits.tpm, limits.burst_seconds, now) if limits.tpm is not None else None
 
     @property
     def active(self) -> bool:

@@ -39,7 +39,7 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
-class RateLimits:
+class ServerLimits:
     """Requests-per-minute and tokens-per-minute limits over all clients; None means unlimited.
 
     ``burst_seconds`` is the bucket size in seconds of the per-minute rate: providers enforce a minute
@@ -72,7 +72,7 @@ class Profile:
     faults: Mapping[FaultKind, float] = field(default_factory=lambda: MappingProxyType({}))
     models: tuple[ModelSpec, ...] = DEFAULT_MODELS
     latency: Latency = NO_LATENCY
-    rate_limits: RateLimits = RateLimits()
+    rate_limits: ServerLimits = ServerLimits()
     outage: OutageWindow | None = None
     default_max_tokens: int = 256  # reserved for the answer when a request gives no max_tokens
     hang_seconds: float = 300.0  # how long a hang lasts when the client does not give up first
@@ -145,7 +145,7 @@ BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType(
                 content_policy=0.005,
             ),
             latency=LognormalLatency(p50=0.4, p99=3.0),
-            rate_limits=RateLimits(rpm=6000, tpm=2_000_000),
+            rate_limits=ServerLimits(rpm=6000, tpm=2_000_000),
         ),
         # Every call answers 503 for the first 30 s, then the server is clean: breaker and recovery drills.
         "outage": Profile("outage", outage=OutageWindow(seconds=30.0)),
@@ -248,17 +248,17 @@ def _models(value: Any) -> dict[str, ModelSpec]:
     return models
 
 
-def _rate_limits(value: Any) -> RateLimits:
+def _rate_limits(value: Any) -> ServerLimits:
     if value is None:
-        return RateLimits()
+        return ServerLimits()
     if not isinstance(value, Mapping) or not set(value) <= {"rpm", "tpm", "burst_seconds"}:
         raise ProfileError("rate_limits: keys rpm, tpm, burst_seconds expected")
     rpm = value.get("rpm")
     tpm = value.get("tpm")
-    return RateLimits(
+    return ServerLimits(
         rpm=None if rpm is None else _positive_int(rpm, "rate_limits.rpm"),
         tpm=None if tpm is None else _positive_int(tpm, "rate_limits.tpm"),
-        burst_seconds=_positive(value.get("burst_seconds", RateLimits.burst_seconds), "burst_seconds"),
+        burst_seconds=_positive(value.get("burst_seconds", ServerLimits.burst_seconds), "burst_seconds"),
     )
 
 

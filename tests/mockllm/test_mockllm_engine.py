@@ -10,7 +10,7 @@ import pytest
 
 from streamproc.mockllm.engine import Completed, Hang, Incoming, MockEngine, Outcome, Rejected
 from streamproc.mockllm.faults import FaultKind
-from streamproc.mockllm.profiles import BUILTIN_PROFILES, OutageWindow, Overrides, Profile, RateLimits, customize
+from streamproc.mockllm.profiles import BUILTIN_PROFILES, OutageWindow, Overrides, Profile, ServerLimits, customize
 from streamproc.mockllm.validation import CHAT, COMPLETIONS
 
 
@@ -211,7 +211,7 @@ def test_injected_429_carries_the_retry_hint() -> None:
 
 def test_rate_limits_over_all_clients() -> None:
     clock = FakeClock()
-    profile = replace(BUILTIN_PROFILES["clean"], rate_limits=RateLimits(rpm=60, burst_seconds=2.0))
+    profile = replace(BUILTIN_PROFILES["clean"], rate_limits=ServerLimits(rpm=60, burst_seconds=2.0))
     e = engine(profile, clock=clock)
     assert isinstance(send(e, chat("a")), Completed)
     assert isinstance(send(e, chat("b")), Completed)
@@ -228,7 +228,7 @@ def test_rate_limits_over_all_clients() -> None:
 
 def test_tokens_per_minute() -> None:
     clock = FakeClock()
-    profile = replace(BUILTIN_PROFILES["clean"], rate_limits=RateLimits(tpm=6000, burst_seconds=1.0))
+    profile = replace(BUILTIN_PROFILES["clean"], rate_limits=ServerLimits(tpm=6000, burst_seconds=1.0))
     e = engine(profile, clock=clock)  # 100 tokens per second, bucket of 100
     assert isinstance(send(e, chat("a", max_tokens=50)), Completed)  # 8 prompt + 50
     refused = send(e, chat("b", max_tokens=50))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamproc.mockllm.limits import RateLimiter, TokenBucket, format_duration, retry_headers
-from streamproc.mockllm.profiles import RateLimits
+from streamproc.mockllm.limits import ServerBucket, ServerLimiter, format_duration, retry_headers
+from streamproc.mockllm.profiles import ServerLimits
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ def test_durations_read_like_openai(seconds: float, text: str) -> None:
 
 
 def test_bucket_admits_its_capacity_then_the_refill_rate() -> None:
-    bucket = TokenBucket(600, burst_seconds=0.5, now=0.0)  # 10/s, capacity 5
+    bucket = ServerBucket(600, burst_seconds=0.5, now=0.0)  # 10/s, capacity 5
     admitted = 0
     for _ in range(20):
         if bucket.can_take(1, 0.0):
@@ -40,7 +40,7 @@ def test_bucket_admits_its_capacity_then_the_refill_rate() -> None:
 
 
 def test_wait_time_is_exactly_when_the_next_request_fits() -> None:
-    bucket = TokenBucket(600, burst_seconds=0.1, now=0.0)  # capacity 1
+    bucket = ServerBucket(600, burst_seconds=0.1, now=0.0)  # capacity 1
     bucket.take(1)
     wait = bucket.wait_time(1, 0.0)
     assert wait == pytest.approx(0.1)
@@ -49,7 +49,7 @@ def test_wait_time_is_exactly_when_the_next_request_fits() -> None:
 
 
 def test_a_cost_above_capacity_waits_for_a_full_bucket_and_pays_in_full() -> None:
-    bucket = TokenBucket(60_000, burst_seconds=0.25, now=0.0)  # 1,000 tokens/s, capacity 250
+    bucket = ServerBucket(60_000, burst_seconds=0.25, now=0.0)  # 1,000 tokens/s, capacity 250
     assert bucket.can_take(1_000, 0.0)
     bucket.take(1_000)
     assert bucket.level == pytest.approx(-750)
@@ -58,7 +58,7 @@ def test_a_cost_above_capacity_waits_for_a_full_bucket_and_pays_in_full() -> Non
 
 
 def test_remaining_and_reset_describe_the_bucket() -> None:
-    bucket = TokenBucket(6_000, burst_seconds=1.0, now=0.0)  # 100/s, capacity 100
+    bucket = ServerBucket(6_000, burst_seconds=1.0, now=0.0)  # 100/s, capacity 100
     assert bucket.remaining(0.0) == 100
     assert bucket.reset_time(0.0) == 0.0
     bucket.take(40)
@@ -68,7 +68,7 @@ def test_remaining_and_reset_describe_the_bucket() -> None:
 
 
 def test_limiter_admits_only_when_both_buckets_do_and_then_charges_both() -> None:
-    limiter = RateLimiter(RateLimits(rpm=600, tpm=6_000, burst_seconds=1.0), now=0.0)  # 10 req, 100 tok
+    limiter = ServerLimiter(ServerLimits(rpm=600, tpm=6_000, burst_seconds=1.0), now=0.0)  # 10 req, 100 tok
     first = limiter.admit(60, 0.0)
     assert first.admitted
     refused = limiter.admit(60, 0.0)
@@ -80,7 +80,7 @@ def test_limiter_admits_only_when_both_buckets_do_and_then_charges_both() -> Non
 
 
 def test_limiter_reports_the_requests_bucket_first() -> None:
-    limiter = RateLimiter(RateLimits(rpm=60, tpm=1_000_000, burst_seconds=1.0), now=0.0)  # 1 request
+    limiter = ServerLimiter(ServerLimits(rpm=60, tpm=1_000_000, burst_seconds=1.0), now=0.0)  # 1 request
     assert limiter.admit(10, 0.0).admitted
     refused = limiter.admit(10, 0.0)
     assert refused.limited_by == "requests"
@@ -89,7 +89,7 @@ def test_limiter_reports_the_requests_bucket_first() -> None:
 
 
 def test_headers_tell_the_truth() -> None:
-    limiter = RateLimiter(RateLimits(rpm=600, tpm=60_000, burst_seconds=1.0), now=0.0)
+    limiter = ServerLimiter(ServerLimits(rpm=600, tpm=60_000, burst_seconds=1.0), now=0.0)
     admission = limiter.admit(250, 0.0)
     assert admission.headers == {
         "x-ratelimit-limit-requests": "600",
@@ -108,7 +108,7 @@ def test_headers_tell_the_truth() -> None:
 
 
 def test_no_limits_no_headers() -> None:
-    limiter = RateLimiter(RateLimits(), now=0.0)
+    limiter = ServerLimiter(ServerLimits(), now=0.0)
     assert not limiter.active
     assert limiter.admit(10**9, 0.0).admitted
     assert limiter.headers(0.0) == {}
@@ -122,6 +122,6 @@ def test_retry_headers_round_up() -> None:
 
 def test_steady_hammering_admits_the_minute_rate() -> None:
     """The same property the HTTP test checks in real time: ~100 of a flood in 10 s at RPM 600."""
-    limiter = RateLimiter(RateLimits(rpm=600), now=0.0)
+    limiter = ServerLimiter(ServerLimits(rpm=600), now=0.0)
     admitted = sum(limiter.admit(1, step / 1000).admitted for step in range(10_000))
     assert 100 <= admitted <= 103
