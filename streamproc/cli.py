@@ -15,8 +15,6 @@ from typing import Any, TypeVar
 import click
 
 from streamproc.app.bootstrap import resolve_bootstrap
-from streamproc.app.roundtrip import run_round_trip
-from streamproc.app.worker import run_worker
 from streamproc.core.batch_status import format_status
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import LocalBroker
@@ -93,6 +91,8 @@ def roundtrip(records: int, log_path: str | None) -> None:
     settings = Settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or str(settings.data_dir / "roundtrip-worker.log")
+    from streamproc.app.roundtrip import run_round_trip  # faust is imported by the commands that run it only
+
     report = asyncio.run(run_round_trip(settings, records, log_path))
     click.echo(f"pass 1: {records} keys sent, each total read back as 1: "
                f"{'ok' if report.first_pass_ok else 'FAILED'}")
@@ -247,6 +247,8 @@ def worker(loglevel: str) -> None:
     partitions as one consumer group. Stop with SIGTERM or Ctrl-C: in-flight calls finish first.
     Exit code 3: the LLM endpoint refused the configuration (key, model, quota); fix it and restart.
     """
+    from streamproc.app.worker import run_worker  # faust is imported by the commands that run it only
+
     sys.exit(run_worker(Settings(), loglevel.upper()))
 
 
@@ -282,7 +284,8 @@ def lag(groups: tuple[str, ...], all_groups: bool, as_json: bool, max_lag: int |
     import logging  # local imports: this command is self-contained in a file others edit too
 
     from streamproc.app.bootstrap import resolve_bootstrap as _bootstrap_of
-    from streamproc.app.lag_reader import LagError, dumps, format_table, read_lag, sample_lag
+    from streamproc.app.lag_reader import LagError, read_lag, sample_lag
+    from streamproc.ops.lag_report import dumps, format_table
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # its connection errors are reported below
     settings = Settings()
