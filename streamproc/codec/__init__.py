@@ -1,29 +1,27 @@
 """How events look on Kafka: Avro schemas (the top-level ``schemas/``), records, framing, batch manifests.
 
-The public API is re-exported here, so callers write ``from streamproc import codec`` and ``codec.decode``.
+One concept a module: ``records`` (events as Avro records), ``writer_schemas`` (the schemas, parsed once),
+``framing`` (the bytes on the wire, and the ``Codec``), ``codec_error`` (why a payload does not decode) and
+``manifest`` (batch manifests). The public API is re-exported here, so callers write
+``from streamproc import codec`` and ``codec.decode``.
 """
 
 from __future__ import annotations
 
+from streamproc.codec.codec_error import CodecError, CodecErrorCode
 from streamproc.codec.framing import (
     CONFLUENT_MAGIC,
-    FINGERPRINT_ALGORITHM,
     SINGLE_OBJECT_MAGIC,
     Codec,
-    CodecError,
-    CodecErrorCode,
-    Event,
     SchemaLookup,
-    avro_schema,
     decode,
     encode,
     encode_confluent,
-    from_avro,
     peek_request_id,
     register_writer_schema,
-    schema_fingerprint,
-    to_avro,
 )
+from streamproc.codec.records import Event, from_avro, to_avro
+from streamproc.codec.writer_schemas import FINGERPRINT_ALGORITHM, avro_schema, schema_fingerprint
 
 __all__ = [
     "CONFLUENT_MAGIC",

@@ -26,10 +26,10 @@ from streamproc.codec import (
     decode,
     encode,
     encode_confluent,
-    framing,
     from_avro,
     peek_request_id,
     to_avro,
+    writer_schemas,
 )
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
@@ -649,7 +649,7 @@ def test_schemas_are_parsed_once_at_import_not_per_record(monkeypatch: pytest.Mo
         raise AssertionError("schema parsed or fingerprinted per record")
 
     for name in ("parse_schema", "to_parsing_canonical_form", "fingerprint"):
-        monkeypatch.setattr(framing, name, forbidden)
+        monkeypatch.setattr(writer_schemas, name, forbidden)  # the module that parses and fingerprints
     for record in (FULL_REQUEST, RESULT, FAILURE, STATE):
         assert decode(encode(record), type(record)) == record
         assert peek_request_id(encode(record))

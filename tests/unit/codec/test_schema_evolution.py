@@ -18,7 +18,7 @@ import pytest
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from streamproc import codec
-from streamproc.codec import Codec, CodecError, CodecErrorCode, Event, avro_schema, framing, to_avro
+from streamproc.codec import Codec, CodecError, CodecErrorCode, Event, avro_schema, framing, to_avro, writer_schemas
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
@@ -323,4 +323,4 @@ def test_a_renamed_field_found_through_its_alias_is_not_missing() -> None:
         {"name": "required", "type": "int"},
     ]}
 
-    assert framing._missing_fields(writer, reader) == ["required"]
+    assert writer_schemas._missing_fields(writer, reader) == ["required"]
