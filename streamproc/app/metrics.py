@@ -40,8 +40,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from streamproc.app.lag_reader import LagError, LagReader, PartitionLag
+from streamproc.app.lag_reader import LagError, LagReader
 from streamproc.core.guards.breaker import BreakerState
+from streamproc.core.lag import PartitionLag
 from streamproc.llm.guarded import Guards
 
 log = logging.getLogger(__name__)

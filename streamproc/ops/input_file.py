@@ -1,68 +1,24 @@
-"""Reading batch input files: OpenAI Batch JSONL or the simple form, validated line by line (DESIGN §6).
+"""Reading batch input files, validated line by line (DESIGN §6): what ``submit`` checks and then sends.
 
-``submit`` validates the whole file before sending anything, so every problem is a :class:`LineError` with
-its line number and a reason precise enough to fix the line without reading this code. Files of millions
-of lines are streamed: one line in memory at a time, duplicate ids remembered on disk.
-
-Two line forms are accepted, never mixed on one line:
-
-* OpenAI Batch: ``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {...}}``; the
-  body is sent as is (unknown body fields allowed) and must name its ``model``, as OpenAI requires;
-* simple: ``{"id", "prompt", optional "model", "system", "response_format", "max_tokens"}``, turned into
-  a chat body (system message if given, then the prompt as the user message) with the default model
-  filled in; ``null`` counts as absent for the optional fields.
-
-Unknown top-level fields are an error (a misspelt ``custom-id`` should not pass as a line without an id).
+``submit`` validates the whole file before sending anything, so every problem is reported with its line
+number (what a line may hold: :mod:`streamproc.ops.input_lines`). Files of millions of lines are streamed:
+one line in memory at a time, each capped in size before it is read, duplicate ids remembered on disk.
 """
 
 from __future__ import annotations
 
 import codecs
-import json
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Self
 
 from rocksdict import Options, Rdict, WriteOptions
 
 from streamproc.core.events import InferenceRequest
-
-_BATCH_FIELDS: Final = ("custom_id", "method", "url", "body")
-_SIMPLE_FIELDS: Final = ("id", "prompt", "model", "system", "response_format", "max_tokens")
-# A line may spell its body with whitespace and \uXXXX escapes (an emoji is 4 UTF-8 bytes, 12 escaped), so
-# it can be a few times longer than the body it carries; past this factor it is refused unread, which keeps
-# memory bounded even for a file that is one endless line.
-_LINE_CAP_FACTOR: Final = 8
-_JSON_WHITESPACE: Final = " \t\r\n"
-
-
-@dataclass(frozen=True)
-class LineError:
-    """Why one input line cannot be sent; ``custom_id`` when the line got far enough to name one."""
-
-    line: int
-    custom_id: str | None
-    reason: str
-
-    def __str__(self) -> str:
-        where = f"line {self.line}" if self.custom_id is None else f"line {self.line} (custom_id {self.custom_id!r})"
-        return f"{where}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class BatchLimits:
-    """What a line may contain: the body size limit, the simple form's model, the endpoints served."""
-
-    max_body_bytes: int = 1_048_576
-    default_model: str = "mock-small"
-    supported_urls: tuple[str, ...] = ("/v1/chat/completions",)
-
-    @property
-    def max_line_bytes(self) -> int:
-        return self.max_body_bytes * _LINE_CAP_FACTOR
+from streamproc.ops.input_lines import LINE_CAP_FACTOR, BatchLimits, LineError, parse_line
 
 
 @dataclass(frozen=True)
@@ -81,180 +37,6 @@ class BatchFileError(ValueError):
     def __init__(self, error: LineError) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-class _Invalid(Exception):
-    """A line's reason, raised from deep in the checks and turned into a LineError once."""
-
-    def __init__(self, reason: str, custom_id: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.custom_id = custom_id
-
-
-def parse_line(
-    text: str, line: int, limits: BatchLimits, batch_id: str, submitted_ms: int
-) -> InferenceRequest | LineError | None:
-    """Turn one line (without its newline) into a request, or say why not; ``None`` for a blank line."""
-    if not text.strip(_JSON_WHITESPACE):
-        return None
-    try:
-        return _parse(text, limits, batch_id, submitted_ms)
-    except _Invalid as invalid:
-        return LineError(line, invalid.custom_id, invalid.reason)
-
-
-def _parse(text: str, limits: BatchLimits, batch_id: str, submitted_ms: int) -> InferenceRequest:
-    value = _loads(text)
-    if not isinstance(value, dict):
-        raise _Invalid(f"expected a JSON object, got {_json_type(value)}")
-    fields = set(value)
-    unknown = sorted(fields.difference(_BATCH_FIELDS, _SIMPLE_FIELDS))
-    if unknown:
-        raise _Invalid(
-            f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} (OpenAI batch form: "
-            f"{', '.join(_BATCH_FIELDS)}; simple form: {', '.join(_SIMPLE_FIELDS)})",
-            _plausible_id(value),
-        )
-    batch_fields, simple_fields = fields.intersection(_BATCH_FIELDS), fields.intersection(_SIMPLE_FIELDS)
-    if batch_fields and simple_fields:
-        raise _Invalid(
-            f"mixes the OpenAI batch form ({', '.join(sorted(batch_fields))}) with the simple form "
-            f"({', '.join(sorted(simple_fields))}); use one",
-            _plausible_id(value),
-        )
-    if batch_fields:
-        custom_id = _required_id(value, "custom_id")
-        url, body = _batch_body(value, limits, custom_id)
-    elif simple_fields:
-        custom_id = _required_id(value, "id")
-        url, body = limits.supported_urls[0], _simple_body(value, limits, custom_id)
-    else:
-        raise _Invalid("empty object: expected custom_id (OpenAI batch form) or id (simple form)")
-    body_json = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-    try:
-        size = len(body_json.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise _Invalid(f"body has an unpaired surrogate {body_json[exc.start]!r}, not valid UTF-8", custom_id) from None
-    if size > limits.max_body_bytes:
-        raise _Invalid(f"body is {size:,} bytes, over the {limits.max_body_bytes:,}-byte limit", custom_id)
-    return InferenceRequest(custom_id, body_json, url=url, batch_id=batch_id, submitted_ms=submitted_ms)
-
-
-def _reject_constant(name: str) -> Any:
-    raise _Invalid(f"invalid JSON: {name} is not a JSON value")
-
-
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise _Invalid(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-    except RecursionError:
-        raise _Invalid("invalid JSON: nested too deeply") from None
-    except ValueError as exc:  # e.g. an integer over Python's digit limit
-        raise _Invalid(f"invalid JSON: {exc}") from None
-
-
-def _batch_body(value: dict[str, Any], limits: BatchLimits, custom_id: str) -> tuple[str, dict[str, Any]]:
-    method = value.get("method")
-    if method != "POST":
-        what = "missing method" if method is None else f"unsupported method {_show(method)}"
-        raise _Invalid(f"{what} (only POST is supported)", custom_id)
-    url = value.get("url")
-    if url not in limits.supported_urls:
-        what = "missing url" if url is None else f"unsupported url {_show(url)}"
-        raise _Invalid(f"{what} (supported: {', '.join(limits.supported_urls)})", custom_id)
-    body = value.get("body")
-    if not isinstance(body, dict):
-        raise _Invalid("missing body" if body is None else f"body must be an object, got {_json_type(body)}", custom_id)
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        what = "is missing" if messages is None else f"must be a list, got {_json_type(messages)}"
-        raise _Invalid(f"body.messages {what}", custom_id)
-    if not messages:
-        raise _Invalid("body.messages is empty", custom_id)
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _Invalid(f"body.messages[{index}] must be an object, got {_json_type(message)}", custom_id)
-    model = body.get("model")
-    if model is None:
-        raise _Invalid("body.model is missing (the OpenAI batch form names its model)", custom_id)
-    if not isinstance(model, str) or not model.strip():
-        raise _Invalid(f"body.model must be a non-empty string, got {_show(model)}", custom_id)
-    return url, body
-
-
-def _simple_body(value: dict[str, Any], limits: BatchLimits, custom_id: str) -> dict[str, Any]:
-    prompt = value.get("prompt")
-    if prompt is None:
-        raise _Invalid("missing prompt", custom_id)
-    if not isinstance(prompt, str):
-        raise _Invalid(f"prompt must be a string, got {_json_type(prompt)}", custom_id)
-    if not prompt.strip():
-        raise _Invalid("prompt is empty", custom_id)
-    model = value.get("model")
-    if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise _Invalid(f"model must be a non-empty string, got {_show(model)}", custom_id)
-    system = value.get("system")
-    if system is not None and not isinstance(system, str):
-        raise _Invalid(f"system must be a string, got {_json_type(system)}", custom_id)
-    response_format = value.get("response_format")
-    if response_format is not None and not isinstance(response_format, dict):
-        raise _Invalid(f"response_format must be an object, got {_json_type(response_format)}", custom_id)
-    max_tokens = value.get("max_tokens")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise _Invalid(f"max_tokens must be a positive integer, got {_show(max_tokens)}", custom_id)
-    messages = [] if system is None else [{"role": "system", "content": system}]
-    messages.append({"role": "user", "content": prompt})
-    body: dict[str, Any] = {"model": model or limits.default_model, "messages": messages}
-    if response_format is not None:
-        body["response_format"] = response_format
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens
-    return body
-
-
-def _required_id(value: dict[str, Any], name: str) -> str:
-    """The request's key on every topic: a non-blank string that UTF-8 can carry."""
-    given = value.get(name)
-    if given is None:
-        raise _Invalid(f"missing {name}")
-    if not isinstance(given, str):
-        raise _Invalid(f"{name} must be a string, got {_json_type(given)}")
-    if not given.strip():
-        raise _Invalid(f"{name} is empty")
-    try:
-        given.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _Invalid(f"{name} {given!r} has an unpaired surrogate, not valid UTF-8") from None
-    return given
-
-
-def _plausible_id(value: dict[str, Any]) -> str | None:
-    """The id a broken line meant to have, to show with its error (and catch its duplicates)."""
-    for name in ("custom_id", "id"):
-        try:
-            return _required_id(value, name)
-        except _Invalid:
-            continue
-    return None
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
-
-
-def _show(value: object) -> str:
-    return repr(value) if isinstance(value, str) else json.dumps(value, ensure_ascii=False)[:80]
 
 
 class DuplicateDetector:
@@ -368,7 +150,7 @@ def _read_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, str | Li
             if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
                 while raw and not raw.endswith(b"\n"):
                     raw = file.readline(1 << 20)
-                reason = f"line is over {max_line_bytes:,} bytes ({_LINE_CAP_FACTOR} times the body limit), not read"
+                reason = f"line is over {max_line_bytes:,} bytes ({LINE_CAP_FACTOR} times the body limit), not read"
                 yield line, LineError(line, None, reason)
                 continue
             if line == 1 and raw.startswith(codecs.BOM_UTF8):

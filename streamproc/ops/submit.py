@@ -19,7 +19,8 @@ from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.errors import UserFacingError
-from streamproc.ops.input_file import BatchLimits, LineError, iter_requests, validate_file
+from streamproc.ops.input_file import iter_requests, validate_file
+from streamproc.ops.input_lines import BatchLimits, LineError
 from streamproc.ops.progress import Progress
 from streamproc.ops.status import BatchStatusReader
 from streamproc.settings import Settings

@@ -25,7 +25,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from streamproc import codec
-from streamproc.app.lag_reader import BrokerUnavailable, DrainEstimator, GroupNotFound, LagReader, read_lag
+from streamproc.app.lag_reader import BrokerUnavailable, GroupNotFound, LagReader, read_lag
+from streamproc.core.lag import DrainEstimator
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,

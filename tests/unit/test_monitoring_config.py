@@ -9,9 +9,9 @@ from typing import Any
 import yaml
 from prometheus_client import generate_latest
 
-from streamproc.app.lag_reader import PartitionLag
 from streamproc.app.metrics import WorkerMetrics
 from streamproc.core.events import InferenceRequest
+from streamproc.core.lag import PartitionLag
 from streamproc.llm.client import CallResult
 from streamproc.llm.guarded import Guards
 from streamproc.mockllm.cli import mock_llm

@@ -6,9 +6,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from streamproc.app.handler import Disposition, Handler, Record
-from streamproc.app.lag_reader import PartitionLag
 from streamproc.app.metrics import WorkerMetrics
 from streamproc.app.observe import NullObserver, Observer, guarded
+from streamproc.core.lag import PartitionLag
 from streamproc.core.retry_policy import RetryPolicy
 from tests.unit.app.test_handler import (
     CONTEXT_TOO_LONG,
