@@ -53,6 +53,7 @@ from streamproc.core.events import InferenceRequest, InferenceResult
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import LocalBroker
+from streamproc.processes import stop_process
 from streamproc.settings import DEFAULT_KAFKA_VERSION, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,18 +142,11 @@ class Stack:
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
     def stop(self, process: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        code = stop_process(process, timeout)
         for entry in [e for e in self.processes if e[1] is process]:
             entry[2].close()
             self.processes.remove(entry)
-        return process.returncode
+        return code
 
     def start_mock(self, name: str, latency_s: float) -> tuple[str, int]:
         """A clean-profile mock LLM server: its base URL (``http://127.0.0.1:PORT/v1``) and pid."""

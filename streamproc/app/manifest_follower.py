@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_fixed
+
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import decode_manifest
 
@@ -48,16 +50,22 @@ class BatchSizes:
                 self.apply(record.value)
 
     async def follow(self, bootstrap: str, topic: str, interval_s: float = FOLLOW_INTERVAL_S) -> None:
-        """Keep reading new manifests until cancelled; a broker problem is logged and retried."""
-        while True:
-            try:
-                async with TopicReader(bootstrap, [topic]) as reader:
-                    while True:
-                        for record in await reader.read_to_end():
-                            self.apply(record.value)
-                        await asyncio.sleep(interval_s)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the budget falls back to counting; never stop the worker for it
-                log.warning("could not read the batch manifests from %s (%s); retrying", topic, exc)
-                await asyncio.sleep(interval_s * 5)
+        """Keep reading new manifests until cancelled; a broker problem is logged and retried after
+        ``interval_s * 5`` seconds, for ever (the budget falls back to counting; never stop the worker for it)."""
+
+        def warn(state: RetryCallState) -> None:
+            assert state.outcome is not None
+            log.warning("could not read the batch manifests from %s (%s); retrying", topic, state.outcome.exception())
+
+        retrying = AsyncRetrying(retry=retry_if_exception_type(Exception), wait=wait_fixed(interval_s * 5),
+                                 before_sleep=warn)  # never stops; cancellation is no Exception, so it ends it
+        await retrying(self._poll, bootstrap, topic, interval_s)
+
+    async def _poll(self, bootstrap: str, topic: str, interval_s: float) -> None:
+        """Read the new manifests every ``interval_s`` seconds, for as long as the reader works (a poll by
+        design, not a retry)."""
+        async with TopicReader(bootstrap, [topic]) as reader:
+            while True:
+                for record in await reader.read_to_end():
+                    self.apply(record.value)
+                await asyncio.sleep(interval_s)

@@ -8,7 +8,6 @@ Run a worker with ``python -m streamproc.app.roundtrip APP_ID IN_TOPIC OUT_TOPIC
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.faust_app import make_faust_app
 from streamproc.app.topics import ensure_topics
+from streamproc.processes import stop_process
 from streamproc.settings import Settings
 
 
@@ -73,12 +73,7 @@ class Worker:
 
     def stop(self, timeout: float = 60.0) -> int:
         assert self.process is not None, "worker not started"
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+        return stop_process(self.process, timeout)
 
 
 async def produce(bootstrap: str, topic: str, records: Iterable[tuple[str, int]]) -> int:

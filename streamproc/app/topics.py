@@ -6,12 +6,13 @@ mismatched topic is a configuration error to stop on, not something to work arou
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Mapping
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt, wait_fixed
 
 from streamproc.core.topology import Topology
 from streamproc.errors import UserFacingError
@@ -30,6 +31,29 @@ def _partition_counts(metadata: list[dict[str, object]]) -> dict[str, int]:
     return counts
 
 
+def _some_missing(counts: dict[str, int]) -> bool:
+    return any(count == 0 for count in counts.values())
+
+
+def _last_result(state: RetryCallState) -> Any:
+    assert state.outcome is not None
+    return state.outcome.result()
+
+
+async def _described_partitions(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+    """Partition counts of ``names`` (0 for a topic without partitions yet); a new topic's metadata can lag
+    its creation by a moment, so they are asked again (50 times, 0.1 s apart) until every one has some."""
+
+    async def describe() -> dict[str, int]:
+        counts = _partition_counts(await admin.describe_topics(names))
+        return {name: counts.get(name, 0) for name in names}
+
+    retrying = AsyncRetrying(retry=retry_if_result(_some_missing), stop=stop_after_attempt(50), wait=wait_fixed(0.1),
+                             retry_error_callback=_last_result)
+    counts: dict[str, int] = await retrying(describe)
+    return counts
+
+
 async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], replication: int = 1,
                         configs: Mapping[str, Mapping[str, str]] | None = None) -> None:
     """Create the missing topics (with ``configs`` per topic, e.g. compaction); raise
@@ -43,12 +67,7 @@ async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], 
         if missing:
             with contextlib.suppress(TopicAlreadyExistsError):  # another worker created them first
                 await admin.create_topics(missing)
-        names = list(partitions_by_topic)
-        for _ in range(50):  # a new topic's metadata can lag its creation by a moment
-            counts = _partition_counts(await admin.describe_topics(names))
-            if all(counts.get(name, 0) > 0 for name in names):
-                break
-            await asyncio.sleep(0.1)
+        counts = await _described_partitions(admin, list(partitions_by_topic))
         wrong = {name: counts.get(name, 0) for name, want in partitions_by_topic.items()
                  if counts.get(name, 0) != want}
         if wrong:

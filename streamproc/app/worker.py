@@ -19,6 +19,14 @@ from typing import Any
 import faust
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    stop_never,
+    wait_exponential,
+)
 
 from streamproc import codec
 from streamproc.app.bootstrap import resolve_bootstrap
@@ -207,22 +215,27 @@ def _what_to_fix(problem: ConfigurationProblem) -> str:
 
 
 async def wait_for_broker(bootstrap: str, give_up_after_s: float | None = None) -> None:
-    """Retry with backoff until the cluster answers, saying so, rather than crash on a late broker."""
-    delay, started = 0.5, time.monotonic()
-    while True:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-        try:
-            await admin.start()
-            await admin.list_topics()
-            return
-        except KafkaError as exc:
-            if give_up_after_s is not None and time.monotonic() - started > give_up_after_s:
-                raise
-            log.warning("Kafka at %s is not reachable (%s); retrying in %.1fs", bootstrap, exc, delay)
-        finally:
-            await admin.close()
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 10.0)
+    """Retry with backoff (0.5 s doubling up to 10 s) until the cluster answers, saying so, rather than crash
+    on a late broker; after ``give_up_after_s`` the last :class:`KafkaError` is raised."""
+
+    def warn(state: RetryCallState) -> None:
+        assert state.outcome is not None
+        log.warning("Kafka at %s is not reachable (%s); retrying in %.1fs", bootstrap, state.outcome.exception(),
+                    state.upcoming_sleep)
+
+    retrying = AsyncRetrying(retry=retry_if_exception_type(KafkaError), wait=wait_exponential(multiplier=0.5, max=10.0),
+                             stop=stop_never if give_up_after_s is None else stop_after_delay(give_up_after_s),
+                             before_sleep=warn, reraise=True)
+    await retrying(_list_topics, bootstrap)
+
+
+async def _list_topics(bootstrap: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    try:
+        await admin.start()
+        await admin.list_topics()
+    finally:
+        await admin.close()
 
 
 def run_worker(settings: Settings, loglevel: str = "INFO") -> int:

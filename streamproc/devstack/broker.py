@@ -12,17 +12,16 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from streamproc.errors import UserFacingError
+from streamproc.processes import poll_until, stop_pid, stop_process
 from streamproc.settings import Settings
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -277,15 +276,17 @@ class LocalBroker:
                 proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             self._write_state(pid=proc.pid, port=port, controller_port=controller_port)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
+
+            def port_open() -> bool:
                 if proc.poll() is not None:
                     raise LocalKafkaError(f"the broker exited with {proc.returncode}:\n{self._log_tail()}")
-                if port_accepts(port):
-                    return self.status()
-                time.sleep(0.2)
-            self._terminate(proc.pid, grace=10)
-            raise LocalKafkaError(f"the broker did not open port {port} within {timeout:.0f}s:\n{self._log_tail()}")
+                return port_accepts(port)
+
+            if not poll_until(port_open, timeout, interval_s=0.2):
+                stop_process(proc, 10, group=True)
+                raise LocalKafkaError(
+                    f"the broker did not open port {port} within {timeout:.0f}s:\n{self._log_tail()}")
+            return self.status()
 
     def _log_tail(self, lines: int = 20) -> str:
         try:
@@ -301,17 +302,8 @@ class LocalBroker:
             self._terminate(pid, grace=10)
 
     def _terminate(self, pid: int, grace: float) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if not self._is_our_broker(pid):
-                return
-            time.sleep(0.2)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        while self._is_our_broker(pid):
-            time.sleep(0.1)
+        """SIGTERM the broker's process group, SIGKILL after ``grace`` s; only while ``pid`` is still ours."""
+        stop_pid(pid, grace, alive=lambda: self._is_our_broker(pid), group=True)
 
     def stop(self, grace: float = 60.0) -> bool:
         """Stop the broker (controlled shutdown, SIGKILL after ``grace`` s); returns whether one was running."""

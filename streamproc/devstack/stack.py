@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import click
 
 from streamproc.devstack.broker import LocalBroker
 from streamproc.mockllm.runner import MockLLMProcess
+from streamproc.processes import stop_processes
 from streamproc.settings import Settings
 
 
@@ -82,15 +82,7 @@ class LocalStack:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        for process in self.worker_processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.worker_processes:
-            try:
-                process.wait(90)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(self.worker_processes, 90)
         if self.mock is not None:
             self.mock.stop()
         if self.started_broker is not None:

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import selectors
-import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from aiohttp.log import access_logger
 from streamproc.mockllm.engine import MockEngine
 from streamproc.mockllm.profiles import Overrides, Profile, customize, load_profile
 from streamproc.mockllm.server import MAX_BODY_BYTES, MockLLMServer
+from streamproc.processes import stop_process
 
 LISTENING_PREFIX = "mock-llm listening on "
 SHUTDOWN_TIMEOUT = 2.0  # seconds a stopping server gives in-flight answers (hangs end at once)
@@ -288,13 +288,7 @@ def _read_first_line(process: subprocess.Popen[bytes], timeout: float) -> str:
 
 
 def _terminate(process: subprocess.Popen[bytes], timeout: float) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    code = stop_process(process, timeout)
     if process.stdout is not None:
         process.stdout.close()
-    return process.returncode
+    return code

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.mockllm.runner import MockLLMProcess
+from streamproc.processes import stop_process
 from streamproc.settings import Settings
 
 
@@ -68,14 +68,7 @@ class WorkerProcess:
         self.process.send_signal(signum)
 
     def stop(self, timeout: float = 90.0) -> int | None:
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+        return None if self.process is None else stop_process(self.process, timeout)
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
