@@ -21,7 +21,6 @@ from streamproc import codec
 from streamproc.app.observe import Observer, guarded
 from streamproc.core import headers
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
-from streamproc.core.guards.budget import EXHAUSTED_REASON
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.request_state import (
     CIRCUIT_OPEN,
@@ -36,11 +35,12 @@ from streamproc.core.request_state import (
     on_success,
     on_terminal_failure,
 )
-from streamproc.core.retry_policy import Retry, RetryPolicy, Terminal, Tier
+from streamproc.core.retry_policy import Retry, RetryPolicy, Tier
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import Caller, CallResult, answer_content, request_body
-from streamproc.llm.guarded import Deferred, Guards
+from streamproc.llm.guarded import Guards
 from streamproc.llm.repair import build_repair_request
+from streamproc.llm.routed import Deferred
 
 log = logging.getLogger(__name__)
 
@@ -164,13 +164,7 @@ class Handler:
                              hop: headers.Hop, origin: headers.Origin, state: RequestState) -> None:
         now = self._clock_ms()
         first_failure = hop.first_failure_ms or now
-        decision = self._policy.decide(failure, hop.attempt, self._rng)
-        if isinstance(decision, Retry) and not self._guards.allow_retry(request.batch_id):
-            failure = Failure(failure.layer, EXHAUSTED_REASON,
-                              f"{failure.code}, not retried: the retry budget of batch {request.batch_id!r} is "
-                              f"spent (backfill can replay it): {failure.message}"[:1000],
-                              failure.http_status, failure.retry_after_ms)
-            decision = Terminal(EXHAUSTED_REASON)
+        decision = self._policy.decide(failure, hop.attempt, self._rng, self._guards.budget_stop(request.batch_id))
         if isinstance(decision, Retry):
             next_request = (build_repair_request(request, answer_content(called.response_body), failure.message)
                             if decision.repair else request)
@@ -181,6 +175,7 @@ class Handler:
             await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin)
             self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now))
             return
+        failure = decision.failure or failure  # a spent retry budget restates it as retry_budget_exhausted
         await self._terminal(request, failure, hop.attempt, first_failure, origin, state)
 
     async def _defer(self, request: InferenceRequest, deferred: Deferred, hop: headers.Hop, origin: headers.Origin,

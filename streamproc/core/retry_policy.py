@@ -17,16 +17,23 @@ that backfill can replay later.
 Attempts are counted per request across layers (``x-attempt``): a request is terminal when the attempt
 that just failed reaches the ``max_attempts`` of its layer. So a request never makes more calls than the
 largest budget, and a semantic failure after three transport failures is not retried.
+
+The decision is made of small pieces, in the spirit of tenacity's ``stop``/``wait`` objects, so each rule
+reads (and is tested) alone: *stop conditions* (:func:`never_for_business`, :func:`after_max_attempts`, and
+the batch's retry budget, :func:`within_budget`) and *waits* (:func:`full_jitter` on top of
+:func:`server_hint`), the wanted delay then choosing the tier. The budget is asked last, once the retry is
+decided in every other respect, because asking spends one retry of the batch.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
+from streamproc.core.guards.budget import EXHAUSTED_REASON
 from streamproc.core.outcome import Failure
 from streamproc.core.vocabulary import FailureLayer
 
@@ -57,14 +64,74 @@ class Retry:
 
 @dataclass(frozen=True)
 class Terminal:
-    """Write the failure with ``terminal=true``; ``reason`` is ``never_retried`` or ``max_attempts``."""
+    """Write the failure with ``terminal=true``; ``reason`` is ``never_retried``, ``max_attempts`` or
+    ``retry_budget_exhausted``. ``failure``, when set, is what to write instead of the failure that happened
+    (the budget names itself as the cause)."""
 
     reason: str
+    failure: Failure | None = None
 
 
 RetryDecision = Retry | Terminal
 
+Stop = Callable[[Failure, int], Terminal | None]
+"""A stop condition: given the failure and the number of the attempt that failed, a Terminal, or None to go on."""
 
+Wait = Callable[[Failure, int, random.Random], int]
+"""A wait strategy: the wanted delay in ms before the next attempt, given the failure and its attempt number."""
+
+
+# -- stop conditions ---------------------------------------------------------------------------------------
+def never_for_business(failure: Failure, attempt: int) -> Terminal | None:
+    """Business failures are never retried as is (DESIGN §2): the same input would fail the same way."""
+    return Terminal("never_retried") if failure.layer is FailureLayer.BUSINESS else None
+
+
+def after_max_attempts(max_attempts: Mapping[FailureLayer, int]) -> Stop:
+    """Stop when the attempt that failed reaches the budget of the failure's layer (attempts count across layers)."""
+    def stop(failure: Failure, attempt: int) -> Terminal | None:
+        return Terminal("max_attempts") if attempt >= max_attempts[failure.layer] else None
+    return stop
+
+
+def within_budget(batch_id: str | None, spend: Callable[[], bool]) -> Stop:
+    """The batch's retry budget (its state: :class:`streamproc.core.guards.budget.RetryBudget`) as a stop
+    condition: ``spend`` takes one retry of it, or says it is spent; then the failure is written, terminal, as
+    ``retry_budget_exhausted`` (backfill can replay it)."""
+    def stop(failure: Failure, attempt: int) -> Terminal | None:
+        if spend():
+            return None
+        return Terminal(EXHAUSTED_REASON, Failure(
+            failure.layer, EXHAUSTED_REASON,
+            f"{failure.code}, not retried: the retry budget of batch {batch_id!r} is spent (backfill can replay "
+            f"it): {failure.message}"[:1000],
+            failure.http_status, failure.retry_after_ms))
+    return stop
+
+
+# -- waits -------------------------------------------------------------------------------------------------
+def server_hint() -> Wait:
+    """The server's ``retry-after`` hint, 0 when it gave none."""
+    def wait(failure: Failure, attempt: int, rng: random.Random) -> int:
+        return failure.retry_after_ms or 0
+    return wait
+
+
+def full_jitter(base_ms: int, cap_ms: int) -> Wait:
+    """Uniform in [0, min(cap, base * 2**(attempt-1))]: stateless, and spreads a burst of failures best."""
+    def wait(failure: Failure, attempt: int, rng: random.Random) -> int:
+        return round(rng.uniform(0, min(cap_ms, base_ms * 2 ** min(attempt - 1, 32))))
+    return wait
+
+
+def plus(*waits: Wait) -> Wait:
+    """The waits added up (tenacity's ``wait_a + wait_b``), drawn in order."""
+    def wait(failure: Failure, attempt: int, rng: random.Random) -> int:
+        return sum(each(failure, attempt, rng) for each in waits)
+    return wait
+
+
+# -- the policy --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RetryPolicy:
     """Per-layer attempt budgets, delay tiers and backoff; one immutable object built from the settings."""
@@ -89,23 +156,30 @@ class RetryPolicy:
         if self.base_delay_ms < 0:
             raise ValueError("base_delay_ms must be >= 0")
 
-    def decide(self, failure: Failure, attempt: int, rng: random.Random) -> RetryDecision:
-        """What to do after ``attempt`` (1 = the first call) failed with ``failure``."""
+    @property
+    def stops(self) -> tuple[Stop, ...]:
+        """The policy's own stop conditions, in the order they are asked."""
+        return never_for_business, after_max_attempts(self.max_attempts)
+
+    @property
+    def wait(self) -> Wait:
+        """Full jitter on top of the server's hint, capped at the largest tier."""
+        return plus(server_hint(), full_jitter(self.base_delay_ms, self.tiers[-1].delay_ms))
+
+    def decide(self, failure: Failure, attempt: int, rng: random.Random, budget: Stop | None = None) -> RetryDecision:
+        """What to do after ``attempt`` (1 = the first call) failed with ``failure``; ``budget`` (the batch's, see
+        :func:`within_budget`) is asked last, once the retry is decided in every other respect: it spends."""
         if attempt < 1:
             raise ValueError(f"attempt numbers start at 1, got {attempt}")
-        if failure.layer is FailureLayer.BUSINESS:
-            return Terminal("never_retried")
-        if attempt >= self.max_attempts[failure.layer]:
-            return Terminal("max_attempts")
-        wanted = (failure.retry_after_ms or 0) + self.jitter_ms(attempt, rng)
+        for stop in self.stops:
+            if (stopped := stop(failure, attempt)) is not None:
+                return stopped
+        wanted = self.wait(failure, attempt, rng)
+        if budget is not None and (stopped := budget(failure, attempt)) is not None:
+            return stopped
         tier = self.tier_for(wanted)
         repair = failure.layer is FailureLayer.SEMANTIC and attempt + 1 >= self.repair_from_attempt
         return Retry(tier, min(wanted, tier.delay_ms), repair)
-
-    def jitter_ms(self, attempt: int, rng: random.Random) -> int:
-        """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))], the cap being the largest tier."""
-        ceiling = min(self.tiers[-1].delay_ms, self.base_delay_ms * 2 ** min(attempt - 1, 32))
-        return round(rng.uniform(0, ceiling))
 
     def tier_for(self, delay_ms: int) -> Tier:
         """The smallest tier that waits at least ``delay_ms``; the largest when none does."""

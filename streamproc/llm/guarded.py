@@ -1,26 +1,32 @@
-"""The guards of one worker around its LLM caller: pre-check, routing, rate limits, AIMD, breakers, budget.
+"""The guards of one worker around its LLM caller, stacked as wrappers; and what the handler asks them.
 
 One :class:`Guards` per worker process, shared by every in-flight call, so the limits hold for the process
-as a whole (DESIGN §5). A call goes through, in order:
+as a whole (DESIGN §5). Each guard is a wrapper around the next (like httpx transports, see
+:mod:`streamproc.llm.layer`); a call goes down the stack, outermost first:
 
-1. the adaptive in-flight gate (AIMD), so a struggling provider sees fewer concurrent calls;
-2. the routing: the first of the model and its fallbacks whose breaker is not open; none → :class:`Deferred`;
-3. that model's requests/min and tokens/min buckets (the wait happens here, inside the gate);
-4. the breaker again, right before sending: calls that queued for tokens while it opened are not sent;
-5. the HTTP call, whose outcome feeds back into every guard; a ``context_length_exceeded`` answer is sent
-   once more to the model's context fallback when one is configured.
+1. :class:`ContextFallbackLayer`: a ``context_length_exceeded`` answer is sent once more, through the whole
+   stack again, to the called model's context fallback when one is configured;
+2. :class:`RoutingLayer`: the first of the model and its fallbacks whose breaker is not open; none → wait
+   for a breaker up to the hold, else :class:`Deferred` (this runs outside the gate: waiting holds no slot);
+3. :class:`GatedLayer`: the adaptive in-flight gate (AIMD), so a struggling provider sees fewer concurrent
+   calls;
+4. :class:`RateLimitedLayer`: that model's requests/min and tokens/min buckets (the wait happens here,
+   inside the gate);
+5. :class:`BreakerLayer`: the breaker again, right before sending: calls that queued for tokens while it
+   opened are not sent, and the routing (2) picks again;
+6. :class:`MeteredCaller`: the HTTP call (a first attempt is counted for the retry budget here), whose outcome
+   feeds back into every guard on the way up.
 
-Pure state machines live in the sibling modules; this module only wires them and does the waiting.
+The layers for the rate limits and the gate are left out when those guards are off. Besides the call,
+:class:`Guards` does the pre-check against context windows, hands the handler the batch's retry budget as a
+stop condition of the retry decision, and keeps the counters the metrics read.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
@@ -28,35 +34,21 @@ from streamproc.core.guards.aimd import AdaptiveLimit
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.guards.budget import RetryBudget
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
-from streamproc.core.guards.routing import CONTEXT_LENGTH_EXCEEDED, Routes
+from streamproc.core.guards.routing import Routes
 from streamproc.core.guards.token_estimate import TokenEstimator
-from streamproc.core.outcome import Failure, Success
-from streamproc.core.vocabulary import FailureLayer
+from streamproc.core.outcome import Failure
+from streamproc.core.retry_policy import Stop, within_budget
+from streamproc.llm.breakers import BreakerLayer, Breakers, BreakerSettings
 from streamproc.llm.client import Caller, CallResult
-from streamproc.llm.gate import AdaptiveGate
+from streamproc.llm.context_fallback import ContextFallbackLayer
+from streamproc.llm.gated import AdaptiveGate, GatedLayer
+from streamproc.llm.layer import Layer, Refused
+from streamproc.llm.metered import MeteredCaller
+from streamproc.llm.paced import RateLimitedLayer
+from streamproc.llm.routed import Deferred, EventWait, RoutingLayer
 from streamproc.settings import Settings
 
-log = logging.getLogger(__name__)
-
-RATE_LIMITED = "rate_limit_exceeded"
-MIN_BREAKER_WAIT_S = 0.05
-
-
-@dataclass(frozen=True)
-class Deferred:
-    """No call was made: every candidate model's breaker is open; ask again in ``delay_s`` seconds."""
-
-    delay_s: float
-    model: str
-
-
-@dataclass(frozen=True)
-class BreakerSettings:
-    failure_rate: float = 0.5
-    window_s: float = 10.0
-    min_calls: int = 10
-    open_s: float = 5.0
-    hold_s: float = 10.0  # how long a call may wait (in memory) for an open breaker before it is parked
+__all__ = ["BreakerSettings", "Deferred", "Guards"]
 
 
 class Guards:
@@ -68,24 +60,31 @@ class Guards:
                  expected_first_attempts: Callable[[str], float] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-                 wait: Callable[[asyncio.Event, float], Awaitable[object]] | None = None) -> None:
+                 wait: EventWait | None = None) -> None:
         self._caller = caller
         self.routes = routes or Routes()
         self.limiter = limiter  # None: no rate limiting
-        self.adaptive = adaptive
-        self._gate = AdaptiveGate(adaptive) if adaptive is not None else None
-        self._breaker_settings = breakers  # None: no breakers
-        self.breakers: dict[str, CircuitBreaker] = {}
+        self.adaptive = adaptive  # None: no in-flight gate
+        self._breakers = Breakers(breakers)  # no settings: no breakers
         self.budget = budget  # None: retries limited by the policy alone
         self._expected_first_attempts = expected_first_attempts  # batch -> this worker's share of its size
         self.estimator = estimator or TokenEstimator()
-        self._hold_s = breakers.hold_s if breakers is not None else 0.0
-        self._clock = clock
-        self._sleep = sleep
-        self._wait = wait or _wait_for_event
-        self._breaker_changed = asyncio.Event()  # set (and replaced) on every breaker transition
         self.fallbacks: dict[tuple[str, str, str], int] = {}  # (from, to, reason) -> calls
         self.budget_exhausted = 0  # read by the metrics collector, like fallbacks
+        self._stack = self._compose(clock, sleep, wait)
+
+    def _compose(self, clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
+                 wait: EventWait | None) -> Layer[CallResult | Deferred]:
+        """The wrappers, innermost first (the module docstring lists them outermost first)."""
+        stack: Layer[CallResult | Refused] = BreakerLayer(MeteredCaller(self._caller, self.budget, self.estimator),
+                                                          self._breakers, clock)
+        if self.limiter is not None:
+            on_congestion = self.adaptive.on_congestion if self.adaptive is not None else None
+            stack = RateLimitedLayer(stack, self.limiter, self.estimator, clock, sleep, on_congestion)
+        if self.adaptive is not None:
+            stack = GatedLayer(stack, AdaptiveGate(self.adaptive), clock)
+        routing = RoutingLayer(stack, self.routes, self._breakers, self._count_fallback, clock, wait)
+        return ContextFallbackLayer(routing, self.routes, self._count_fallback)
 
     @classmethod
     def from_settings(cls, settings: Settings, caller: Caller,
@@ -118,6 +117,18 @@ class Guards:
         self._count_fallback(model, routed, "context_window")
         return {**body, "model": routed}
 
+    # -- the call ------------------------------------------------------------------------------------------
+    async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int) -> CallResult | Deferred:
+        """Make the call through every guard; :class:`Deferred` when no model may be called soon enough."""
+        if not isinstance(body.get("model"), str):  # malformed: let the provider say so (no model, no guard to pick)
+            return await self._caller.call(request, body)
+        return await self._stack.call(request, body, attempt == 1)
+
+    # -- after the call ------------------------------------------------------------------------------------
+    def budget_stop(self, batch_id: str | None) -> Stop:
+        """The batch's retry budget, as the stop condition the retry decision asks last."""
+        return within_budget(batch_id, lambda: self.allow_retry(batch_id))
+
     def allow_retry(self, batch_id: str | None) -> bool:
         """Spend one retry of the batch's budget; False when it is spent (the failure becomes terminal)."""
         batch = batch_id or ""
@@ -127,132 +138,16 @@ class Guards:
         self.budget_exhausted += 1
         return False
 
-    # -- the call ------------------------------------------------------------------------------------------
-    async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int) -> CallResult | Deferred:
-        """Make the call through every guard; :class:`Deferred` when no model may be called soon enough."""
-        return await self._call(request, body, first=attempt == 1)
-
-    async def _call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Deferred:
-        requested = body.get("model")
-        if not isinstance(requested, str):  # malformed: let the provider say so (no model, no guard to pick)
-            return await self._caller.call(request, body)
-        deadline = self._clock() + self._hold_s
-        while True:
-            model = self.routes.first_callable(requested, self._may_call)
-            if model is None:
-                if not await self._await_breakers(requested, deadline):
-                    return self._defer(requested)
-                continue
-            if model != requested:
-                self._count_fallback(requested, model, "breaker_open")
-            called = await self._gated_call(request, {**body, "model": model} if model != requested else body,
-                                            model, first)
-            if called is not None:
-                break
-        fallback = self._context_fallback(model, called)
-        if fallback is None:
-            return called
-        log.info("%s: %s says the input is too long; sending it to %s", request.request_id, model, fallback)
-        self._count_fallback(model, fallback, "context_length")
-        return await self._call(request, {**body, "model": fallback}, first=False)
-
-    async def _gated_call(self, request: InferenceRequest, body: dict[str, Any], model: str,
-                          first: bool) -> CallResult | None:
-        """Inside the AIMD gate: wait for tokens, ask the breaker once more, call; None if it said no."""
-        if self._gate is None:
-            return await self._paced_call(request, body, model, first)
-        async with self._gate:
-            return await self._paced_call(request, body, model, first)
-
-    async def _paced_call(self, request: InferenceRequest, body: dict[str, Any], model: str,
-                          first: bool) -> CallResult | None:
-        cost = self.estimator.cost(body)
-        if self.limiter is not None:
-            wait = self.limiter.for_model(model, self._clock()).reserve(cost, self._clock())
-            if wait > 0:
-                await self._sleep(wait)
-        breaker = self._breaker(model)
-        allowed_at = self._clock()
-        if breaker is not None and not breaker.allow(allowed_at):
-            return None  # it opened (or its probe went out) while this call waited for tokens
-        if first and self.budget is not None:
-            self.budget.on_first_attempt(request.batch_id or "")
-        called = await self._caller.call(request, body)
-        self._learn(model, body, cost, called, allowed_at)
-        return called
-
-    async def _await_breakers(self, model: str, deadline: float) -> bool:
-        """Wait for a breaker of the model's candidates to change or to let a probe through; False (park the
-        request) when that cannot happen before ``deadline``. Waiting holds the record's dispatcher slot, so
-        consumption stops by itself instead of moving the whole backlog through a retry tier."""
-        now = self._clock()
-        breakers = [b for b in (self._breaker(c) for c in self.routes.candidates(model)) if b is not None]
-        wake_at = min((breaker.retry_at(now) for breaker in breakers), default=now)
-        if wake_at > deadline:
-            return False
-        await self._wait(self._breaker_changed, max(wake_at - now, MIN_BREAKER_WAIT_S))
-        return True
-
-    def _context_fallback(self, model: str, called: CallResult) -> str | None:
-        outcome = called.outcome
-        if isinstance(outcome, Failure) and outcome.code == CONTEXT_LENGTH_EXCEEDED:
-            larger = self.routes.context_fallback(model)
-            return larger if larger != model else None
-        return None
-
-    def _may_call(self, model: str) -> bool:
-        breaker = self._breaker(model)
-        return breaker is None or breaker.retry_at(self._clock()) <= self._clock()
-
-    def _defer(self, model: str) -> Deferred:
-        breaker = self._breaker(model)
-        now = self._clock()
-        delay = max(0.0, breaker.retry_at(now) - now) if breaker is not None else 0.0
-        return Deferred(delay, model)
-
-    def _on_breaker_change(self, model: str, old: BreakerState, new: BreakerState) -> None:
-        _log_breaker(model, old, new)
-        changed, self._breaker_changed = self._breaker_changed, asyncio.Event()
-        changed.set()  # wakes the calls waiting for this (or any) breaker
-
-    def _breaker(self, model: str) -> CircuitBreaker | None:
-        if self._breaker_settings is None:
-            return None
-        breaker = self.breakers.get(model)
-        if breaker is None:
-            conf = self._breaker_settings
-            breaker = CircuitBreaker(conf.failure_rate, conf.window_s, conf.min_calls, conf.open_s,
-                                     on_change=lambda old, new: self._on_breaker_change(model, old, new))
-            self.breakers[model] = breaker
-        return breaker
-
-    # -- after the call ------------------------------------------------------------------------------------
-    def _learn(self, model: str, body: dict[str, Any], cost: int, called: CallResult, allowed_at: float) -> None:
-        """Feed the outcome back: breaker, AIMD, rate limits, token calibration."""
-        now = self._clock()
-        outcome = called.outcome
-        breaker = self._breaker(model)
-        limiter = self.limiter.for_model(model, now) if self.limiter is not None else None
-        if isinstance(outcome, Success):
-            if outcome.prompt_tokens > 0:
-                self.estimator.calibrate(self.estimator.raw(body), outcome.prompt_tokens)
-            if self.adaptive is not None:
-                self.adaptive.on_success(called.latency_ms / 1000, now)
-        if breaker is not None:  # anything but transport/5xx (a configuration problem too): the service answered
-            breaker.record(not (isinstance(outcome, Failure) and _breaks(outcome)), now, started=allowed_at)
-        if limiter is None:
-            return
-        limiter.observe(called.headers, now)  # it reads the x-ratelimit-* names in any case
-        if isinstance(outcome, Failure) and outcome.code == RATE_LIMITED:
-            hint = outcome.retry_after_ms / 1000 if outcome.retry_after_ms is not None else None
-            if limiter.on_rate_limited(called.headers, hint, cost, now) and self.adaptive is not None:
-                self.adaptive.on_congestion(now)
-
     def _count_fallback(self, source: str, target: str, reason: str) -> None:
         key = (source, target, reason)
         self.fallbacks[key] = self.fallbacks.get(key, 0) + 1
 
     # -- for metrics ---------------------------------------------------------------------------------------
+    @property
+    def breakers(self) -> dict[str, CircuitBreaker]:
+        """The breaker of each model called so far (none when breakers are off)."""
+        return self._breakers.by_model
+
     @property
     def in_flight_limit(self) -> int | None:
         return self.adaptive.limit if self.adaptive is not None else None
@@ -263,23 +158,3 @@ class Guards:
     def rate_limits(self) -> dict[str, RateLimits]:
         """The per-minute limits each model is paced to (configured or learned, after the share)."""
         return self.limiter.limits_by_model() if self.limiter is not None else {}
-
-
-def _breaks(failure: Failure) -> bool:
-    """Transport failures and 5xx answers count against the breaker; 4xx, 429 and semantic ones do not."""
-    if failure.layer is FailureLayer.TRANSPORT:
-        return True
-    return failure.layer is FailureLayer.SERVICE and (failure.http_status or 0) >= 500
-
-
-async def _wait_for_event(event: asyncio.Event, timeout_s: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout_s)
-
-
-def _log_breaker(model: str, old: BreakerState, new: BreakerState) -> None:
-    if new is BreakerState.OPEN:
-        log.warning("circuit breaker for %s: %s -> open (too many transport/5xx failures); calls to it wait in a "
-                    "retry tier or go to a fallback model", model, old.value)
-    else:
-        log.info("circuit breaker for %s: %s -> %s", model, old.value, new.value)

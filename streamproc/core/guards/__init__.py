@@ -1,3 +1,4 @@
 """The guards' state machines, pure, with time passed in: buckets and rate limits, token estimates, AIMD,
-circuit breakers, the retry budget and fallback routing. :mod:`streamproc.llm.guarded` wires them around
-the LLM client and does the waiting."""
+circuit breakers, the retry budget and fallback routing. The wrappers in :mod:`streamproc.llm` (stacked by
+:mod:`streamproc.llm.guarded`) wire them around the LLM client and do the waiting; the retry budget is also
+a stop condition of the retry decision (:func:`streamproc.core.retry_policy.within_budget`)."""

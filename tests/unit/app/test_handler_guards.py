@@ -19,8 +19,9 @@ from streamproc.core.guards.routing import Routes
 from streamproc.core.request_state import CIRCUIT_OPEN
 from streamproc.core.verdict import classify_http_error
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.llm.breakers import BreakerSettings
 from streamproc.llm.client import CallResult
-from streamproc.llm.guarded import BreakerSettings, Guards
+from streamproc.llm.guarded import Guards
 from tests.unit.app.test_handler import (
     BODY,
     CONTEXT_TOO_LONG,

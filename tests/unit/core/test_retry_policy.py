@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from streamproc.core.outcome import Failure
-from streamproc.core.retry_policy import DEFAULT_MAX_ATTEMPTS, DEFAULT_TIERS, Retry, RetryPolicy, Terminal, Tier
+from streamproc.core.retry_policy import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_TIERS,
+    Retry,
+    RetryPolicy,
+    Terminal,
+    Tier,
+    after_max_attempts,
+    full_jitter,
+    never_for_business,
+    plus,
+    server_hint,
+    within_budget,
+)
 from streamproc.core.vocabulary import FailureLayer
 
 T, S, M, B = FailureLayer.TRANSPORT, FailureLayer.SERVICE, FailureLayer.SEMANTIC, FailureLayer.BUSINESS
@@ -70,7 +84,7 @@ def test_tier_is_the_smallest_that_waits_long_enough(delay_ms: int, tier: str) -
 def test_full_jitter_stays_in_bounds_and_spans_them(attempt: int) -> None:
     ceiling = min(600_000, 5_000 * 2 ** (attempt - 1))
     rng = random.Random(attempt)
-    draws = [POLICY.jitter_ms(attempt, rng) for _ in range(2_000)]
+    draws = [POLICY.wait(failure(T), attempt, rng) for _ in range(2_000)]  # no hint: the jitter alone
     assert min(draws) >= 0
     assert max(draws) <= ceiling
     assert min(draws) < 0.05 * ceiling  # full jitter reaches down to ~0 ...
@@ -166,3 +180,102 @@ def test_custom_tiers() -> None:
 def test_invalid_policies_are_rejected(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         RetryPolicy(**kwargs)
+
+
+# -- the pieces the decision is made of ----------------------------------------------------------------------
+
+
+def test_never_for_business_stops_business_failures_only() -> None:
+    assert never_for_business(failure(B), 1) == Terminal("never_retried")
+    assert [never_for_business(failure(layer), 5) for layer in (T, S, M)] == [None, None, None]
+
+
+def test_after_max_attempts_stops_at_the_layer_s_budget() -> None:
+    stop = after_max_attempts({T: 2, S: 4, M: 3, B: 1})
+    assert stop(failure(T), 1) is None
+    assert stop(failure(T), 2) == Terminal("max_attempts")
+    assert stop(failure(S), 3) is None
+
+
+def test_server_hint_is_the_retry_after_or_zero() -> None:
+    rng = random.Random(0)
+    assert server_hint()(failure(S, 1_500), 1, rng) == 1_500
+    assert server_hint()(failure(S), 1, rng) == 0
+
+
+def test_full_jitter_doubles_its_ceiling_up_to_the_cap() -> None:
+    jitter = full_jitter(100, 1_000)
+    for attempt, ceiling in [(1, 100), (2, 200), (4, 800), (5, 1_000), (60, 1_000)]:
+        rng = random.Random(attempt)
+        draws = [jitter(failure(T), attempt, rng) for _ in range(500)]
+        assert min(draws) >= 0 and max(draws) <= ceiling
+        assert max(draws) > 0.9 * ceiling
+
+
+def test_plus_adds_the_waits_drawn_in_order() -> None:
+    jitter = full_jitter(5_000, 600_000)
+    assert plus(server_hint(), jitter)(failure(S, 1_500), 1, random.Random(9)) == 1_500 + jitter(
+        failure(S), 1, random.Random(9))
+
+
+def test_the_policy_s_wait_is_full_jitter_capped_at_the_largest_tier_on_top_of_the_hint() -> None:
+    wait = plus(server_hint(), full_jitter(5_000, 600_000))
+    for attempt in (1, 3, 12):
+        assert wait(failure(S, 1_500), attempt, random.Random(attempt)) == POLICY.wait(
+            failure(S, 1_500), attempt, random.Random(attempt))
+
+
+def budget(allowed: int) -> tuple[list[bool], Callable[[], bool]]:
+    """A spend function that allows ``allowed`` retries, recording each ask."""
+    asked: list[bool] = []
+
+    def spend() -> bool:
+        asked.append(len(asked) < allowed)
+        return asked[-1]
+
+    return asked, spend
+
+
+def test_within_budget_goes_on_while_the_budget_allows() -> None:
+    asked, spend = budget(1)
+    stop = within_budget("b-1", spend)
+    assert stop(failure(S), 1) is None
+    stopped = stop(Failure(S, "server_error", "HTTP 503", http_status=503, retry_after_ms=2_000), 1)
+    assert stopped is not None and stopped.reason == "retry_budget_exhausted"
+    assert stopped.failure == Failure(
+        S, "retry_budget_exhausted",
+        "server_error, not retried: the retry budget of batch 'b-1' is spent (backfill can replay it): HTTP 503",
+        503, 2_000)
+    assert asked == [True, False]
+
+
+def test_the_exhausted_message_is_cut_to_a_thousand_characters() -> None:
+    stopped = within_budget("b", lambda: False)(Failure(S, "server_error", "x" * 2_000), 1)
+    assert stopped is not None and stopped.failure is not None and len(stopped.failure.message) == 1_000
+
+
+def test_the_budget_is_asked_only_when_a_retry_would_otherwise_happen() -> None:
+    asked, spend = budget(0)
+    stop = within_budget("b", spend)
+    assert POLICY.decide(failure(B), 1, random.Random(0), stop) == Terminal("never_retried")
+    assert POLICY.decide(failure(M), 3, random.Random(0), stop) == Terminal("max_attempts")
+    assert asked == []
+    decision = POLICY.decide(failure(S), 1, random.Random(0), stop)
+    assert isinstance(decision, Terminal) and decision.reason == "retry_budget_exhausted"
+    assert asked == [False]
+
+
+def test_a_budget_that_allows_changes_nothing_and_draws_alike() -> None:
+    _, spend = budget(100)
+    with_budget, without = random.Random(5), random.Random(5)
+    for attempt in (1, 2, 3):
+        assert (POLICY.decide(failure(T, 700), attempt, with_budget, within_budget("b", spend))
+                == POLICY.decide(failure(T, 700), attempt, without))
+
+
+def test_a_spent_budget_draws_the_jitter_as_a_retry_would() -> None:
+    """The wait is drawn before the budget is asked, so a shared rng goes on with the same sequence."""
+    spent, fresh = random.Random(5), random.Random(5)
+    POLICY.decide(failure(T), 1, spent, within_budget("b", lambda: False))
+    POLICY.decide(failure(T), 1, fresh)
+    assert spent.random() == fresh.random()

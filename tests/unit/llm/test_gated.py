@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from streamproc.core.guards.aimd import AdaptiveLimit
-from streamproc.llm.gate import AdaptiveGate
+from streamproc.llm.gated import AdaptiveGate
 
 
 async def settle(rounds: int = 10) -> None:

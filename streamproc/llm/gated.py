@@ -1,12 +1,23 @@
-"""The in-flight gate: an asyncio semaphore whose size follows the core's AIMD limit."""
+"""The AIMD in-flight gate (an asyncio semaphore whose size follows the core's adaptive limit), and the layer
+that holds one of its slots around the rest of the call and feeds the latency back.
+
+A struggling provider sees fewer concurrent calls: every answered call's latency grows (or, past the
+baseline, cuts) the adaptive limit; 429 congestion reaches it from the rate-limit layer below.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
+from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.aimd import AdaptiveLimit
+from streamproc.core.outcome import Success
+from streamproc.llm.client import CallResult
+from streamproc.llm.layer import Layer, Refused
 
 
 class AdaptiveGate:
@@ -68,3 +79,19 @@ class AdaptiveGate:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         self.release()
+
+
+class GatedLayer:
+    """Everything below (token wait, breaker check, call) runs inside one slot of the gate."""
+
+    def __init__(self, inner: Layer[CallResult | Refused], gate: AdaptiveGate, clock: Callable[[], float]) -> None:
+        self._inner = inner
+        self._gate = gate
+        self._clock = clock
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
+        async with self._gate:
+            called = await self._inner.call(request, body, first)
+            if isinstance(called, CallResult) and isinstance(called.outcome, Success):
+                self._gate.limit.on_success(called.latency_ms / 1000, self._clock())
+            return called

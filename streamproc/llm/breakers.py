@@ -1,0 +1,101 @@
+"""The circuit breakers of one worker, one per model, and the layer that asks one right before sending.
+
+The routing (:mod:`streamproc.llm.routed`) asks the breakers first, to pick a model, outside the gate and
+before the token wait. :class:`BreakerLayer` asks again at the bottom of the stack, after that wait: a call
+that queued for tokens while the breaker opened is not sent (:class:`Refused`, the routing picks again),
+and it records every outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from streamproc.core.events import InferenceRequest
+from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
+from streamproc.core.outcome import Failure
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.llm.client import CallResult
+from streamproc.llm.layer import Layer, Refused
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    failure_rate: float = 0.5
+    window_s: float = 10.0
+    min_calls: int = 10
+    open_s: float = 5.0
+    hold_s: float = 10.0  # how long a call may wait (in memory) for an open breaker before it is parked
+
+
+class Breakers:
+    """A breaker per model, made on first use; none at all without settings. Every transition is logged and
+    wakes the calls waiting for one (:attr:`changed`)."""
+
+    def __init__(self, settings: BreakerSettings | None) -> None:
+        self._settings = settings
+        self.by_model: dict[str, CircuitBreaker] = {}
+        self.hold_s = settings.hold_s if settings is not None else 0.0
+        self._changed = asyncio.Event()  # set (and replaced) on every breaker transition
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """Set at the next transition of any breaker."""
+        return self._changed
+
+    def get(self, model: str) -> CircuitBreaker | None:
+        if self._settings is None:
+            return None
+        breaker = self.by_model.get(model)
+        if breaker is None:
+            conf = self._settings
+            breaker = CircuitBreaker(conf.failure_rate, conf.window_s, conf.min_calls, conf.open_s,
+                                     on_change=lambda old, new: self._on_change(model, old, new))
+            self.by_model[model] = breaker
+        return breaker
+
+    def _on_change(self, model: str, old: BreakerState, new: BreakerState) -> None:
+        _log_transition(model, old, new)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()  # wakes the calls waiting for this (or any) breaker
+
+
+class BreakerLayer:
+    """Asks the model's breaker right before the call (after the token wait) and records the outcome."""
+
+    def __init__(self, inner: Layer[CallResult], breakers: Breakers, clock: Callable[[], float]) -> None:
+        self._inner = inner
+        self._breakers = breakers
+        self._clock = clock
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
+        model: str = body["model"]
+        breaker = self._breakers.get(model)
+        allowed_at = self._clock()
+        if breaker is not None and not breaker.allow(allowed_at):
+            return Refused(model)
+        called = await self._inner.call(request, body, first)
+        if breaker is not None:  # anything but transport/5xx (a configuration problem too): the service answered
+            outcome = called.outcome
+            breaker.record(not (isinstance(outcome, Failure) and _breaks(outcome)), self._clock(), started=allowed_at)
+        return called
+
+
+def _breaks(failure: Failure) -> bool:
+    """Transport failures and 5xx answers count against the breaker; 4xx, 429 and semantic ones do not."""
+    if failure.layer is FailureLayer.TRANSPORT:
+        return True
+    return failure.layer is FailureLayer.SERVICE and (failure.http_status or 0) >= 500
+
+
+def _log_transition(model: str, old: BreakerState, new: BreakerState) -> None:
+    if new is BreakerState.OPEN:
+        log.warning("circuit breaker for %s: %s -> open (too many transport/5xx failures); calls to it wait in a "
+                    "retry tier or go to a fallback model", model, old.value)
+    else:
+        log.info("circuit breaker for %s: %s -> %s", model, old.value, new.value)

@@ -1,0 +1,213 @@
+"""The guard wrappers one by one, and the order Guards stacks them in (the handler tests cover them together).
+
+Time is a fake monotonic clock; sleeps only advance it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamproc.core.events import InferenceRequest
+from streamproc.core.guards.aimd import AdaptiveLimit
+from streamproc.core.guards.budget import RetryBudget
+from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
+from streamproc.core.guards.routing import Routes
+from streamproc.core.guards.token_estimate import TokenEstimator
+from streamproc.core.outcome import Failure, Success
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.llm.breakers import BreakerLayer, Breakers, BreakerSettings
+from streamproc.llm.client import CallResult
+from streamproc.llm.context_fallback import ContextFallbackLayer
+from streamproc.llm.gated import AdaptiveGate, GatedLayer
+from streamproc.llm.guarded import Guards
+from streamproc.llm.layer import Refused
+from streamproc.llm.metered import MeteredCaller
+from streamproc.llm.paced import RateLimitedLayer
+from streamproc.llm.routed import Deferred, Routed, RoutingLayer
+from tests.unit.app.test_handler_guards import MonotonicClock
+
+REQUEST = InferenceRequest("r-1", "{}", batch_id="b")
+BODY: dict[str, Any] = {"model": "big", "messages": [{"role": "user", "content": "x" * 400}]}
+OK = CallResult(Success("fine", "big", prompt_tokens=200, completion_tokens=1), b"{}", 40)
+DOWN = CallResult(Failure(FailureLayer.SERVICE, "server_error", "HTTP 503", http_status=503), b"", 10)
+TOO_LONG = CallResult(Failure(FailureLayer.BUSINESS, "context_length_exceeded", "too long", http_status=400), b"", 10)
+EMPTY_BUCKET = CallResult(Failure(FailureLayer.SERVICE, "rate_limit_exceeded", "429", 429, retry_after_ms=3_000),
+                          b"", 10, {"x-ratelimit-remaining-requests": "0"})
+BREAKERS = BreakerSettings(failure_rate=0.5, window_s=10, min_calls=1, open_s=5, hold_s=0)
+
+
+@dataclass
+class Script:
+    """The HTTP caller (and a layer that never refuses), answering from a list, then OK."""
+
+    answers: list[CallResult] = field(default_factory=list)
+    calls: list[tuple[dict[str, Any], bool]] = field(default_factory=list)
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool = True) -> CallResult:
+        self.calls.append((body, first))
+        return self.answers.pop(0) if self.answers else OK
+
+
+@dataclass
+class Refusing:
+    """A layer whose breaker check refuses every call."""
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
+        return Refused(body["model"])
+
+
+def open_breaker(breakers: Breakers, model: str, now: float) -> None:
+    breaker = breakers.get(model)
+    assert breaker is not None
+    breaker.record(False, now)  # min_calls=1: one failure opens it
+
+
+async def test_metered_counts_first_attempts_only_and_calibrates_the_estimate() -> None:
+    budget, estimator = RetryBudget(), TokenEstimator()
+    metered = MeteredCaller(Script(), budget, estimator)
+    await metered.call(REQUEST, BODY, True)
+    await metered.call(REQUEST, BODY, False)
+    assert budget.counts("b") == (1, 0)
+    assert estimator.ratio > 1  # 200 prompt tokens reported for a raw estimate of 107
+
+
+async def test_breaker_layer_records_what_breaks_and_refuses_once_open_without_calling() -> None:
+    clock, script = MonotonicClock(), Script([DOWN, EMPTY_BUCKET, DOWN])
+    breakers = Breakers(BreakerSettings(failure_rate=0.5, window_s=10, min_calls=3, open_s=5))
+    layer = BreakerLayer(script, breakers, clock)
+    await layer.call(REQUEST, BODY, True)  # a 503: a failure
+    await layer.call(REQUEST, BODY, True)  # a 429 is an answer from a working service: not one
+    breaker = breakers.get("big")
+    assert breaker is not None and breaker.window(clock()) == (2, 1)
+    await layer.call(REQUEST, BODY, True)  # 2 of 3: open
+    assert await layer.call(REQUEST, BODY, True) == Refused("big")
+    assert len(script.calls) == 3
+
+
+async def test_without_breaker_settings_the_breaker_layer_only_calls() -> None:
+    script = Script([DOWN] * 20)
+    layer = BreakerLayer(script, Breakers(None), MonotonicClock())
+    for _ in range(20):
+        assert await layer.call(REQUEST, BODY, True) == DOWN
+    assert Breakers(None).get("big") is None
+
+
+async def test_a_breaker_that_opens_during_the_token_wait_refuses_and_the_routing_picks_the_fallback() -> None:
+    clock, counted, breakers = MonotonicClock(), list[tuple[str, ...]](), Breakers(BREAKERS)
+    limiter = RateLimiter(RateLimits(rpm=60), share=1.0)
+    limiter.for_model("big", clock()).reserve(1, clock())  # the bucket is empty: the next call waits a second
+
+    async def sleep(seconds: float) -> None:  # while it waits, the breaker of "big" opens
+        clock.now += seconds
+        open_breaker(breakers, "big", clock())
+
+    script = Script()
+    paced = RateLimitedLayer(BreakerLayer(script, breakers, clock), limiter, TokenEstimator(), clock, sleep)
+    routing = RoutingLayer(paced, Routes(model_fallbacks={"big": ["small"]}), breakers,
+                           lambda *key: counted.append(key), clock)
+    assert await routing.call(REQUEST, BODY, True) == Routed("small", OK)
+    assert [body["model"] for body, _ in script.calls] == ["small"]  # "big" was not called
+    assert counted == [("big", "small", "breaker_open")]
+
+
+async def test_routing_without_breakers_sends_the_body_as_it_is() -> None:
+    script = Script()
+    routing = RoutingLayer(script, Routes(), Breakers(None), lambda *key: None, MonotonicClock())
+    assert await routing.call(REQUEST, BODY, True) == Routed("big", OK)
+    assert script.calls[0][0] is BODY
+
+
+async def test_routing_defers_until_the_breaker_may_probe() -> None:
+    clock, breakers = MonotonicClock(), Breakers(BREAKERS)
+    open_breaker(breakers, "big", clock())
+    clock.now += 2
+    routing = RoutingLayer(Script(), Routes(), breakers, lambda *key: None, clock)
+    assert await routing.call(REQUEST, BODY, True) == Deferred(3.0, "big")
+
+
+async def test_context_fallback_follows_the_model_that_was_called_and_is_not_a_first_attempt() -> None:
+    counted: list[tuple[str, ...]] = []
+    routes = Routes(context_fallbacks={"small": "long", "big": "unused"})
+
+    @dataclass
+    class Routing:
+        seen: list[tuple[str, bool]] = field(default_factory=list)
+
+        async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> Routed | Deferred:
+            self.seen.append((body["model"], first))
+            return Routed("small", TOO_LONG) if body["model"] == "big" else Routed(body["model"], OK)
+
+    routing = Routing()
+    layer = ContextFallbackLayer(routing, routes, lambda *key: counted.append(key))
+    assert await layer.call(REQUEST, BODY, True) == OK
+    assert routing.seen == [("big", True), ("long", False)]
+    assert counted == [("small", "long", "context_length")]
+
+
+async def test_rate_limited_layer_charges_the_estimate_made_before_the_call_and_reports_congestion() -> None:
+    clock, congestion = MonotonicClock(), list[float]()
+    limiter = RateLimiter(RateLimits(rpm=60), share=1.0)
+    layer = RateLimitedLayer(Script([OK, EMPTY_BUCKET]), limiter, TokenEstimator(), clock, clock.sleep,
+                             congestion.append)
+    started = clock.now
+    await layer.call(REQUEST, BODY, True)
+    await layer.call(REQUEST, BODY, True)  # 60/min, a burst of one: this one waited a second
+    assert clock.now == started + 1
+    assert congestion == [started + 1]
+    assert limiter.for_model("big", clock()).paused_until == started + 4  # the 429's retry-after: 3 s
+
+
+async def test_rate_limited_layer_learns_nothing_from_a_refusal() -> None:
+    clock, congestion = MonotonicClock(), list[float]()
+    limiter = RateLimiter(RateLimits(), share=1.0)
+    layer = RateLimitedLayer(Refusing(), limiter, TokenEstimator(), clock, clock.sleep,
+                             congestion.append)
+    assert await layer.call(REQUEST, BODY, True) == Refused("big")
+    assert limiter.limits_by_model()["big"] == RateLimits() and congestion == []
+
+
+async def test_gated_layer_holds_a_slot_during_the_call_and_grows_the_limit_on_success() -> None:
+    adaptive = AdaptiveLimit(1, 10, initial=2)
+    gate = AdaptiveGate(adaptive)
+    in_use: list[int] = []
+
+    @dataclass
+    class Peek:
+        async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
+            in_use.append(gate.in_use)
+            return OK
+
+    await GatedLayer(Peek(), gate, MonotonicClock()).call(REQUEST, BODY, True)
+    assert in_use == [1] and gate.in_use == 0
+    assert adaptive.limit == 2 and adaptive.latency_ewma == 0.04
+
+
+async def test_a_call_waiting_for_a_breaker_holds_no_gate_slot() -> None:
+    """Routing runs outside the gate: with one slot, a call held for an open breaker does not block another
+    model's call."""
+    clock, released = MonotonicClock(), asyncio.Event()
+
+    async def wait(event: asyncio.Event, timeout_s: float) -> None:
+        await released.wait()
+        clock.now += timeout_s
+
+    script = Script([DOWN])
+    guards = Guards(script, adaptive=AdaptiveLimit(1, 1), clock=clock, sleep=clock.sleep, wait=wait,
+                    breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=1, open_s=5, hold_s=10))
+    assert await guards.call(REQUEST, BODY, 1) == DOWN  # the breaker of "big" opens
+    held = asyncio.create_task(guards.call(REQUEST, BODY, 1))
+    await asyncio.sleep(0)
+    assert not held.done()
+    assert await asyncio.wait_for(guards.call(REQUEST, {**BODY, "model": "other"}, 1), 1) == OK
+    released.set()
+    assert await held == OK
+    assert [body["model"] for body, _ in script.calls] == ["big", "other", "big"]
+
+
+async def test_a_body_without_a_model_goes_straight_to_the_caller() -> None:
+    script, budget = Script(), RetryBudget()
+    guards = Guards(script, budget=budget, adaptive=AdaptiveLimit(1, 1), breakers=BREAKERS)
+    assert await guards.call(REQUEST, {"messages": []}, 1) == OK
+    assert budget.counts("b") == (0, 0) and guards.breaker_states() == {}
