@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     llm_connect_timeout_s: float = Field(default=5.0, gt=0)
     default_model: str = Field(default="mock-small", description="Model of simple-form input lines without one.")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body submit accepts.")
-    # -- guards (DESIGN §5): protect the provider and the budget --------------------------------------------
+    # -- guards (design §5): protect the provider and the budget --------------------------------------------
     llm_rpm: float = Field(default=0, ge=0, description="Requests/min per model this account may send; 0 = learn "
                            "it from the provider's x-ratelimit-limit-requests header.")
     llm_tpm: float = Field(default=0, ge=0, description="Tokens/min (prompt + max_tokens) per model; 0 = learn it "

@@ -2,7 +2,7 @@
 
 faust's ``concurrency=N`` can commit past a message still in flight (faust-streaming #606), so the worker
 takes events one at a time (``concurrency=1``, ``noack()``), runs each in its own task under a semaphore,
-and acks a partition's events only as a contiguous completed prefix (DESIGN §5).
+and acks a partition's events only as a contiguous completed prefix (design §5).
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ class Handler:
                 input_hash=state.input_hash,
             ))
             self._observer.on_result()
-            self._store.put(on_success(state, self._clock_ms()))  # result first, then state (DESIGN §4)
+            self._store.put(on_success(state, self._clock_ms()))  # result first, then state (design §4)
             return Disposition.ACK
         await self._after_failure(request, outcome, called, hop, origin, state)
         return Disposition.ACK
@@ -181,7 +181,7 @@ class Handler:
     async def _defer(self, request: InferenceRequest, deferred: Deferred, hop: headers.Hop, origin: headers.Origin,
                      state: RequestState) -> None:
         """Park the record, attempt not made, in the shortest retry tier, due when the breaker may probe
-        (DESIGN §5); a jitter of up to a second spreads the parked records."""
+        (design §5); a jitter of up to a second spreads the parked records."""
         now = self._clock_ms()
         tier = self._policy.tiers[0]  # never longer: a closed breaker must find its backlog soon
         wanted = round(deferred.delay_s * 1000) + self._rng.randrange(1000)
@@ -250,7 +250,7 @@ class Handler:
         except codec.CodecError:
             request = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
         failure = Failure(FailureLayer.BUSINESS, "internal_error", f"{type(exc).__name__}: {exc}"[:1000])
-        hop = headers.read_hop(record.headers)  # provenance is carried, never rewritten (DESIGN §3)
+        hop = headers.read_hop(record.headers)  # provenance is carried, never rewritten (design §3)
         origin = hop.origin or headers.Origin(record.topic, record.partition, record.offset)
         try:
             await self._emit_failure(request, failure, hop.attempt, True, hop.first_failure_ms or self._clock_ms(),

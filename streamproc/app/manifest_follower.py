@@ -1,6 +1,6 @@
 """How many requests each batch submitted, followed from the manifests topic, for the retry budget.
 
-The retry budget of a batch is a fraction of its first attempts (DESIGN §5). Counting them as they happen
+The retry budget of a batch is a fraction of its first attempts (design §5). Counting them as they happen
 makes the budget strict early in a batch and after a restart, so a worker also reads the batch manifests
 (``llm.batches``: compacted, one partition, written by ``submit`` once a file is sent, see
 :mod:`streamproc.codec.manifest`). Every worker reads the whole topic without a consumer group, so each knows

@@ -1,6 +1,6 @@
 """The bytes on the wire: an Avro body framed so that a reader can find the writer's schema.
 
-Two framings (DESIGN §3):
+Two framings (design §3):
 
 * Avro single-object encoding, written by default: ``C3 01`` + the 8-byte CRC-64-AVRO fingerprint of the
   writer schema's Parsing Canonical Form (little-endian, as the Java implementation writes it) + the Avro

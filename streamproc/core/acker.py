@@ -2,7 +2,7 @@
 
 Events are handled concurrently and finish in any order, but a Kafka commit covers everything below the
 committed offset. Acking out of order is how faust's ``concurrency=N`` loses messages on a crash
-(faust-streaming #606, DESIGN §5); acking only a contiguous completed prefix cannot.
+(faust-streaming #606, design §5); acking only a contiguous completed prefix cannot.
 
 Each partition keeps a deque of tracked offsets in arrival order plus the set of those completed ahead of
 the head; ``complete`` pops from the head while the head is done. Every offset is pushed, added and popped

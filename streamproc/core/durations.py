@@ -33,14 +33,21 @@ def parse_duration_ms(text: str) -> int | None:
         end = match.end()
     return ceil_ms(total) if end and end == len(text) else None
 
-def parse_seconds(value: str | None) -> float | None:
+def parse_number(value: str | None) -> float | None:
+    """A finite number written as text (a header value), or None for anything else."""
     if value is None:
         return None
     try:
         number = float(value.strip())
     except ValueError:
         return None
-    return number if math.isfinite(number) and number >= 0 else None
+    return number if math.isfinite(number) else None
+
+
+def parse_seconds(value: str | None) -> float | None:
+    """A finite, non-negative number of seconds, or None."""
+    number = parse_number(value)
+    return number if number is not None and number >= 0 else None
 
 
 def ceil_ms(ms: float) -> int:

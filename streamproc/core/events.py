@@ -65,7 +65,7 @@ class FailureEvent:
 
 @dataclass(frozen=True)
 class RequestState:
-    """The state-table value for one request id: a fold over that request's events (DESIGN §4)."""
+    """The state-table value for one request id: a fold over that request's events (design §4)."""
 
     request_id: str
     status: RequestStatus

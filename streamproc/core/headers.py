@@ -1,4 +1,4 @@
-"""The ``x-*`` headers on retry and failure records (DESIGN §3): UTF-8 text, replaced on every hop.
+"""The ``x-*`` headers on retry and failure records (design §3): UTF-8 text, replaced on every hop.
 
 Headers are rebuilt from scratch at each hop rather than appended to, so they never grow with the number
 of attempts; provenance (``x-orig-*``) is written once, from the first record, and then carried.

@@ -1,4 +1,4 @@
-"""The per-request state machine, as a fold over the request's events (DESIGN §4).
+"""The per-request state machine, as a fold over the request's events (design §4).
 
 ``admit`` decides whether a record read from ``requests``, a retry tier or a replay may call the LLM;
 ``on_success``, ``on_retry_scheduled`` and ``on_terminal_failure`` give the state after the outcome. All
@@ -15,7 +15,7 @@ duplicate and is skipped.
 admitted only if it is newer than that, so a stale copy of a retry record (left by a crash between its
 send and the state write) cannot start a second concurrent call.
 
-A *deferred* record (parked in a retry tier by an open circuit breaker, DESIGN §5) carries an attempt that
+A *deferred* record (parked in a retry tier by an open circuit breaker, design §5) carries an attempt that
 was never made: the state says ``retrying`` with ``last_error_code`` ``circuit_open`` and that same attempt
 number, and only a deferred record of exactly that attempt is admitted. A resubmission, or a stale copy
 of the deferred record once the attempt has been made, is skipped.
@@ -195,7 +195,7 @@ def _in_flight(
 
 
 def on_success(state: RequestState, now_ms: int) -> RequestState:
-    """The result was sent (result first, then state: DESIGN §4)."""
+    """The result was sent (result first, then state: design §4)."""
     return replace(state, status=RequestStatus.SUCCEEDED, updated_ms=now_ms, source_topic=None, source_offset=None)
 
 

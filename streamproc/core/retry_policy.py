@@ -1,4 +1,4 @@
-"""The retry policy: is a failed attempt retried, in which delay tier, and as a repair? (DESIGN §2, §5)
+"""The retry policy: is a failed attempt retried, in which delay tier, and as a repair? (design §2, §5)
 
 Backoff is *full jitter* on top of the server's hint, for the n-th failed attempt:
 ``due_in = hint + uniform(0, min(cap, base * 2**(n-1)))``. Full jitter is stateless (it needs only the
@@ -83,7 +83,7 @@ Wait = Callable[[Failure, int, random.Random], int]
 
 # -- stop conditions ---------------------------------------------------------------------------------------
 def never_for_business(failure: Failure, attempt: int) -> Terminal | None:
-    """Business failures are never retried as is (DESIGN §2): the same input would fail the same way."""
+    """Business failures are never retried as is (design §2): the same input would fail the same way."""
     return Terminal("never_retried") if failure.layer is FailureLayer.BUSINESS else None
 
 
@@ -139,7 +139,7 @@ class RetryPolicy:
     tiers: tuple[Tier, ...] = DEFAULT_TIERS
     max_attempts: Mapping[FailureLayer, int] = field(default_factory=lambda: DEFAULT_MAX_ATTEMPTS)
     base_delay_ms: int = 5_000
-    repair_from_attempt: int = 2  # the first attempt sent as a repair request (DESIGN: "from the 2nd try on")
+    repair_from_attempt: int = 2  # the first attempt sent as a repair request (design §2: "from the 2nd try on")
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -152,7 +152,7 @@ class RetryPolicy:
         if set(self.max_attempts) != set(FailureLayer) or min(self.max_attempts.values()) < 1:
             raise ValueError("max_attempts needs a value >= 1 for every layer")
         if self.max_attempts[FailureLayer.BUSINESS] != 1:
-            raise ValueError("business failures are never retried as is (DESIGN §2)")
+            raise ValueError("business failures are never retried as is (design §2)")
         if self.base_delay_ms < 0:
             raise ValueError("base_delay_ms must be >= 0")
 

@@ -1,6 +1,6 @@
 """Failure classification: each LLM call outcome becomes a result, a layered failure or a setup problem.
 
-The layer decides the retry policy, the failure topic and what backfill does (DESIGN §2), so classification
+The layer decides the retry policy, the failure topic and what backfill does (design §2), so classification
 must be total and predictable. Codes are a closed vocabulary (OpenAI's names where they exist, ours
 otherwise) so that backfill filters like ``--error-code rate_limit_exceeded`` work across providers; the
 provider's own identifier is kept in ``message`` (``"HTTP 429 slow_down: ..."``).

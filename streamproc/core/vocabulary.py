@@ -1,4 +1,4 @@
-"""The vocabulary every module shares: failure layers and per-request statuses (DESIGN §2, §4)."""
+"""The vocabulary every module shares: failure layers and per-request statuses (design §2, §4)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The connection pools (several small ones, see ``POOL_SHARD_SIZE``) are sized to the in-flight limit in total,
 so a worker's concurrency is bounded in one place, and the read timeout stays well below the consumer's
-rebalance timeout (DESIGN §5).
+rebalance timeout (design §5).
 """
 
 from __future__ import annotations

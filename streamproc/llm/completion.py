@@ -1,4 +1,4 @@
-"""Checks of a 200 chat completion against what the request asked for (DESIGN §2, L1 and L3 rows).
+"""Checks of a 200 chat completion against what the request asked for (design §2, L1 and L3 rows).
 
 Kept in the LLM layer because JSON Schema validation needs jsonschema; the core stays free of it.
 """
@@ -21,7 +21,7 @@ _T, _B = FailureLayer.TRANSPORT, FailureLayer.BUSINESS
 
 
 def check_completion(body: bytes, request_body: Mapping[str, Any]) -> Outcome:
-    """Check a 200 chat-completion body against what the request asked for (DESIGN §2, L1 and L3 rows)."""
+    """Check a 200 chat-completion body against what the request asked for (design §2, L1 and L3 rows)."""
     try:
         doc: Any = json.loads(body)
     except ValueError as exc:

@@ -1,7 +1,7 @@
 """The guards of one worker around its LLM caller, stacked as wrappers; and what the handler asks them.
 
 One :class:`Guards` per worker process, shared by every in-flight call, so the limits hold for the process
-as a whole (DESIGN §5). Each guard is a wrapper around the next (like httpx transports, see
+as a whole (design §5). Each guard is a wrapper around the next (like httpx transports, see
 :mod:`streamproc.llm.layer`); a call goes down the stack, outermost first:
 
 1. :class:`ContextFallbackLayer`: a ``context_length_exceeded`` answer is sent once more, through the whole

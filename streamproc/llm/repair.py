@@ -1,4 +1,4 @@
-"""Repair requests: the rejected answer and the format rules sent back to the model (DESIGN §2, L3)."""
+"""Repair requests: the rejected answer and the format rules sent back to the model (design §2, L3)."""
 
 from __future__ import annotations
 

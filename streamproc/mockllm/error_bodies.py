@@ -26,7 +26,7 @@ class ErrorReply:
 
     @property
     def code(self) -> str | None:
-        """The structured code a client classifies by first (DESIGN §2)."""
+        """The structured code a client classifies by first (design §2)."""
         error = self.body.get("error")
         if not isinstance(error, Mapping):
             return None

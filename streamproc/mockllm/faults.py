@@ -82,7 +82,7 @@ _LAYERS: dict[FaultKind, FailureLayer | None] = {
     ),
     FaultKind.INVALID_REQUEST: FailureLayer.BUSINESS,
     FaultKind.CONTENT_POLICY: FailureLayer.BUSINESS,
-    # DESIGN §2: quota exhaustion is an account problem that must stop consumption, not a request's layer.
+    # design §2: quota exhaustion is an account problem that must stop consumption, not a request's layer.
     FaultKind.INSUFFICIENT_QUOTA: None,
 }
 

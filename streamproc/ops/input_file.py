@@ -1,4 +1,4 @@
-"""Reading batch input files, validated line by line (DESIGN §6): what ``submit`` checks and then sends.
+"""Reading batch input files, validated line by line (design §6): what ``submit`` checks and then sends.
 
 ``submit`` validates the whole file before sending anything, so every problem is reported with its line
 number (what a line may hold: :mod:`streamproc.ops.input_lines`). Files of millions of lines are streamed:

@@ -1,4 +1,4 @@
-"""One line of a batch input file: OpenAI Batch JSONL or the simple form, turned into a request (DESIGN §6).
+"""One line of a batch input file: OpenAI Batch JSONL or the simple form, turned into a request (design §6).
 
 Every problem is a :class:`LineError` with its line number and a reason precise enough to fix the line
 without reading this code.

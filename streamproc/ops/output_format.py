@@ -1,4 +1,4 @@
-"""Export in OpenAI's batch output and error file formats, exactly one line per ``custom_id`` (DESIGN §6).
+"""Export in OpenAI's batch output and error file formats, exactly one line per ``custom_id`` (design §6).
 
 A line's ``id`` (``batch_req_…``) is derived from the batch and custom_id, so exporting twice gives the same
 file and a request keeps its line id whichever file it lands in. Error lines follow OpenAI's error-file

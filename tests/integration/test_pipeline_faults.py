@@ -65,7 +65,7 @@ async def test_sigkill_mid_batch_loses_nothing(settings: Settings, slow_mock: Mo
     at the kill: a finished handler wrote ``succeeded`` (or a failure) to the local RocksDB table, which a
     SIGKILL does not lose, so its redelivery is skipped; that covers records acked but not committed and
     records done behind a slower one (never acked). A running handler's result may already be on Kafka (the
-    kill fell between the result and the state write, DESIGN §4): that is a duplicated result, also bounded.
+    kill fell between the result and the state write, design §4): that is a duplicated result, also bounded.
     """
     assert settings.kafka_bootstrap is not None
     topology = settings.topology()

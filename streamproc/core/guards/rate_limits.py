@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from streamproc.core.durations import parse_duration_ms
+from streamproc.core.durations import parse_duration_ms, parse_number
 from streamproc.core.guards.bucket import TokenBucket
 
 DEFAULT_CONGESTION_WAIT_S = 1.0  # a 429 that names no wait at all
@@ -109,8 +109,8 @@ class ModelRateLimiter:
 
     def _exhausted(self, headers: Mapping[str, str], tokens: int) -> tuple[str, ...] | None:
         """The units the headers say are exhausted; all units if they say nothing; None if none is."""
-        remaining_requests = _number(_header(headers, "x-ratelimit-remaining-requests"))
-        remaining_tokens = _number(_header(headers, "x-ratelimit-remaining-tokens"))
+        remaining_requests = parse_number(_header(headers, "x-ratelimit-remaining-requests"))
+        remaining_tokens = parse_number(_header(headers, "x-ratelimit-remaining-tokens"))
         if remaining_requests is None and remaining_tokens is None:
             return _UNITS
         exhausted = tuple(
@@ -176,18 +176,8 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return value
 
 
-def _number(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        value = float(text.strip())
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _positive(text: str | None) -> float | None:
-    value = _number(text)
+    value = parse_number(text)
     return value if value is not None and value > 0 else None
 
 

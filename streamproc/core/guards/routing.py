@@ -2,7 +2,7 @@
 
 Pure: the caller passes the token estimate and which models may take a call now. A request whose estimated
 prompt plus ``max_tokens`` exceeds its model's window goes to the configured larger-context model, or ends
-as a business failure before any call (DESIGN §5): sending it would only buy a 400. While a model's breaker
+as a business failure before any call (design §5): sending it would only buy a 400. While a model's breaker
 is open, its fallbacks are tried in order.
 """
 

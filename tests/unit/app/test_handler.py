@@ -264,7 +264,7 @@ async def test_success_sends_one_result_then_marks_the_request_succeeded() -> No
     assert called_request == request and called_body == BODY
     state = rig.state()
     assert (state.status, state.attempts, state.source_topic) == (RequestStatus.SUCCEEDED, 1, None)
-    # in flight before the call, result before the succeeded state (DESIGN §4)
+    # in flight before the call, result before the succeeded state (design §4)
     assert rig.log == ["state in_flight", "result req-1", "state succeeded"]
 
 

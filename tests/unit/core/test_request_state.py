@@ -1,4 +1,4 @@
-"""The per-request state machine: dedupe, crash redelivery, retries, replays and conflicts (DESIGN §4)."""
+"""The per-request state machine: dedupe, crash redelivery, retries, replays and conflicts (design §4)."""
 
 from __future__ import annotations
 

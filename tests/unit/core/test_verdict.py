@@ -31,7 +31,7 @@ def vllm_error(message: str, type_: str, code: int) -> bytes:
 
 NGINX_502 = b"<html><head><title>502 Bad Gateway</title></head><body><center>502 Bad Gateway</center></body></html>"
 
-# (status, body, layer, code): the failure rows of DESIGN §2 as providers actually send them.
+# (status, body, layer, code): the failure rows of design §2 as providers actually send them.
 FAILURE_ROWS = [
     pytest.param(408, b"", T, "request_timeout", id="408"),
     pytest.param(
