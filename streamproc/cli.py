@@ -18,6 +18,7 @@ from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.core.batch_status import format_status
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import LocalBroker
+from streamproc.devstack.real_llm import RealLLM
 from streamproc.errors import UserFacingError
 from streamproc.mockllm.cli import mock_llm
 from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
@@ -80,6 +81,36 @@ def broker_status(bootstrap_only: bool) -> None:
     click.echo(status.describe())
     if not status.running:
         sys.exit(3)
+
+
+@cli.group("real-llm")
+def real_llm() -> None:
+    """A real OpenAI-compatible server on this machine: llama-cpp-python with SmolLM2-135M (one slot,
+    2,048-token window), installed into its own virtualenv under the cache dir on first start."""
+
+
+@real_llm.command("start")
+@click.option("--port", default=0, show_default=True, help="Port on 127.0.0.1 (0: a free one).")
+def real_llm_start(port: int) -> None:
+    """Install (first time: ~15 min of compiling) and start the server; prints its base URL."""
+    status = RealLLM(Settings()).start(port)
+    click.echo(status.base_url)
+
+
+@real_llm.command("stop")
+def real_llm_stop() -> None:
+    """Stop the server started by `real-llm start`."""
+    click.echo("stopped" if RealLLM(Settings()).stop() else "not running")
+
+
+@real_llm.command("status")
+def real_llm_status() -> None:
+    """Print the base URL of the running server (exit 3 when it is not running)."""
+    status = RealLLM(Settings()).status()
+    if not status.running:
+        click.echo("not running")
+        sys.exit(3)
+    click.echo(status.base_url)
 
 
 @cli.command("roundtrip")

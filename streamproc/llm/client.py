@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import httpx
 
@@ -48,6 +49,19 @@ def request_body(request: InferenceRequest) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ValueError("the request body is not a JSON object")
     return repair_messages(body, request.repair) if request.repair is not None else body
+
+
+# OpenAI's header for a caller's own correlation id (ASCII, at most 512 characters). Not ``x-request-id``: servers
+# set that one themselves, and some refuse a client's value that is not a UUID (llama-cpp-python's server
+# answers such a call with an empty 400, so every request would end as a business failure).
+CLIENT_REQUEST_ID = "x-client-request-id"
+_MAX_CLIENT_REQUEST_ID = 512
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
+def correlation_headers(request: InferenceRequest) -> dict[str, str]:
+    """The request id as ``x-client-request-id``, percent-encoded to printable ASCII (ids are any text)."""
+    return {CLIENT_REQUEST_ID: quote(request.request_id, safe=_HEADER_SAFE)[:_MAX_CLIENT_REQUEST_ID]}
 
 
 def answer_content(response_body: bytes) -> str:
@@ -102,7 +116,7 @@ class LLMClient:
         self._busy[shard] += 1
         started = time.monotonic()
         try:
-            response = await self._clients[shard].post(path, json=body, headers={"x-request-id": request.request_id})
+            response = await self._clients[shard].post(path, json=body, headers=correlation_headers(request))
             content = response.content
         except Exception as exc:
             return CallResult(classify_exception(exc), b"", _ms_since(started))

@@ -82,7 +82,7 @@ class Incoming:
     body: bytes
     authorization: str | None = None
     forced_fault: str | None = None  # the x-mock-fault header
-    request_id: str | None = None  # the x-request-id header
+    request_id: str | None = None  # x-client-request-id (percent-decoded), else x-request-id
 
 
 class MockEngine:

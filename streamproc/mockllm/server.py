@@ -14,6 +14,7 @@ import socket
 import struct
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -109,7 +110,7 @@ class MockLLMServer:
                 body,
                 headers.get("Authorization"),
                 headers.get("x-mock-fault"),
-                headers.get("x-request-id"),
+                _client_request_id(headers),
             )
             try:
                 outcome = self.engine.decide(incoming)
@@ -288,3 +289,9 @@ class MockLLMServer:
         if request.path in known:
             return _error_response(errors.method_not_allowed(request.method, request.path))
         return _error_response(errors.not_found_route(request.method, request.path))
+
+
+def _client_request_id(headers: Mapping[str, str]) -> str | None:
+    """The caller's correlation id: OpenAI's ``x-client-request-id`` (percent-decoded), else ``x-request-id``."""
+    client_id = headers.get("x-client-request-id")
+    return unquote(client_id) if client_id is not None else headers.get("x-request-id")

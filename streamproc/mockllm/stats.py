@@ -1,8 +1,8 @@
 """What the server received and answered, so tests can assert on it ("no business failure was called twice").
 
 Calls are counted per distinct request content (the content key) and per client request id (header
-``x-request-id``, e.g. the batch ``custom_id``). The count per content is also the attempt number that
-the fault draw uses, so this ledger is the server's memory of retries.
+``x-client-request-id``, or ``x-request-id``; e.g. the batch ``custom_id``). The count per content is also
+the attempt number that the fault draw uses, so this ledger is the server's memory of retries.
 """
 
 from __future__ import annotations

@@ -375,6 +375,16 @@ async def test_stats_count_per_request_and_per_id(mock: MockLLMHandle, http: aio
     assert (stats["in_flight"], stats["hanging"], stats["internal_errors"]) == (0, 0, 0)
 
 
+async def test_the_client_request_id_header_names_the_request(mock: MockLLMHandle, http: aiohttp.ClientSession) -> None:
+    """OpenAI's x-client-request-id (what the worker sends, percent-encoded) wins over x-request-id."""
+    for headers in ({"x-client-request-id": "b%C3%A4tch-1:r%25"}, {"x-client-request-id": "c", "x-request-id": "x"}):
+        async with http.post(f"{mock.url}/chat/completions", json=chat(), headers=headers) as response:
+            assert response.status == 200
+    async with http.get(f"{mock.root}/stats?detail=1") as response:
+        stats = await response.json()
+    assert set(stats["per_request_id"]) == {"b\u00e4tch-1:r%", "c"}
+
+
 async def test_control_outage_and_reset(mock: MockLLMHandle, http: aiohttp.ClientSession) -> None:
     async def control(path: str, body: Any) -> tuple[int, Any]:
         async with http.post(f"{mock.root}/control/{path}", json=body) as response:
