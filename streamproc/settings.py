@@ -65,8 +65,10 @@ class Settings(BaseSettings):
                            "from x-ratelimit-limit-tokens.")
     llm_limit_share: float = Field(default=1.0, gt=0, le=1, description="This worker's share of the rate limits: "
                                    "with N workers on one account, 1/N each.")
-    adaptive_min_in_flight: int = Field(default=8, ge=1, description="Floor of the adaptive (AIMD) in-flight "
-                                        "limit; STREAMPROC_IN_FLIGHT is its ceiling.")
+    adaptive_min_in_flight: int = Field(default=1, ge=1, description="Floor of the adaptive in-flight limit "
+                                        "(latency gradient); STREAMPROC_IN_FLIGHT is its ceiling.")
+    adaptive_initial_in_flight: int = Field(default=16, ge=1, description="Where the adaptive in-flight limit "
+                                            "starts; it doubles per round trip while latency does not rise.")
     breaker_enabled: bool = Field(default=True, description="Circuit breaker per model (off only to measure it).")
     breaker_failure_rate: float = Field(default=0.5, gt=0, le=1, description="Transport/5xx failure fraction "
                                         "that opens a model's breaker.")

@@ -43,7 +43,7 @@ from streamproc.core.outcome import ConfigurationProblem
 from streamproc.core.retry_policy import RetryPolicy, Tier
 from streamproc.core.topology import Topology
 from streamproc.llm.client import LLMClient
-from streamproc.llm.guarded import Guards
+from streamproc.llm.guarded import Guards, adaptive_bounds
 from streamproc.settings import Settings
 
 log = logging.getLogger("streamproc.app.worker")
@@ -271,11 +271,12 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
                      in_flight=lambda: runtime.dispatcher.in_flight)
     log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
              settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
-    log.info("guards: rate limits %s RPM / %s TPM per model (share %g), in flight %d..%d (AIMD), breaker %s, "
-             "retry budget %g %% + %d, context windows %s, fallbacks %s, context fallbacks %s",
-             f"{settings.llm_rpm:g}" if settings.llm_rpm else "learned", f"{settings.llm_tpm:g}" if settings.llm_tpm
-             else "learned", settings.llm_limit_share, min(settings.adaptive_min_in_flight, settings.in_flight),
-             settings.in_flight, "on" if settings.breaker_enabled else "OFF", settings.retry_budget_ratio * 100,
+    floor, ceiling, start = adaptive_bounds(settings)
+    log.info("guards: rate limits %s RPM / %s TPM per model (share %g), in flight %d..%d from %d (latency "
+             "gradient), breaker %s, retry budget %g %% + %d, context windows %s, fallbacks %s, context fallbacks %s",
+             f"{settings.llm_rpm:g}" if settings.llm_rpm else "learned",
+             f"{settings.llm_tpm:g}" if settings.llm_tpm else "learned", settings.llm_limit_share, floor, ceiling,
+             start, "on" if settings.breaker_enabled else "OFF", settings.retry_budget_ratio * 100,
              settings.retry_budget_min, settings.context_windows or "none", settings.model_fallbacks or "none",
              settings.context_fallbacks or "none")
     worker = faust.Worker(runtime.app, loop=loop, loglevel=loglevel, quiet=True, redirect_stdouts=False)

@@ -1,8 +1,8 @@
-"""The AIMD in-flight gate (an asyncio semaphore whose size follows the core's adaptive limit), and the layer
+"""The adaptive in-flight gate (an asyncio semaphore whose size follows the core's gradient limit), and the layer
 that holds one of its slots around the rest of the call and feeds the latency back.
 
-A struggling provider sees fewer concurrent calls: every answered call's latency grows (or, past the
-baseline, cuts) the adaptive limit; 429 congestion reaches it from the rate-limit layer below.
+A server that queues sees fewer concurrent calls: every answered call's latency (per completion token)
+feeds the gradient limit; 429 congestion reaches it from the rate-limit layer below.
 """
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ from types import TracebackType
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
-from streamproc.core.guards.aimd import AdaptiveLimit
+from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.outcome import Success
 from streamproc.llm.client import CallResult
 from streamproc.llm.layer import Layer, Refused
 
 
 class AdaptiveGate:
-    """An asyncio semaphore whose size follows an AdaptiveLimit (it is async but does no I/O).
+    """An asyncio semaphore whose size follows a GradientLimit (it is async but does no I/O).
 
     When the limit shrinks, running holders finish undisturbed and newcomers wait until ``in_use`` is below
     the new limit. Waiters are woken first come, first served.
     """
 
-    def __init__(self, limit: AdaptiveLimit) -> None:
+    def __init__(self, limit: GradientLimit) -> None:
         self._limit = limit
         self._in_use = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -42,7 +42,7 @@ class AdaptiveGate:
         return sum(1 for waiter in self._waiters if not waiter.done())
 
     @property
-    def limit(self) -> AdaptiveLimit:
+    def limit(self) -> GradientLimit:
         return self._limit
 
     async def acquire(self) -> None:
@@ -93,5 +93,6 @@ class GatedLayer:
         async with self._gate:
             called = await self._inner.call(request, body, first)
             if isinstance(called, CallResult) and isinstance(called.outcome, Success):
-                self._gate.limit.on_success(called.latency_ms / 1000, self._clock())
+                self._gate.limit.on_sample(called.latency_ms / 1000, self._gate.in_use, self._clock(),
+                                           called.outcome.completion_tokens)
             return called

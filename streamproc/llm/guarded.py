@@ -30,9 +30,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
-from streamproc.core.guards.aimd import AdaptiveLimit
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.guards.budget import RetryBudget
+from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
 from streamproc.core.guards.token_estimate import TokenEstimator
@@ -55,7 +55,7 @@ class Guards:
     """Everything between the handler and the HTTP client; see the module docstring for the order."""
 
     def __init__(self, caller: Caller, *, routes: Routes | None = None, limiter: RateLimiter | None = None,
-                 adaptive: AdaptiveLimit | None = None, breakers: BreakerSettings | None = None,
+                 adaptive: GradientLimit | None = None, breakers: BreakerSettings | None = None,
                  budget: RetryBudget | None = None, estimator: TokenEstimator | None = None,
                  expected_first_attempts: Callable[[str], float] | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -94,8 +94,7 @@ class Guards:
             routes=Routes(settings.context_windows, settings.context_fallbacks, settings.model_fallbacks),
             limiter=RateLimiter(RateLimits(settings.llm_rpm or None, settings.llm_tpm or None),
                                 settings.llm_limit_share),
-            adaptive=AdaptiveLimit(min(settings.adaptive_min_in_flight, settings.in_flight), settings.in_flight,
-                                   initial=settings.in_flight),  # a batch starts at full speed; the limiter paces
+            adaptive=GradientLimit(*adaptive_bounds(settings)),
             breakers=(BreakerSettings(settings.breaker_failure_rate, settings.breaker_window_s,
                                       settings.breaker_min_calls, settings.breaker_open_s, settings.breaker_hold_s)
                       if settings.breaker_enabled else None),
@@ -158,3 +157,11 @@ class Guards:
     def rate_limits(self) -> dict[str, RateLimits]:
         """The per-minute limits each model is paced to (configured or learned, after the share)."""
         return self.limiter.limits_by_model() if self.limiter is not None else {}
+
+
+def adaptive_bounds(settings: Settings) -> tuple[int, int, int]:
+    """The in-flight limit's floor, ceiling and start: it starts low and doubles per round trip until latency
+    says the server queues (a one-slot server must not meet hundreds of calls at once)."""
+    ceiling = settings.in_flight
+    floor = min(settings.adaptive_min_in_flight, ceiling)
+    return floor, ceiling, max(floor, min(settings.adaptive_initial_in_flight, ceiling))

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from streamproc.app.handler import Disposition, Handler
 from streamproc.core import headers
-from streamproc.core.guards.aimd import AdaptiveLimit
 from streamproc.core.guards.budget import RetryBudget
+from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
 from streamproc.core.request_state import CIRCUIT_OPEN
@@ -61,7 +61,7 @@ class GuardedRig(Rig):
     breakers: BreakerSettings | None = None
     budget: RetryBudget | None = None
     limiter: RateLimiter | None = None
-    adaptive: AdaptiveLimit | None = None
+    adaptive: GradientLimit | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -218,7 +218,7 @@ def limited(remaining_requests: str) -> Reply:
 
 async def test_a_429_saying_the_bucket_is_empty_pauses_the_model_and_cuts_the_in_flight_limit() -> None:
     rig = GuardedRig([limited("0")], limiter=RateLimiter(RateLimits(), share=1.0),
-                     adaptive=AdaptiveLimit(1, 100, initial=100))
+                     adaptive=GradientLimit(1, 100, initial=100))
     await rig.handle(submission(make_request("r"), offset=0))
     model = rig.guards.rate_limits()["gpt-test"]
     assert model.rpm == 600  # learned from x-ratelimit-limit-requests
@@ -230,7 +230,7 @@ async def test_a_429_saying_the_bucket_is_empty_pauses_the_model_and_cuts_the_in
 
 async def test_a_429_while_the_provider_has_room_is_that_request_s_refusal_only() -> None:
     rig = GuardedRig([limited("5")], limiter=RateLimiter(RateLimits(), share=1.0),
-                     adaptive=AdaptiveLimit(1, 100, initial=100))
+                     adaptive=GradientLimit(1, 100, initial=100))
     await rig.handle(submission(make_request("r"), offset=0))
     assert rig.limiter is not None and rig.adaptive is not None
     assert rig.limiter.for_model("gpt-test", rig.monotonic.now).paused_until == float("-inf")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from streamproc.core.guards.aimd import AdaptiveLimit
+from streamproc.core.guards.gradient import GradientLimit
 from streamproc.llm.gated import AdaptiveGate
 
 
@@ -16,13 +16,14 @@ async def settle(rounds: int = 10) -> None:
         await asyncio.sleep(0)
 
 
-def grow(limit: AdaptiveLimit, successes: int, latency_s: float = 0.1, now: float = 0.0) -> None:
+def grow(limit: GradientLimit, successes: int, latency_s: float = 0.1, now: float = 0.0) -> None:
+    """A window of answers at steady latency with every slot used: slow start doubles the limit."""
     for _ in range(successes):
-        limit.on_success(latency_s, now)
+        limit.on_sample(latency_s, limit.limit, now)
 
 
 async def test_the_gate_admits_up_to_the_limit_then_queues() -> None:
-    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=2))
+    gate = AdaptiveGate(GradientLimit(1, 10, initial=2))
     await gate.acquire()
     await gate.acquire()
     third = asyncio.create_task(gate.acquire())
@@ -35,7 +36,7 @@ async def test_the_gate_admits_up_to_the_limit_then_queues() -> None:
 
 
 async def test_waiters_are_woken_first_come_first_served() -> None:
-    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=1))
+    gate = AdaptiveGate(GradientLimit(1, 10, initial=1))
     await gate.acquire()
     order: list[int] = []
 
@@ -53,7 +54,7 @@ async def test_waiters_are_woken_first_come_first_served() -> None:
 
 
 async def test_a_newcomer_does_not_overtake_a_waiter() -> None:
-    limit = AdaptiveLimit(1, 10, initial=1, cooldown_s=0.0)
+    limit = GradientLimit(1, 10, initial=1, cooldown_s=0.0)
     gate = AdaptiveGate(limit)
     await gate.acquire()
     waiter = asyncio.create_task(gate.acquire())
@@ -69,7 +70,7 @@ async def test_a_newcomer_does_not_overtake_a_waiter() -> None:
 
 
 async def test_shrinking_does_not_interrupt_holders_but_holds_back_newcomers() -> None:
-    limit = AdaptiveLimit(1, 10, initial=4, backoff=0.5, cooldown_s=0.0)
+    limit = GradientLimit(1, 10, initial=4, backoff=0.5, cooldown_s=0.0)
     gate = AdaptiveGate(limit)
     for _ in range(4):
         await gate.acquire()
@@ -87,13 +88,13 @@ async def test_shrinking_does_not_interrupt_holders_but_holds_back_newcomers() -
 
 
 async def test_growing_wakes_waiters_without_a_release() -> None:
-    limit = AdaptiveLimit(1, 10, initial=1)
+    limit = GradientLimit(1, 10, initial=1, window=1)
     gate = AdaptiveGate(limit)
     await gate.acquire()
     waiters = [asyncio.create_task(gate.acquire()) for _ in range(2)]
     await settle()
     assert not any(w.done() for w in waiters)
-    limit.on_success(0.1, 0.0)  # 1 -> 2
+    limit.on_sample(0.1, 1, 0.0)  # slow start: 1 -> 2
     await settle()
     assert [w.done() for w in waiters] == [True, False]
     assert gate.in_use == 2
@@ -103,7 +104,7 @@ async def test_growing_wakes_waiters_without_a_release() -> None:
 
 
 async def test_a_cancelled_waiter_leaves_the_queue_and_takes_no_slot() -> None:
-    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=1))
+    gate = AdaptiveGate(GradientLimit(1, 10, initial=1))
     await gate.acquire()
     cancelled = asyncio.create_task(gate.acquire())
     behind = asyncio.create_task(gate.acquire())
@@ -118,7 +119,7 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_takes_no_slot() -> None:
 
 
 async def test_a_waiter_cancelled_after_being_granted_gives_the_slot_back() -> None:
-    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=1))
+    gate = AdaptiveGate(GradientLimit(1, 10, initial=1))
     await gate.acquire()
     granted = asyncio.create_task(gate.acquire())
     behind = asyncio.create_task(gate.acquire())
@@ -134,7 +135,7 @@ async def test_a_waiter_cancelled_after_being_granted_gives_the_slot_back() -> N
 
 
 async def test_a_waiter_cancelled_while_a_release_drops_it_does_not_fail() -> None:
-    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=1))
+    gate = AdaptiveGate(GradientLimit(1, 10, initial=1))
     await gate.acquire()
     waiter = asyncio.create_task(gate.acquire())
     await settle()
@@ -146,7 +147,7 @@ async def test_a_waiter_cancelled_while_a_release_drops_it_does_not_fail() -> No
 
 
 async def test_async_with_releases_even_on_error() -> None:
-    gate = AdaptiveGate(AdaptiveLimit(1, 10, initial=1))
+    gate = AdaptiveGate(GradientLimit(1, 10, initial=1))
     with pytest.raises(RuntimeError, match="boom"):
         async with gate:
             assert gate.in_use == 1
@@ -155,14 +156,14 @@ async def test_async_with_releases_even_on_error() -> None:
 
 
 async def test_releasing_more_than_acquired_is_an_error() -> None:
-    gate = AdaptiveGate(AdaptiveLimit(1, 10))
+    gate = AdaptiveGate(GradientLimit(1, 10))
     with pytest.raises(RuntimeError):
         gate.release()
     assert gate.in_use == 0
 
 
 async def test_many_tasks_run_concurrently_within_the_maximum_and_all_finish() -> None:
-    limit = AdaptiveLimit(1, 8, initial=4, backoff=0.5, cooldown_s=0.0)
+    limit = GradientLimit(1, 8, initial=4, backoff=0.5, cooldown_s=0.0)
     gate = AdaptiveGate(limit)
     running = 0
     peak = 0
@@ -177,7 +178,7 @@ async def test_many_tasks_run_concurrently_within_the_maximum_and_all_finish() -
             if n % 5 == 0:
                 limit.on_congestion(0.0)
             else:
-                limit.on_success(0.01, 0.0)
+                limit.on_sample(0.01, gate.in_use, 0.0)
             running -= 1
             done += 1
 

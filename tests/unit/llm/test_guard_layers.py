@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
-from streamproc.core.guards.aimd import AdaptiveLimit
 from streamproc.core.guards.budget import RetryBudget
+from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
 from streamproc.core.guards.token_estimate import TokenEstimator
@@ -168,8 +168,8 @@ async def test_rate_limited_layer_learns_nothing_from_a_refusal() -> None:
     assert limiter.limits_by_model()["big"] == RateLimits() and congestion == []
 
 
-async def test_gated_layer_holds_a_slot_during_the_call_and_grows_the_limit_on_success() -> None:
-    adaptive = AdaptiveLimit(1, 10, initial=2)
+async def test_gated_layer_holds_a_slot_during_the_call_and_feeds_the_limit_on_success() -> None:
+    adaptive = GradientLimit(1, 10, initial=2, window=1)
     gate = AdaptiveGate(adaptive)
     in_use: list[int] = []
 
@@ -181,7 +181,7 @@ async def test_gated_layer_holds_a_slot_during_the_call_and_grows_the_limit_on_s
 
     await GatedLayer(Peek(), gate, MonotonicClock()).call(REQUEST, BODY, True)
     assert in_use == [1] and gate.in_use == 0
-    assert adaptive.limit == 2 and adaptive.latency_ewma == 0.04
+    assert adaptive.limit == 4 and adaptive.baseline_s == 0.04  # one window of one answer, both slots used: x2
 
 
 async def test_a_call_waiting_for_a_breaker_holds_no_gate_slot() -> None:
@@ -194,7 +194,7 @@ async def test_a_call_waiting_for_a_breaker_holds_no_gate_slot() -> None:
         clock.now += timeout_s
 
     script = Script([DOWN])
-    guards = Guards(script, adaptive=AdaptiveLimit(1, 1), clock=clock, sleep=clock.sleep, wait=wait,
+    guards = Guards(script, adaptive=GradientLimit(1, 1), clock=clock, sleep=clock.sleep, wait=wait,
                     breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=1, open_s=5, hold_s=10))
     assert await guards.call(REQUEST, BODY, 1) == DOWN  # the breaker of "big" opens
     held = asyncio.create_task(guards.call(REQUEST, BODY, 1))
@@ -208,6 +208,6 @@ async def test_a_call_waiting_for_a_breaker_holds_no_gate_slot() -> None:
 
 async def test_a_body_without_a_model_goes_straight_to_the_caller() -> None:
     script, budget = Script(), RetryBudget()
-    guards = Guards(script, budget=budget, adaptive=AdaptiveLimit(1, 1), breakers=BREAKERS)
+    guards = Guards(script, budget=budget, adaptive=GradientLimit(1, 1), breakers=BREAKERS)
     assert await guards.call(REQUEST, {"messages": []}, 1) == OK
     assert budget.counts("b") == (0, 0) and guards.breaker_states() == {}

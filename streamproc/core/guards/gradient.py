@@ -1,0 +1,162 @@
+"""An in-flight limit that finds the server's capacity from latency: a gradient limiter (the Vegas/gradient
+family of Netflix's concurrency-limits), plus a multiplicative cut on 429 congestion.
+
+A server answers ``c`` calls at once and queues the rest, so past ``c`` every extra call in flight adds
+queueing time to every call: latency grows with the limit while throughput does not. The limiter compares
+the mean latency of the last window of calls with the best single call seen (the no-load latency, as
+Vegas's minimum RTT) and moves the limit by their ratio, the gradient:
+
+    gradient  = clamp(tolerance * baseline / recent, 0.5, 1)
+    new limit = limit * gradient + sqrt(limit)        (smoothed; the sqrt term keeps probing upwards)
+
+Against a server with one slot the limit settles at a few calls (the fixed point of ``L = L/2 + sqrt(L)``
+is 4), so no call waits behind a long queue the client itself made; against a server whose latency does
+not grow with load the gradient stays 1 and the limit grows to its ceiling (doubling per window while
+nothing pushes back, as TCP's slow start does, then by ``sqrt`` per window).
+
+Latency is compared per completion token when the answers say how many they produced: an LLM's latency is
+mostly its output length, and a batch mixing 5-token labels with 500-token summaries must not read as a
+queue. A rise must also exceed ``min_rise_s`` of raw latency, so milliseconds of scheduler noise (a local
+mock, a saturated event loop) never cut the limit. The tolerance (3) leaves room for the spread of
+healthy latencies around their best. The baseline relaxes slowly towards each window's best call, so a
+lasting change (a slower model version) becomes the new normal; under a queue that lasts, it drifts up
+too, which lets the limit creep (Vegas has the same trade-off). Windows where fewer than half the slots
+were used say nothing about capacity and do not grow the limit. After a change, only calls started after it
+count: a window is one round trip at the new limit, so slow start cannot double past a queue it has not
+seen yet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MIN_GRADIENT = 0.5  # at most halve per window: one slow window must not collapse the limit
+BASELINE_RELAX = 0.002  # per window, the fraction of the gap to the window's best call the baseline moves up
+
+
+@dataclass
+class _Window:
+    samples: int = 0
+    per_token: float = 0.0  # sum of latency per completion token (or raw latency when tokens are unknown)
+    raw: float = 0.0  # sum of raw latency, seconds
+    busiest: int = 0  # most calls in flight seen during the window
+    best: tuple[float, float] = (math.inf, math.inf)  # the fastest call: (per token, raw seconds)
+
+    def add(self, latency_s: float, tokens: int | None, in_flight: int) -> None:
+        per_token = latency_s / tokens if tokens else latency_s
+        self.samples += 1
+        self.per_token += per_token
+        self.raw += latency_s
+        self.busiest = max(self.busiest, in_flight)
+        self.best = min(self.best, (per_token, latency_s))
+
+
+class GradientLimit:
+    """Concurrency limit from the latency gradient, cut by ``backoff`` on congestion; within [minimum, maximum].
+
+    Feed it every answered call (:meth:`on_sample`) and every 429 that says a bucket is empty
+    (:meth:`on_congestion`); read :attr:`limit`. Time is passed in; nothing here waits.
+    """
+
+    def __init__(self, minimum: int, maximum: int, initial: int | None = None, *, tolerance: float = 3.0,
+                 smoothing: float = 0.5, window: int = 10, backoff: float = 0.9, cooldown_s: float = 1.0,
+                 min_rise_s: float = 0.5) -> None:
+        if not 1 <= minimum <= maximum:
+            raise ValueError(f"need 1 <= minimum <= maximum, got {minimum}, {maximum}")
+        if initial is not None and not minimum <= initial <= maximum:
+            raise ValueError(f"initial must be within [{minimum}, {maximum}], got {initial}")
+        if not tolerance >= 1:
+            raise ValueError(f"tolerance must be >= 1, got {tolerance}")
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if not 0 < backoff < 1:
+            raise ValueError(f"backoff must be in (0, 1), got {backoff}")
+        if not cooldown_s >= 0:
+            raise ValueError(f"cooldown_s must be >= 0, got {cooldown_s}")
+        self._minimum = minimum
+        self._maximum = maximum
+        self._tolerance = tolerance
+        self._smoothing = smoothing
+        self._window_size = window
+        self._backoff = backoff
+        self._cooldown_s = cooldown_s
+        self._min_rise_s = min_rise_s
+        self._value = float(initial if initial is not None else minimum)
+        self._slow_start = True
+        self._window = _Window()
+        self._baseline: float | None = None  # the best call's latency per token
+        self._baseline_raw: float | None = None  # and its raw latency, seconds
+        self._last_cut = -math.inf
+        self._changed_at = -math.inf  # calls started before the last change say nothing about the new limit
+        self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def limit(self) -> int:
+        return min(self._maximum, max(self._minimum, math.floor(self._value + 1e-9)))
+
+    @property
+    def baseline_s(self) -> float | None:
+        """The no-load latency the limiter compares with (raw seconds), once a window completed."""
+        return self._baseline_raw
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever :attr:`limit` changes (a gate wakes its waiters when it grows)."""
+        self._listeners.append(listener)
+
+    def on_sample(self, latency_s: float, in_flight: int, now: float, completion_tokens: int | None = None) -> None:
+        """A call answered after ``latency_s`` with ``in_flight`` calls running (itself included)."""
+        if not (latency_s >= 0 and math.isfinite(latency_s)) or now - latency_s < self._changed_at:
+            return
+        self._window.add(latency_s, completion_tokens if completion_tokens and completion_tokens > 0 else None,
+                         in_flight)
+        if self._window.samples >= self._window_size:
+            window, self._window = self._window, _Window()
+            self._close(window, now)
+
+    def on_congestion(self, now: float) -> None:
+        """The provider pushed back (a 429 saying a limit is exhausted): cut, at most once per cooldown."""
+        if now - self._last_cut < self._cooldown_s:
+            return
+        self._last_cut = now
+        self._slow_start = False
+        self._set(max(float(self._minimum), self._value * self._backoff), now)
+
+    def _close(self, window: _Window, now: float) -> None:
+        recent = window.per_token / window.samples
+        recent_raw = window.raw / window.samples
+        best, best_raw = window.best
+        if self._baseline is None or self._baseline_raw is None or best < self._baseline:
+            self._baseline, self._baseline_raw = best, best_raw
+        gradient = self._gradient(recent, recent_raw)
+        self._baseline += BASELINE_RELAX * (best - self._baseline)
+        self._baseline_raw += BASELINE_RELAX * (best_raw - self._baseline_raw)
+        used_half = window.busiest * 2 >= self.limit
+        if gradient >= 1.0 and not used_half:
+            return  # the client, not the server, kept the calls few: nothing learnt about capacity
+        if gradient >= 1.0 and self._slow_start:
+            self._set(min(float(self._maximum), self._value * 2), now)
+            return
+        if gradient < 1.0:
+            self._slow_start = False
+        target = self._value * gradient + math.sqrt(self._value)
+        smoothed = self._value + self._smoothing * (target - self._value)
+        self._set(min(float(self._maximum), max(float(self._minimum), smoothed)), now)
+
+    def _gradient(self, recent: float, recent_raw: float) -> float:
+        assert self._baseline is not None and self._baseline_raw is not None
+        if recent <= 0 or recent_raw - self._baseline_raw <= self._min_rise_s:
+            return 1.0
+        return max(MIN_GRADIENT, min(1.0, self._tolerance * self._baseline / recent))
+
+    def _set(self, value: float, now: float) -> None:
+        before = self.limit
+        self._value = value
+        if self.limit != before:
+            self._changed_at = now
+            self._window = _Window()
+            for listener in self._listeners:
+                listener()

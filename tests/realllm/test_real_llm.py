@@ -1,0 +1,113 @@
+"""A realistic batch against a real OpenAI-compatible server no one here wrote: llama-cpp-python with
+SmolLM2-135M-Instruct (one slot, 2,048-token window, real truncation, real JSON mistakes, its own
+context-length refusal). Default worker settings; the first run installs the server (~15 min compile)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamproc.core.events import InferenceRequest
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.devstack.real_llm import MODEL_NAME, RealLLM
+from streamproc.settings import Settings
+from tests.integration.pipeline import (
+    OutcomeReader,
+    WorkerProcess,
+    free_port,
+    produce_requests,
+    scrape_gauge,
+    worker_env,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_llm]
+
+SCHEMA = {"type": "object", "required": ["label"], "properties": {"label": {"enum": ["spam", "ham"]}}}
+TEXTS = ["WIN A FREE CRUISE, reply now!!!", "Lunch at noon tomorrow?", "Your invoice #2231 is attached.",
+         "Cheap meds, no prescription", "Can you review my pull request?", "You have won $1,000,000"]
+
+
+@pytest.fixture(scope="module")
+def real_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = RealLLM(Settings(data_dir=tmp_path_factory.mktemp("real-llm")))
+    status = server.start()
+    assert status.base_url is not None
+    try:
+        yield status.base_url
+    finally:
+        server.stop()
+
+
+def batch() -> list[InferenceRequest]:
+    requests = []
+    for i in range(100):
+        text = TEXTS[i % len(TEXTS)]
+        body: dict[str, Any] = {"model": MODEL_NAME, "max_tokens": 64, "temperature": 0.7, "seed": i,
+                                "messages": [{"role": "user", "content": f"Is this message spam or ham? {text}"}]}
+        if i % 2:
+            body["messages"][0]["content"] += ' Answer with JSON like {"label": "spam"}.'
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "label", "schema": SCHEMA}}
+        if i % 25 == 7:  # over the 2,048-token window: the server's own refusal
+            body["messages"][0]["content"] = "Summarise: " + "the quick brown fox " * 900
+        requests.append(InferenceRequest(f"real-{i}", json.dumps(body), batch_id="real",
+                                         submitted_ms=int(time.time() * 1000)))
+    return requests
+
+
+async def test_a_realistic_batch_against_a_real_server_ends_without_transport_failures(
+        settings: Settings, real_llm: str, tmp_path: Path) -> None:
+    metrics_port = free_port()
+    worker = WorkerProcess(worker_env(settings, real_llm, tmp_path / "w1", llm_timeout_s="60",
+                                      worker_metrics_port=str(metrics_port)), tmp_path / "worker.log")
+    requests = batch()
+    ids = [request.request_id for request in requests]
+    limits: list[float] = []
+    worker.start()
+    try:
+        assert settings.kafka_bootstrap is not None
+        await produce_requests(settings.kafka_bootstrap, settings, requests)
+        async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
+            deadline = time.monotonic() + 900
+            while reader.outcomes.unfinished(ids) and time.monotonic() < deadline and worker.alive():
+                await reader.poll()
+                limit = scrape_gauge(metrics_port, "streamproc_adaptive_in_flight_limit")
+                if limit is not None:
+                    limits.append(limit)
+                await asyncio.sleep(1)
+            outcomes = await reader.wait_until_ended(ids, 5, worker)
+    finally:
+        worker.stop()
+
+    assert not outcomes.unfinished(ids), worker.log_tail()
+    events = [event for request_id in ids for event in outcomes.failures.get(request_id, [])]
+    calls = len(events) + sum(len(outcomes.results.get(request_id, [])) for request_id in ids)
+    terminal = Counter((event.layer.value, event.error_code) for event in events if event.terminal)
+    print(f"\nreal server: {sum(1 for i in ids if outcomes.results.get(i))} results, terminal failures "
+          f"{dict(terminal)}, {calls} calls ({calls / len(ids):.2f} per request), in-flight limit "
+          f"{limits[0] if limits else '?'} -> {limits[-1] if limits else '?'} (min {min(limits, default=0)})")
+
+    assert [e for e in events if e.layer is FailureLayer.TRANSPORT] == [], "a call timed out or broke"
+    assert not [e for e in events if e.error_code == "retry_budget_exhausted"]
+    for request in requests:
+        results, ended = outcomes.results.get(request.request_id, []), outcomes.terminal(request.request_id)
+        assert len(results) + len(ended) == 1, (request.request_id, results, ended)
+        body = json.loads(request.body_json)
+        oversized = len(body["messages"][0]["content"]) > 10_000
+        if oversized:  # refused by the server before any token: never retried
+            assert [(e.layer, e.error_code) for e in ended] == [(FailureLayer.BUSINESS, "context_length_exceeded")]
+            assert "maximum context length" in ended[0].message
+        elif results:
+            assert results[0].content.strip()
+            if "response_format" in body:
+                assert json.loads(results[0].content)["label"] in ("spam", "ham")
+        else:  # what the model really did: cut at max_tokens, or JSON that does not fit
+            assert ended[0].layer is FailureLayer.SEMANTIC, ended
+            assert ended[0].error_code in ("truncated", "invalid_json", "schema_mismatch", "empty_content")
+    assert limits and max(limits[len(limits) // 2:]) <= 16  # it found the one slot instead of assuming 256
