@@ -148,7 +148,8 @@ class GuardsCollector(Collector):
         yield breaker
         if guards.in_flight_limit is not None:
             yield GaugeMetricFamily(f"{NAMESPACE}_adaptive_in_flight_limit",
-                                    "The adaptive (latency-gradient) in-flight limit of LLM calls.", value=guards.in_flight_limit)
+                                    "The adaptive (latency-gradient) in-flight limit of LLM calls.",
+                                    value=guards.in_flight_limit)
         if guards.limiter is not None:  # series per model, once a model was called
             rpm = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_rpm", "Requests/min this worker paces each model to.",
                                     labels=["model"])

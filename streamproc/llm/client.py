@@ -2,7 +2,8 @@
 
 The connection pools (several small ones, see ``POOL_SHARD_SIZE``) are sized to the in-flight limit in total,
 so a worker's concurrency is bounded in one place, and the read timeout stays well below the consumer's
-rebalance timeout (design §5).
+rebalance timeout (design §5). The read timeout adapts per model (:mod:`streamproc.core.guards.timeouts`):
+``STREAMPROC_LLM_TIMEOUT_S`` is its ceiling, a few times the model's p99 latency its value once known.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from urllib.parse import quote
 import httpx
 
 from streamproc.core.events import InferenceRequest
-from streamproc.core.outcome import Outcome
+from streamproc.core.guards.timeouts import AdaptiveTimeout
+from streamproc.core.outcome import Outcome, Success
 from streamproc.core.verdict import classify_http_error
 from streamproc.llm.completion import check_completion
 from streamproc.llm.repair import repair_messages
@@ -108,15 +110,21 @@ class LLMClient:
         ]
         self._busy = [0] * shards  # calls running per client: with at most in_flight calls, the least busy
         # client always has a free connection (shards * per_shard >= in_flight), so no call waits for one
+        self._connect_timeout_s = settings.llm_connect_timeout_s
+        self.timeouts = AdaptiveTimeout(settings.llm_timeout_s)  # per model; the setting is the ceiling
 
     async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:
         """POST the body; every outcome, exceptions included, comes back classified."""
         path = request.url.removeprefix("/v1")
         shard = min(range(len(self._busy)), key=self._busy.__getitem__)
         self._busy[shard] += 1
+        model = body.get("model")
+        timeout = httpx.Timeout(self.timeouts.timeout_s(model if isinstance(model, str) else ""),
+                                connect=self._connect_timeout_s)
         started = time.monotonic()
         try:
-            response = await self._clients[shard].post(path, json=body, headers=correlation_headers(request))
+            response = await self._clients[shard].post(path, json=body, headers=correlation_headers(request),
+                                                        timeout=timeout)
             content = response.content
         except Exception as exc:
             return CallResult(classify_exception(exc), b"", _ms_since(started))
@@ -124,7 +132,10 @@ class LLMClient:
             self._busy[shard] -= 1
         latency = _ms_since(started)
         if response.status_code == 200:
-            return CallResult(check_completion(content, body), content, latency, response.headers)
+            outcome = check_completion(content, body)
+            if isinstance(outcome, Success):
+                self.timeouts.observe(model if isinstance(model, str) else "", latency / 1000)
+            return CallResult(outcome, content, latency, response.headers)
         return CallResult(classify_http_error(response.status_code, response.headers, content), content, latency,
                           response.headers)
 
