@@ -35,6 +35,7 @@ from typing import Final
 
 from streamproc.core.guards.budget import EXHAUSTED_REASON
 from streamproc.core.outcome import Failure
+from streamproc.core.verdict import RATE_LIMITED
 from streamproc.core.vocabulary import FailureLayer
 
 
@@ -97,9 +98,11 @@ def after_max_attempts(max_attempts: Mapping[FailureLayer, int]) -> Stop:
 def within_budget(batch_id: str | None, spend: Callable[[], bool]) -> Stop:
     """The batch's retry budget (its state: :class:`streamproc.core.guards.budget.RetryBudget`) as a stop
     condition: ``spend`` takes one retry of it, or says it is spent; then the failure is written, terminal, as
-    ``retry_budget_exhausted`` (backfill can replay it)."""
+    ``retry_budget_exhausted`` (backfill can replay it). A 429 rate limit spends nothing: the limiter paces
+    the retry (it is the client's pace, not the request, that failed), and the layer's attempts still bound
+    it; so a burst of 429s never starves the retries of requests that failed for real."""
     def stop(failure: Failure, attempt: int) -> Terminal | None:
-        if spend():
+        if failure.code == RATE_LIMITED or spend():
             return None
         return Terminal(EXHAUSTED_REASON, Failure(
             failure.layer, EXHAUSTED_REASON,

@@ -98,6 +98,8 @@ from streamproc.core.vocabulary import FailureLayer
 # (layer, code); layer None means a ConfigurationProblem.
 _Verdict = tuple[FailureLayer | None, str]
 
+RATE_LIMITED: Final = "rate_limit_exceeded"  # the code of every 429 not about quota; the limiter paces for it
+
 _T, _S, _B = FailureLayer.TRANSPORT, FailureLayer.SERVICE, FailureLayer.BUSINESS
 _QUOTA: Final[_Verdict] = (None, "insufficient_quota")
 

@@ -2,7 +2,8 @@
 
 It reserves the call's estimated cost in the model's buckets and sleeps out the wait (inside the in-flight
 gate, so a paced call holds its slot); after the call it reads the ``x-ratelimit-*`` headers, and a 429
-saying a bucket is empty pauses the model and is reported as congestion (the AIMD limit is cut).
+saying a bucket is empty pauses the model and is reported as congestion (the in-flight limit and the model's
+pace are cut).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.rate_limits import RateLimiter
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.outcome import Failure
+from streamproc.core.verdict import RATE_LIMITED
 from streamproc.llm.client import CallResult
 from streamproc.llm.layer import Layer, Refused
-
-RATE_LIMITED = "rate_limit_exceeded"
 
 
 class RateLimitedLayer:

@@ -9,6 +9,12 @@ A 429 is *congestion* only when the provider says a bucket is empty (or says not
 then the whole worker pauses until the bucket refills. A 429 while the buckets still have room is a refusal
 of that one request (e.g. a single call larger than the tokens/min limit), and pausing everyone for it would
 only slow the batch down.
+
+Congestion also lowers the pace, multiplicatively (x0.9, once per second at most), and the pace then probes
+back up by 1 % of the limit per second without congestion: pacing at exactly the advertised limit leaves no
+margin for the jitter between our clock and the server's, whatever its burst. When no limit is known at all
+(no setting, and the server sends ``x-ratelimit-*`` only on its 429s, or never), the first congestion sets
+one from the rate actually sent over the last few seconds, and the same decrease and probe apply to it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from streamproc.core.guards.bucket import TokenBucket
 
 DEFAULT_CONGESTION_WAIT_S = 1.0  # a 429 that names no wait at all
 _UNITS = ("requests", "tokens")
+BACKOFF = 0.9  # the pace after congestion, as a fraction of the pace before
+PROBE_PER_S = 0.01  # how fast the pace climbs back, as a fraction of the limit per second without congestion
+MIN_PACE = 0.1  # never slower than this fraction of the limit
+SENT_WINDOW_S = 5.0  # how far back the rate actually sent is measured, for a limit learnt from congestion
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,11 @@ class ModelRateLimiter:
         self._requests: TokenBucket | None = None
         self._tokens: TokenBucket | None = None
         self._paused_until = -math.inf  # also holds a pause while no limit (so no bucket) is known
+        self._pace = 1.0  # the fraction of the limits sent at: lowered by congestion, probing back up
+        self._paced_at = now
+        self._last_cut = -math.inf
+        self._learned = RateLimits()  # from the rate sent when congestion came with no limit known
+        self._sent: list[tuple[float, int]] = []  # (time, tokens) of recent reservations, to learn from
         self._apply(now)
 
     @property
@@ -65,8 +80,15 @@ class ModelRateLimiter:
         """The end of the latest congestion pause (``-inf`` if there was none)."""
         return self._paused_until
 
+    @property
+    def pace(self) -> float:
+        """The fraction of the limits this model is paced at now (1.0 until congestion)."""
+        return self._pace
+
     def reserve(self, tokens: int, now: float) -> float:
         """Seconds to wait before sending one call of ``tokens`` tokens; both buckets are charged now."""
+        self._probe(now)
+        self._remember_sent(max(0, tokens), now)
         wait = max(0.0, self._paused_until - now)
         if self._requests is not None:
             wait = max(wait, self._requests.reserve(1, now))
@@ -102,10 +124,56 @@ class ModelRateLimiter:
             wait = max((reset for reset in resets if reset is not None), default=DEFAULT_CONGESTION_WAIT_S)
         until = now + wait
         self._paused_until = max(self._paused_until, until)
+        self._slow_down(now)
         for bucket in (self._requests, self._tokens):
             if bucket is not None:
                 bucket.pause_until(until, now)
         return True
+
+    def _slow_down(self, now: float) -> None:
+        """Congestion: learn a limit from the rate sent if none is known, and cut the pace (once a second)."""
+        if self._limits.rpm is None and self._limits.tpm is None:
+            self._learned = self._rate_sent(now)
+        if now - self._last_cut >= 1.0:
+            self._last_cut = now
+            self._pace = max(MIN_PACE, self._pace * BACKOFF)
+            self._paced_at = now
+        self._apply(now)
+
+    def _probe(self, now: float) -> None:
+        """Climb back towards the full limit while no congestion comes; re-rate the buckets at 1 % steps."""
+        if self._pace >= 1.0 and not self._learned_probe():
+            return
+        elapsed = now - self._paced_at
+        if elapsed < 1.0:
+            return
+        self._paced_at = now
+        self._pace = self._pace + PROBE_PER_S * elapsed
+        if self._pace > 1.0:
+            if self._learned_probe():  # a learnt limit is a floor estimate: grow it beyond, until congestion
+                self._learned = RateLimits(*(value * self._pace if value is not None else None
+                                             for value in (self._learned.rpm, self._learned.tpm)))
+            self._pace = 1.0
+        self._apply(now)
+
+    def _learned_probe(self) -> bool:
+        return (self._learned.rpm is not None or self._learned.tpm is not None) and self._advertised == RateLimits() \
+            and self._configured == RateLimits()
+
+    def _remember_sent(self, tokens: int, now: float) -> None:
+        self._sent.append((now, tokens))
+        if len(self._sent) > 4096 or self._sent[0][0] < now - 2 * SENT_WINDOW_S:
+            self._sent = [(at, cost) for at, cost in self._sent if at >= now - SENT_WINDOW_S]
+
+    def _rate_sent(self, now: float) -> RateLimits:
+        """Requests and tokens per minute actually sent over the last few seconds (before the share)."""
+        recent = [(at, cost) for at, cost in self._sent if at >= now - SENT_WINDOW_S]
+        if not recent:
+            return RateLimits(rpm=60.0 / self._share)  # one a second: something to probe up from
+        span = max(1.0, now - recent[0][0])
+        per_minute = 60.0 / span / self._share
+        tokens = sum(cost for _, cost in recent)
+        return RateLimits(rpm=len(recent) * per_minute, tpm=tokens * per_minute if tokens > 0 else None)
 
     def _exhausted(self, headers: Mapping[str, str], tokens: int) -> tuple[str, ...] | None:
         """The units the headers say are exhausted; all units if they say nothing; None if none is."""
@@ -124,14 +192,15 @@ class ModelRateLimiter:
         return exhausted or None
 
     def _apply(self, now: float) -> None:
-        rpm = _lower(self._configured.rpm, self._advertised.rpm)
-        tpm = _lower(self._configured.tpm, self._advertised.tpm)
+        known = self._configured != RateLimits() or self._advertised != RateLimits()
+        source = RateLimits(_lower(self._configured.rpm, self._advertised.rpm),
+                            _lower(self._configured.tpm, self._advertised.tpm)) if known else self._learned
         self._limits = RateLimits(
-            rpm=rpm * self._share if rpm is not None else None,
-            tpm=tpm * self._share if tpm is not None else None,
+            rpm=source.rpm * self._share if source.rpm is not None else None,
+            tpm=source.tpm * self._share if source.tpm is not None else None,
         )
-        self._requests = self._bucket(self._requests, self._limits.rpm, now)
-        self._tokens = self._bucket(self._tokens, self._limits.tpm, now)
+        self._requests = self._bucket(self._requests, _times(self._limits.rpm, self._pace), now)
+        self._tokens = self._bucket(self._tokens, _times(self._limits.tpm, self._pace), now)
 
     def _bucket(self, bucket: TokenBucket | None, per_minute: float | None, now: float) -> TokenBucket | None:
         if per_minute is None:
@@ -143,6 +212,7 @@ class ModelRateLimiter:
             bucket.pause_until(self._paused_until, now)  # a limit learnt during a pause must not end it
         elif bucket.rate_per_s != rate or bucket.capacity != capacity:
             bucket.set_rate(rate, capacity, now)
+            bucket.pause_until(self._paused_until, now)  # a pause is time: a faster rate must not shorten it
         return bucket
 
 
@@ -188,6 +258,10 @@ def _finite_non_negative(value: float | None) -> float | None:
 def _duration_s(text: str | None) -> float | None:
     millis = parse_duration_ms(text) if text is not None else None
     return millis / 1000 if millis is not None and millis >= 0 else None
+
+
+def _times(value: float | None, factor: float) -> float | None:
+    return value * factor if value is not None else None
 
 
 def _lower(a: float | None, b: float | None) -> float | None:

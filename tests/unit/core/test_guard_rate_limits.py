@@ -149,7 +149,7 @@ def test_exhausted_requests_are_congestion_and_pause_until_the_requests_reset() 
     assert limiter.on_rate_limited(headers, None, tokens=100, now=10.0)
     assert limiter.paused_until == pytest.approx(11.5)
     assert limiter.reserve(0, 10.0) >= 1.5
-    assert limiter.reserve(0, 10.0) == pytest.approx(1.5 + 0.2, abs=1e-6)  # paced after the pause
+    assert limiter.reserve(0, 10.0) == pytest.approx(1.5 + 2 / 9, abs=1e-6)  # paced after the pause, at 0.9 x 10/s
 
 
 def test_too_few_remaining_tokens_are_congestion_and_pause_until_the_tokens_reset() -> None:
@@ -191,7 +191,7 @@ def test_a_429_without_any_remaining_header_is_congestion_with_a_one_second_defa
     limiter = ModelRateLimiter(RateLimits(rpm=6000), share=1.0, now=0.0)
     assert limiter.on_rate_limited({"content-type": "application/json"}, None, tokens=10, now=0.0)
     assert limiter.paused_until == pytest.approx(1.0)
-    assert limiter.reserve(0, 0.0) == pytest.approx(1.01)  # behind the pause, at 100/s
+    assert limiter.reserve(0, 0.0) == pytest.approx(1 + 1 / 90)  # behind the pause, at 0.9 x 100/s
 
 
 def test_garbage_remaining_headers_count_as_absent() -> None:
@@ -224,19 +224,19 @@ def test_only_the_remaining_header_present_decides() -> None:
     assert not limiter.on_rate_limited({"x-ratelimit-remaining-requests": "1"}, None, tokens=10, now=0.0)
 
 
-def test_a_pause_applies_even_with_no_limit_known() -> None:
+def test_a_pause_applies_even_with_no_limit_known_and_a_pace_is_learnt() -> None:
     limiter = ModelRateLimiter(RateLimits(), share=1.0, now=0.0)
     assert limiter.on_rate_limited({}, 2.0, tokens=10, now=0.0)
-    assert limiter.reserve(10, 0.5) == pytest.approx(1.5)
-    assert limiter.reserve(10, 2.0) == 0.0
+    assert limiter.reserve(10, 0.5) == pytest.approx(1.5 + 1 / 0.9)  # nothing was sent: 1/s, cut to 0.9/s
+    assert limiter.reserve(10, 2.0) == pytest.approx(2 / 0.92)  # 2 s later the pace probed up 2 %
 
 
 def test_a_limit_learnt_during_a_pause_does_not_end_it() -> None:
     limiter = ModelRateLimiter(RateLimits(), share=1.0, now=0.0)
     assert limiter.on_rate_limited({}, 5.0, tokens=10, now=0.0)
     limiter.observe({"x-ratelimit-limit-requests": "600"}, now=0.0)  # a fresh bucket would start full
-    assert limiter.reserve(0, 0.0) == pytest.approx(5.1)  # the call's own request is paid after the pause
-    assert limiter.reserve(0, 0.0) == pytest.approx(5.2)
+    assert limiter.reserve(0, 0.0) == pytest.approx(5 + 1 / 9)  # the call's own request is paid after the pause
+    assert limiter.reserve(0, 0.0) == pytest.approx(5 + 2 / 9)  # at 0.9 x 10/s
 
 
 def test_a_shorter_pause_never_shortens_a_longer_one() -> None:
@@ -249,8 +249,49 @@ def test_a_shorter_pause_never_shortens_a_longer_one() -> None:
 def test_a_pause_ends_on_time() -> None:
     limiter = ModelRateLimiter(RateLimits(rpm=60_000), share=1.0, now=0.0)
     limiter.on_rate_limited({}, 1.0, tokens=1, now=0.0)
-    assert limiter.reserve(0, 1.0) == pytest.approx(0.001)  # the paused slot, paid for at 1000/s
+    assert limiter.reserve(0, 1.0) == pytest.approx(1 / 910)  # the paused slot, at 0.9 x 1000/s + 1 % probe
     assert limiter.reserve(0, 3.0) == 0.0  # refilled
+
+
+# -- the pace: multiplicative decrease on congestion, additive probe back up ---------------------------------
+def test_congestion_cuts_the_pace_once_a_second_and_it_probes_back_up() -> None:
+    limiter = ModelRateLimiter(RateLimits(rpm=6000), share=1.0, now=0.0)
+    limiter.on_rate_limited({}, 0.0, tokens=1, now=10.0)
+    limiter.on_rate_limited({}, 0.0, tokens=1, now=10.5)  # the same burst of 429s: one cut
+    assert limiter.pace == pytest.approx(0.9)
+    limiter.on_rate_limited({}, 0.0, tokens=1, now=11.0)
+    assert limiter.pace == pytest.approx(0.81)
+    limiter.reserve(0, 21.0)  # 10 s without congestion: +10 % of the limit
+    assert limiter.pace == pytest.approx(0.91)
+    limiter.reserve(0, 40.0)
+    assert limiter.pace == 1.0 and limiter.limits == RateLimits(rpm=6000)  # never above the known limit
+
+
+def test_the_pace_has_a_floor() -> None:
+    limiter = ModelRateLimiter(RateLimits(rpm=6000), share=1.0, now=0.0)
+    for second in range(100):
+        limiter.on_rate_limited({}, 0.0, tokens=1, now=float(second))
+    assert limiter.pace == pytest.approx(0.1)
+
+
+def test_with_no_limit_known_congestion_learns_the_rate_sent_and_probes_beyond_it() -> None:
+    """A server that sends x-ratelimit-* only on its 429s, and this one did not: pace at what got through."""
+    limiter = ModelRateLimiter(RateLimits(), share=1.0, now=0.0)
+    for i in range(500):  # 100 calls/s for 5 s, 20 tokens each
+        assert limiter.reserve(20, i / 100) == 0.0
+    assert limiter.on_rate_limited({}, 0.0, tokens=20, now=5.0)
+    assert limiter.limits.rpm == pytest.approx(6000, rel=0.01)  # the rate sent, per minute
+    assert limiter.limits.tpm == pytest.approx(120_000, rel=0.01)
+    assert limiter.pace == pytest.approx(0.9)
+    limiter.reserve(0, 35.0)  # 30 s without congestion: back to the full rate, then beyond it
+    assert limiter.pace == 1.0 and limiter.limits.rpm is not None and limiter.limits.rpm > 6000 * 1.1
+
+
+def test_an_advertised_limit_replaces_a_learnt_one() -> None:
+    limiter = ModelRateLimiter(RateLimits(), share=1.0, now=0.0)
+    limiter.on_rate_limited({}, 0.0, tokens=1, now=1.0)
+    limiter.observe({"x-ratelimit-limit-requests": "3000"}, now=1.0)
+    assert limiter.limits == RateLimits(rpm=3000)
 
 
 # -- per model ----------------------------------------------------------------------------------------------

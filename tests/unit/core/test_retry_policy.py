@@ -249,6 +249,18 @@ def test_within_budget_goes_on_while_the_budget_allows() -> None:
     assert asked == [True, False]
 
 
+def test_a_rate_limit_429_spends_no_budget() -> None:
+    """The limiter paces 429s: they must not starve the retries of requests that failed for real."""
+    asked, spend = budget(0)
+    stop = within_budget("b", spend)
+    assert stop(Failure(S, "rate_limit_exceeded", "HTTP 429", http_status=429), 3) is None
+    assert asked == []
+    assert isinstance(POLICY.decide(Failure(S, "rate_limit_exceeded", "HTTP 429", 429), 5, random.Random(0), stop),
+                      Retry)
+    assert POLICY.decide(Failure(S, "rate_limit_exceeded", "HTTP 429", 429), 6, random.Random(0), stop) == Terminal(
+        "max_attempts")  # the layer's attempts still bound it
+
+
 def test_the_exhausted_message_is_cut_to_a_thousand_characters() -> None:
     stopped = within_budget("b", lambda: False)(Failure(S, "server_error", "x" * 2_000), 1)
     assert stopped is not None and stopped.failure is not None and len(stopped.failure.message) == 1_000
