@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 from streamproc import codec
 from streamproc.app.observe import Observer, guarded
@@ -39,7 +39,7 @@ from streamproc.core.retry_policy import Retry, RetryPolicy, Tier
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import Caller, CallResult, answer_content, request_body
 from streamproc.llm.guarded import Guards
-from streamproc.llm.repair import build_repair_request
+from streamproc.llm.repair import TRUNCATED, build_repair_request, grown_max_tokens, with_max_tokens
 from streamproc.llm.routed import Deferred
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class Handler:
         self._store.put(state)
 
         try:  # after admission, so that the terminal failure below also ends the state (a repair hop can fail here)
-            body = self._guards.precheck(request_body(request))
+            body = self._guards.precheck(with_max_tokens(request_body(request), hop.max_tokens))
         except ValueError as exc:
             body = Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
         if isinstance(body, Failure):  # malformed, or over the model's context window: no call
@@ -157,11 +157,12 @@ class Handler:
             self._observer.on_result()
             self._store.put(on_success(state, self._clock_ms()))  # result first, then state (design §4)
             return Disposition.ACK
-        await self._after_failure(request, outcome, called, hop, origin, state)
+        await self._after_failure(request, outcome, called, body, hop, origin, state)
         return Disposition.ACK
 
     async def _after_failure(self, request: InferenceRequest, failure: Failure, called: CallResult,
-                             hop: headers.Hop, origin: headers.Origin, state: RequestState) -> None:
+                             sent: dict[str, Any], hop: headers.Hop, origin: headers.Origin,
+                             state: RequestState) -> None:
         now = self._clock_ms()
         first_failure = hop.first_failure_ms or now
         decision = self._policy.decide(failure, hop.attempt, self._rng, self._guards.budget_stop(request.batch_id))
@@ -169,8 +170,12 @@ class Handler:
             next_request = (build_repair_request(request, answer_content(called.response_body), failure.message)
                             if decision.repair else request)
             due = now + decision.due_in_ms
+            max_tokens = hop.max_tokens
+            if failure.code == TRUNCATED:  # the same budget would be cut again: the next attempt gets more room
+                max_tokens = grown_max_tokens(request_body(request), sent) or max_tokens
             await self._sink.retry(decision.tier, next_request, headers.hop_headers(
-                request.request_id, hop.attempt + 1, origin, failure, first_failure, due_ms=due))
+                request.request_id, hop.attempt + 1, origin, failure, first_failure, due_ms=due,
+                max_tokens=max_tokens))
             self._observer.on_retry(decision.tier.name)
             await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin)
             self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now))
@@ -189,7 +194,7 @@ class Handler:
         due = now + min(wanted, tier.delay_ms)
         await self._sink.retry(tier, request, headers.hop_headers(
             request.request_id, hop.attempt, origin, reason, hop.first_failure_ms, due_ms=due, replay=hop.replay,
-            deferred=True))
+            deferred=True, max_tokens=hop.max_tokens))
         self._store.put(on_deferred(state, now))
         self._observer.on_deferred(tier.name)
 

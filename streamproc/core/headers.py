@@ -24,6 +24,7 @@ ORIG_PARTITION = "x-orig-partition"
 ORIG_OFFSET = "x-orig-offset"
 REPLAY = "x-replay"
 DEFERRED = "x-deferred"  # parked by an open circuit breaker: the attempt it carries has not been made yet
+MAX_TOKENS = "x-max-tokens"  # the completion budget of the next attempt, raised after a truncated answer
 
 Headers = dict[str, bytes]
 
@@ -47,6 +48,7 @@ class Hop:
     origin: Origin | None = None
     replay: bool = False
     deferred: bool = False
+    max_tokens: int | None = None
 
 
 def as_mapping(raw: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | None) -> dict[str, bytes]:
@@ -80,11 +82,13 @@ def read_hop(headers: Mapping[str, bytes]) -> Hop:
         origin=origin,
         replay=headers.get(REPLAY) == b"1",
         deferred=headers.get(DEFERRED) == b"1",
+        max_tokens=max_tokens if (max_tokens := _int(headers, MAX_TOKENS)) is not None and max_tokens > 0 else None,
     )
 
 
 def hop_headers(request_id: str, attempt: int, origin: Origin, failure: Failure, first_failure_ms: int | None,
-                due_ms: int | None = None, replay: bool = False, deferred: bool = False) -> Headers:
+                due_ms: int | None = None, replay: bool = False, deferred: bool = False,
+                max_tokens: int | None = None) -> Headers:
     """Headers of a retry record (``attempt`` is the attempt it will make, with ``due_ms``), of a deferred
     record (``attempt`` not made yet; ``failure`` says why it waits) or of a failure record (``attempt`` is
     the attempt that failed, no due time)."""
@@ -107,4 +111,6 @@ def hop_headers(request_id: str, attempt: int, origin: Origin, failure: Failure,
         headers[REPLAY] = b"1"
     if deferred:
         headers[DEFERRED] = b"1"
+    if max_tokens is not None:
+        headers[MAX_TOKENS] = str(max_tokens).encode()
     return headers

@@ -55,7 +55,8 @@ too long", ...                                     business       context_length
 ``finish_reason == "content_filter"``              business       content_policy_violation
 ``message.refusal`` set (structured outputs)       business       refusal
 the response's own JSON Schema is invalid          business       invalid_json_schema
-other 400 / 422                                    business       invalid_request_error
+other 400 / 422, or a 5xx whose text is a
+validation error of the request body (FastAPI)     business       invalid_request_error
 other 4xx                                          business       http_<status>
 =================================================  =============  ============================
 
@@ -144,6 +145,9 @@ _CONTEXT_TEXT: Final = re.compile(
 _POLICY_TEXT: Final = re.compile(r"content[ _](?:management[ _])?polic|content[ _]filter|safety system", re.I)
 _QUOTA_TEXT: Final = re.compile(r"quota|billing|credit balance|spend(?:ing)? limit", re.IGNORECASE)
 _OVERLOADED_TEXT: Final = re.compile(r"overloaded|over capacity", re.IGNORECASE)
+# A FastAPI/pydantic validation error pointing into the request body ("'loc': ('body', ...)"): some servers
+# (llama-cpp-python) answer it with a 500, but the same body fails the same way every time.
+_BODY_VALIDATION_TEXT: Final = re.compile(r"""['"]loc['"]:\s*[\[(]\s*['"]body['"]""")
 _MODEL_MISSING_TEXT: Final = re.compile(
     r"\b(?:model|deployment)\b.{0,120}?(?:not found|does not exist|doesn't exist|not exist)"
     r"|unknown model|no such model",
@@ -219,6 +223,8 @@ def _verdict(status: int, info: _ErrorInfo) -> _Verdict:
         return _B, "context_length_exceeded"
     if _POLICY_TEXT.search(text):
         return _B, "content_policy_violation"
+    if _BODY_VALIDATION_TEXT.search(text):
+        return _B, "invalid_request_error"
     if status >= 500:
         if _OVERLOADED_TEXT.search(text):
             return _S, "overloaded"

@@ -72,6 +72,8 @@ def _check_format(content: str, response_format: Any) -> Failure | None:
     try:
         value: Any = json.loads(content)
     except ValueError as exc:
+        if isinstance(exc, json.JSONDecodeError) and _cut_off(exc, content):
+            return _failure(FailureLayer.SEMANTIC, "truncated", f"the JSON answer ends mid-value: {exc}")
         return _failure(FailureLayer.SEMANTIC, "invalid_json", f"the answer is not JSON: {exc}")
     if kind == "json_object" and not isinstance(value, dict):
         return _failure(FailureLayer.SEMANTIC, "invalid_json", f"expected a JSON object, got {type(value).__name__}")
@@ -87,6 +89,11 @@ def _check_format(content: str, response_format: Any) -> Failure | None:
     if error is None:
         return None
     return _failure(FailureLayer.SEMANTIC, "schema_mismatch", f"{error.message} (at {error.json_path})")
+
+
+def _cut_off(error: json.JSONDecodeError, content: str) -> bool:
+    """The JSON ends mid-value (the input ran out, or a string never closes): cut at max_tokens."""
+    return error.pos >= len(content.rstrip()) or error.msg.startswith("Unterminated string")
 
 
 @lru_cache(maxsize=256)

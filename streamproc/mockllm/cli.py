@@ -75,7 +75,7 @@ def _latency(spec: str | None) -> Latency | None:
     default="clean",
     show_default=True,
     metavar="NAME|FILE",
-    help="clean, flaky, realistic, outage, or a YAML/JSON profile file.",
+    help="clean, flaky, realistic, outage, strict, or a YAML/JSON profile file.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the fault and latency draws.")
 @click.option("--api-key", default=None, help="Require this bearer key (a wrong one gets 401 invalid_api_key).")
@@ -120,7 +120,14 @@ def _latency(spec: str | None) -> Latency | None:
     "--hang-seconds",
     type=click.FloatRange(min=0),
     default=None,
-    help="How long a hang fault lasts if the client does not give up first (default 300).",
+    help="How long a hang fault lasts if the client does not give up first (default 300; inf: forever).",
+)
+@click.option(
+    "--slots",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Work on at most N requests at once; the rest queue in arrival order (llama.cpp's slots).",
 )
 @click.option("--access-log", is_flag=True, help="Log every request to stderr (slows the server down).")
 def mock_llm(
@@ -137,6 +144,7 @@ def mock_llm(
     faults: tuple[str, ...],
     outage_seconds: float | None,
     hang_seconds: float | None,
+    slots: int | None,
     access_log: bool,
 ) -> None:
     """Serve a fault-injecting OpenAI-compatible LLM API for rehearsing a batch's failure handling.
@@ -153,6 +161,7 @@ def mock_llm(
         faults=_faults(faults),
         outage_seconds=outage_seconds,
         hang_seconds=hang_seconds,
+        slots=slots,
     )
     try:
         profile = customize(load_profile(profile_name), overrides)
@@ -175,6 +184,7 @@ async def _serve(profile: Profile, seed: int, api_key: str | None, host: str, po
         sys.stdout.flush()
         rates = ", ".join(f"{k.value}={v:g}" for k, v in sorted(profile.faults.items()) if v) or "none"
         models = ", ".join(f"{m.name}({m.context_window})" for m in profile.models)
-        click.echo(f"profile {profile.name}, seed {seed}; models {models}; faults {rates}", err=True)
+        slots = f"; {profile.slots} slot(s)" if profile.slots is not None else ""
+        click.echo(f"profile {profile.name}, seed {seed}; models {models}; faults {rates}{slots}", err=True)
         await stop.wait()
     click.echo("mock-llm stopped", err=True)

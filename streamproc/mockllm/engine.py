@@ -8,6 +8,7 @@ provider applies: key, outage, body, model, context window, rate limits, then th
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -40,6 +41,7 @@ MODEL_NOT_FOUND = "model_not_found"
 CONTEXT_LENGTH = "context_length_exceeded"
 RATE_LIMITED = "rate_limited"
 BODY_TOO_LARGE = "body_too_large"
+INVALID_REQUEST_ID = "invalid_request_id"
 
 
 @dataclass(slots=True)  # built per request: a frozen dataclass costs ~7x more to construct
@@ -66,7 +68,7 @@ class Rejected:
 
 @dataclass(slots=True)  # built per request: a frozen dataclass costs ~7x more to construct
 class Hang:
-    """Answer nothing for ``seconds`` (or until the client gives up or the server stops)."""
+    """Answer nothing for ``seconds`` (inf: never), or until the client gives up or the server stops."""
 
     seconds: float
 
@@ -83,6 +85,7 @@ class Incoming:
     authorization: str | None = None
     forced_fault: str | None = None  # the x-mock-fault header
     request_id: str | None = None  # x-client-request-id (percent-decoded), else x-request-id
+    request_id_header: str | None = None  # x-request-id as sent, for the strict_request_id check
 
 
 class MockEngine:
@@ -115,6 +118,7 @@ class MockEngine:
         self.limiter = ServerLimiter(profile.rate_limits, self.started_at)
         self.outage = OutageSwitch(profile.outage, self.started_at)
         self._expected_auth = f"Bearer {api_key}" if api_key is not None else None
+        self._limit_headers_always = profile.limit_headers == "always"
 
     # ---- control --------------------------------------------------------------------------------
 
@@ -148,6 +152,8 @@ class MockEngine:
             parsed_json = False
         call = self.stats.begin(incoming.endpoint, key, incoming.request_id)
 
+        if self.profile.strict_request_id and not _uuid_or_absent(incoming.request_id_header):
+            return self._reject(call, errors.bare_bad_request(), INVALID_REQUEST_ID, CONFIG_LAYER)
         if self._expected_auth is not None and incoming.authorization != self._expected_auth:
             reply = (
                 errors.missing_api_key()
@@ -177,7 +183,7 @@ class MockEngine:
 
         headers = _NO_HEADERS
         if self.limiter.active:
-            admission = self.limiter.admit(prompt_tokens + reserve, now)
+            admission = self.limiter.admit(prompt_tokens + reserve, now, headers=self._limit_headers_always)
             headers = admission.headers
             if not admission.admitted:
                 unit = admission.limited_by or "requests"
@@ -305,3 +311,14 @@ class MockEngine:
 
     def created(self) -> int:
         return int(self.wall_clock())
+
+
+def _uuid_or_absent(value: str | None) -> bool:
+    """What starlette-context's RequestIdPlugin lets through: no (or an empty) header, or any UUID spelling."""
+    if not value:
+        return True
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True

@@ -18,7 +18,7 @@ SERVER_ERROR = "server_error"
 
 @dataclass(frozen=True)
 class ErrorReply:
-    """An HTTP error answer: status, JSON body and extra headers."""
+    """An HTTP error answer: status, JSON body and extra headers; an empty body is sent as no bytes at all."""
 
     status: int
     body: Mapping[str, Any]
@@ -68,6 +68,11 @@ def invalid_api_key(given: str) -> ErrorReply:
         INVALID_REQUEST,
         code="invalid_api_key",
     )
+
+
+def bare_bad_request() -> ErrorReply:
+    """400 with an empty body and no content type: starlette-context's answer to a bad x-request-id."""
+    return ErrorReply(400, {})
 
 
 def model_not_found(model: str) -> ErrorReply:

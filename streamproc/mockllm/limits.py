@@ -99,7 +99,8 @@ class ServerLimiter:
     def active(self) -> bool:
         return self.requests is not None or self.tokens is not None
 
-    def admit(self, tokens: int, now: float) -> Admission:
+    def admit(self, tokens: int, now: float, *, headers: bool = True) -> Admission:
+        """Admit or refuse; ``headers`` False leaves an admitted request's headers empty (a refusal has them)."""
         for unit, bucket, cost in (("requests", self.requests, 1), ("tokens", self.tokens, tokens)):
             if bucket is not None and not bucket.can_take(cost, now):
                 wait = bucket.wait_time(cost, now)
@@ -115,7 +116,7 @@ class ServerLimiter:
             self.requests.take(1)
         if self.tokens is not None:
             self.tokens.take(tokens)
-        return Admission(True, self.headers(now))
+        return Admission(True, self.headers(now) if headers else {})
 
     def headers(self, now: float, retry_after: float | None = None) -> dict[str, str]:
         """``x-ratelimit-*`` for the buckets in use, plus ``retry-after(-ms)`` when a wait is asked for."""

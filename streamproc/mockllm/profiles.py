@@ -1,17 +1,19 @@
-"""Profiles: how often each fault happens, which models exist, latency, rate limits and outage windows.
+"""Profiles: how often each fault happens, which models exist, latency, rate limits, outage windows, and the
+quirks of particular servers (rate-limit headers only on 429s, hangs without end, one request at a time).
 
-A profile is plain typed data, built in (``clean``, ``flaky``, ``realistic``, ``outage``) or read from a
-YAML/JSON file that may start from a built-in (``base:``) and override parts of it.
+A profile is plain typed data, built in (``clean``, ``flaky``, ``realistic``, ``outage``, ``strict``) or read
+from a YAML/JSON file that may start from a built-in (``base:``) and override parts of it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 
@@ -60,6 +62,11 @@ class OutageWindow:
     start: float = 0.0
 
 
+# When answers carry ``x-ratelimit-*``: on every answer (OpenAI), or only on 429s (servers and proxies that
+# say nothing about their limits until one is hit, so a client cannot pace itself from 200s).
+LimitHeaders = Literal["always", "on_429"]
+LIMIT_HEADERS: tuple[LimitHeaders, ...] = get_args(LimitHeaders)
+
 DEFAULT_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec("mock-small", 4096),
     ModelSpec("mock-large", 32768),
@@ -75,8 +82,13 @@ class Profile:
     rate_limits: ServerLimits = ServerLimits()
     outage: OutageWindow | None = None
     default_max_tokens: int = 256  # reserved for the answer when a request gives no max_tokens
-    hang_seconds: float = 300.0  # how long a hang lasts when the client does not give up first
+    hang_seconds: float = 300.0  # how long a hang lasts when the client does not give up first; inf: forever
     retry_after_seconds: float = 1.0  # the hint carried by an injected 429 rate_limit fault
+    limit_headers: LimitHeaders = "always"
+    slots: int | None = None  # requests worked on at once, the rest queue (llama.cpp's slots); None: unlimited
+    # llama-cpp-python's server (starlette-context's RequestIdPlugin) answers a non-UUID x-request-id with an
+    # empty 400, before anything else; a client that sends its own ids there fails every call.
+    strict_request_id: bool = False
 
     def fault_table(self) -> FaultTable:
         return FaultTable.from_rates(self.faults)
@@ -149,6 +161,33 @@ BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType(
         ),
         # Every call answers 503 for the first 30 s, then the server is clean: breaker and recovery drills.
         "outage": Profile("outage", outage=OutageWindow(seconds=30.0)),
+        # A rate-limited server with the quirks that broke clients tuned against the others: a one-second
+        # bucket (a burst of 50 at 3,000 RPM), x-ratelimit-* only on 429s, hangs that never end, and an empty
+        # 400 for a non-UUID x-request-id. About 87 % clean on a first pass.
+        "strict": Profile(
+            "strict",
+            faults=_rates(
+                hang=0.010,
+                reset=0.008,
+                truncated_body=0.006,
+                non_json_body=0.006,
+                rate_limit=0.020,
+                server_error=0.012,
+                bad_gateway=0.009,
+                service_unavailable=0.009,
+                empty_content=0.008,
+                invalid_json=0.008,
+                schema_mismatch=0.007,
+                length=0.007,
+                invalid_request=0.008,
+                content_policy=0.012,
+            ),
+            latency=LognormalLatency(p50=0.4, p99=3.0),
+            rate_limits=ServerLimits(rpm=3000, burst_seconds=1.0),
+            hang_seconds=math.inf,
+            limit_headers="on_429",
+            strict_request_id=True,
+        ),
     }
 )
 
@@ -181,6 +220,9 @@ _KEYS = {
     "default_max_tokens",
     "hang_seconds",
     "retry_after_seconds",
+    "limit_headers",
+    "slots",
+    "strict_request_id",
 }
 
 
@@ -211,11 +253,18 @@ def profile_from_mapping(data: Any, *, default_name: str = "custom", where: str 
                 profile, default_max_tokens=_positive_int(data["default_max_tokens"], "default_max_tokens")
             )
         if "hang_seconds" in data:
-            profile = replace(profile, hang_seconds=_non_negative(data["hang_seconds"], "hang_seconds"))
+            profile = replace(profile, hang_seconds=_hang_seconds(data["hang_seconds"]))
         if "retry_after_seconds" in data:
             profile = replace(
                 profile, retry_after_seconds=_non_negative(data["retry_after_seconds"], "retry_after_seconds")
             )
+        if "limit_headers" in data:
+            profile = replace(profile, limit_headers=_limit_headers(data["limit_headers"]))
+        if "slots" in data:
+            slots = data["slots"]
+            profile = replace(profile, slots=None if slots is None else _positive_int(slots, "slots"))
+        if "strict_request_id" in data:
+            profile = replace(profile, strict_request_id=_flag(data["strict_request_id"], "strict_request_id"))
     except (FaultRatesError, LatencyError, ProfileError) as exc:
         raise ProfileError(f"{where}: {exc}") from None
     return profile
@@ -273,6 +322,24 @@ def _outage(value: Any) -> OutageWindow | None:
     )
 
 
+def _hang_seconds(value: Any) -> float:
+    """A number >= 0; null (or YAML's ``.inf``) is a hang that lasts until the client gives up."""
+    return math.inf if value is None else _non_negative(value, "hang_seconds")
+
+
+def _limit_headers(value: Any) -> LimitHeaders:
+    for allowed in LIMIT_HEADERS:
+        if value == allowed:
+            return allowed
+    raise ProfileError(f"limit_headers: one of {', '.join(LIMIT_HEADERS)} expected, got {value!r}")
+
+
+def _flag(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProfileError(f"{key}: true or false expected, got {value!r}")
+    return value
+
+
 def _number(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ProfileError(f"{key}: a number expected, got {value!r}")
@@ -317,7 +384,8 @@ class Overrides:
     models: Mapping[str, int] = field(default_factory=dict)  # name -> context window, added or replaced
     faults: Mapping[FaultKind, float] = field(default_factory=dict)
     outage_seconds: float | None = None  # an outage from server start, for this many seconds
-    hang_seconds: float | None = None
+    hang_seconds: float | None = None  # inf: hangs last until the client gives up
+    slots: int | None = None
 
 
 def customize(profile: Profile, overrides: Overrides) -> Profile:
@@ -352,4 +420,6 @@ def customize(profile: Profile, overrides: Overrides) -> Profile:
         profile = replace(profile, outage=OutageWindow(seconds=overrides.outage_seconds))
     if overrides.hang_seconds is not None:
         profile = replace(profile, hang_seconds=overrides.hang_seconds)
+    if overrides.slots is not None:
+        profile = replace(profile, slots=overrides.slots)
     return profile

@@ -48,10 +48,7 @@ class MockLLMHandle:
         return self.url.removesuffix("/v1")
 
     def stats(self, *, detail: bool = False) -> dict[str, Any]:
-        snapshot = self.engine.snapshot(detail=detail)
-        snapshot["in_flight"] = self.server.in_flight
-        snapshot["hanging"] = self.server.hanging
-        return snapshot
+        return self.server.snapshot(detail=detail)
 
     def start_outage(self, seconds: float | None = None) -> None:
         self.engine.outage.switch_on(self.engine.clock(), seconds)
@@ -60,7 +57,7 @@ class MockLLMHandle:
         self.engine.outage.switch_off()
 
     def reset(self) -> None:
-        self.engine.reset()
+        self.server.reset()
 
 
 def resolve_profile(profile: Profile | str, overrides: Overrides | None = None) -> Profile:

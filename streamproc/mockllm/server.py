@@ -1,8 +1,9 @@
 """The aiohttp application: OpenAI endpoints, stats, health and control, and the I/O side of faults.
 
-The engine decides; this module only sleeps, writes bytes, and breaks connections on purpose (hangs,
-resets, cut bodies, broken streams). Hangs end when the client leaves (handlers are cancelled on
-disconnect) or when the server shuts down, so stopping the server never waits for them.
+The engine decides; this module only queues for a slot, sleeps, writes bytes, and breaks connections on
+purpose (hangs, resets, cut bodies, broken streams). Queueing, latency and hangs end when the client leaves
+(handlers are cancelled on disconnect) or when the server shuts down, so stopping the server never waits
+for them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import struct
 from collections.abc import Mapping
@@ -23,6 +25,7 @@ from streamproc.mockllm.engine import Completed, Hang, Incoming, MockEngine, Rej
 from streamproc.mockllm.error_bodies import ErrorReply
 from streamproc.mockllm.faults import FaultKind
 from streamproc.mockllm.responses import completion_json, encode, stream_frames
+from streamproc.mockllm.slots import SlotQueue
 from streamproc.mockllm.validation import CHAT, COMPLETIONS
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,10 @@ def _json_response(status: int, body: Any, headers: Mapping[str, str] | None = N
 
 
 def _error_response(reply: ErrorReply, headers: Mapping[str, str] | None = None) -> web.Response:
-    return _json_response(reply.status, reply.body, headers if headers is not None else reply.headers)
+    headers = headers if headers is not None else reply.headers
+    if not reply.body:
+        return web.Response(status=reply.status, headers=headers)
+    return _json_response(reply.status, reply.body, headers)
 
 
 def _hard_reset(request: web.BaseRequest) -> None:
@@ -69,6 +75,8 @@ class MockLLMServer:
         self.max_body_bytes = max_body_bytes
         self.in_flight = 0
         self.hanging = 0
+        slots = engine.profile.slots
+        self.slots = SlotQueue(slots, engine.clock) if slots is not None else None
         self._closing = asyncio.Event()
 
     def build_app(self) -> web.Application:
@@ -87,6 +95,21 @@ class MockLLMServer:
 
     async def _on_shutdown(self, app: web.Application) -> None:
         self._closing.set()
+        if self.slots is not None:
+            self.slots.close()
+
+    def snapshot(self, *, detail: bool = False) -> dict[str, Any]:
+        """What ``/stats`` shows: the engine's counters, and what is in flight, hanging and queued now."""
+        snapshot = self.engine.snapshot(detail=detail)
+        snapshot["in_flight"] = self.in_flight
+        snapshot["hanging"] = self.hanging
+        snapshot["queue"] = self.slots.describe() if self.slots is not None else None
+        return snapshot
+
+    def reset(self) -> None:
+        self.engine.reset()
+        if self.slots is not None:
+            self.slots.reset()
 
     # ---- OpenAI endpoints -----------------------------------------------------------------------
 
@@ -111,6 +134,7 @@ class MockLLMServer:
                 headers.get("Authorization"),
                 headers.get("x-mock-fault"),
                 _client_request_id(headers),
+                headers.get("x-request-id"),
             )
             try:
                 outcome = self.engine.decide(incoming)
@@ -119,17 +143,28 @@ class MockLLMServer:
                 self.engine.stats.internal_errors += 1
                 return _json_response(500, errors.server_error_reply(500, "mock-llm internal error (see its log)").body)
             if isinstance(outcome, Rejected):
-                return _error_response(outcome.reply, outcome.headers)
-            if isinstance(outcome, Hang):
-                return await self._hang(request, outcome)
-            return await self._deliver(request, outcome)
+                return _error_response(outcome.reply, outcome.headers)  # errors need no slot: answered at once
+            if self.slots is None:
+                return await self._work(request, outcome)
+            if not await self.slots.acquire():
+                _hard_reset(request)  # shutting down while queued
+                return web.Response(status=204)
+            try:
+                return await self._work(request, outcome)
+            finally:
+                self.slots.release()
         finally:
             self.in_flight -= 1
 
+    async def _work(self, request: web.Request, outcome: Completed | Hang) -> web.StreamResponse:
+        if isinstance(outcome, Hang):
+            return await self._hang(request, outcome)
+        return await self._deliver(request, outcome)
+
     async def _wait(self, seconds: float) -> bool:
-        """Sleep, but wake up when the server shuts down; True if it does."""
+        """Sleep (inf: until the server shuts down), but wake up when the server shuts down; True if it does."""
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
+            async with asyncio.timeout(None if math.isinf(seconds) else seconds):
                 await self._closing.wait()
         return self._closing.is_set()
 
@@ -247,10 +282,7 @@ class MockLLMServer:
 
     async def stats(self, request: web.Request) -> web.Response:
         detail = request.query.get("detail", "").lower() in ("1", "true", "yes")
-        snapshot = self.engine.snapshot(detail=detail)
-        snapshot["in_flight"] = self.in_flight
-        snapshot["hanging"] = self.hanging
-        return _json_response(200, snapshot)
+        return _json_response(200, self.snapshot(detail=detail))
 
     async def healthz(self, request: web.Request) -> web.Response:
         return _json_response(200, {"status": "ok", "profile": self.engine.profile.name})
@@ -281,7 +313,7 @@ class MockLLMServer:
         return _json_response(200, {"outage": self.engine.outage.describe(now)})
 
     async def control_reset(self, request: web.Request) -> web.Response:
-        self.engine.reset()
+        self.reset()
         return _json_response(200, {"reset": True})
 
     async def fallback(self, request: web.Request) -> web.Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -274,3 +275,72 @@ def test_reset_forgets_attempts() -> None:
     outcome = send(e, chat())
     assert isinstance(outcome, Completed) and outcome.response_id.endswith("x0")
     assert e.snapshot()["calls"] == 1
+
+
+# ---- the strict profile's quirks ---------------------------------------------------------------------
+
+
+def strict(**changes: Any) -> Profile:
+    """The strict profile without random faults, so each test sees only the quirk it is about."""
+    return replace(BUILTIN_PROFILES["strict"], faults={}, **changes)
+
+
+def test_on_429_servers_send_rate_limit_headers_only_when_refusing() -> None:
+    clock = FakeClock()
+    e = engine(strict(rate_limits=ServerLimits(rpm=60, burst_seconds=1.0)), clock=clock)
+    admitted = send(e, chat("a"))
+    assert isinstance(admitted, Completed) and admitted.headers == {}
+    refused = send(e, chat("b"))
+    assert error_of(refused) == (429, "rate_limit_exceeded")
+    assert isinstance(refused, Rejected)
+    assert refused.headers["x-ratelimit-limit-requests"] == "60"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refused.headers["retry-after-ms"] == "1000"
+    clock.now += 1.0
+    failed = send(e, chat("c"), forced_fault="server_error")
+    assert error_of(failed) == (500, None)
+    assert isinstance(failed, Rejected) and not any(h.startswith("x-ratelimit") for h in failed.headers)
+    clock.now += 1.0
+    injected = send(e, chat("d"), forced_fault="rate_limit")
+    assert isinstance(injected, Rejected) and injected.headers["x-ratelimit-limit-requests"] == "60"
+
+
+def test_strict_admits_one_second_of_its_rate_at_once() -> None:
+    clock = FakeClock()
+    e = engine(strict(), clock=clock)
+    outcomes = [send(e, chat(str(i))) for i in range(60)]
+    assert sum(isinstance(o, Completed) for o in outcomes) == 50  # 3,000 RPM = 50 per second
+    assert all(error_of(o) == (429, "rate_limit_exceeded") for o in outcomes[50:])
+
+
+def test_strict_hangs_have_no_end() -> None:
+    outcome = send(engine(strict()), chat(), forced_fault="hang")
+    assert isinstance(outcome, Hang) and outcome.seconds == math.inf
+
+
+@pytest.mark.parametrize(
+    ("request_id", "admitted"),
+    [
+        (None, True),
+        ("", True),
+        ("1b4e28ba-2fa1-11d2-883f-0016d3cca427", True),
+        ("1B4E28BA2FA111D2883F0016D3CCA427", True),  # any spelling uuid.UUID reads
+        ("batch-1:row-7", False),
+        ("1b4e28ba-2fa1-11d2-883f", False),
+    ],
+)
+def test_strict_request_id_refuses_a_non_uuid_x_request_id(request_id: str | None, admitted: bool) -> None:
+    e = engine(strict())
+    outcome = send(e, chat(), request_id=request_id, request_id_header=request_id)
+    if admitted:
+        assert isinstance(outcome, Completed)
+        return
+    assert error_of(outcome) == (400, None)
+    assert isinstance(outcome, Rejected) and outcome.reply.body == {}  # sent as an empty body
+    assert e.stats.by_outcome == {"invalid_request_id": 1}
+    assert e.stats.by_layer == {"config": 1}
+
+
+def test_request_ids_are_free_text_unless_the_profile_is_strict() -> None:
+    outcome = send(engine(), chat(), request_id="batch-1:row-7", request_id_header="batch-1:row-7")
+    assert isinstance(outcome, Completed)

@@ -153,6 +153,6 @@ def test_markers_in_prompt_text() -> None:
     assert find_marker("[mock: spaced]") is None
 
 
-@pytest.mark.parametrize("name", ["flaky", "realistic"])
+@pytest.mark.parametrize("name", ["flaky", "realistic", "strict"])
 def test_builtin_tables_are_valid(name: str) -> None:
     assert not BUILTIN_PROFILES[name].fault_table().empty

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from streamproc.mockllm.profiles import (
     OutageWindow,
     Overrides,
     ProfileError,
+    ServerLimits,
     customize,
     load_profile,
     profile_from_mapping,
@@ -46,8 +48,10 @@ def test_clean_has_no_faults_no_limits_no_latency() -> None:
     "traits",
     [RequestTraits(), RequestTraits(wants_json=True, has_required_fields=True), RequestTraits(stream=True)],
 )
-def test_realistic_is_mostly_clean_on_a_first_pass(traits: RequestTraits) -> None:
-    assert 0.92 <= first_pass_clean_share("realistic", traits) <= 0.96
+@pytest.mark.parametrize(("name", "low", "high"), [("realistic", 0.92, 0.96), ("strict", 0.85, 0.91)])
+def test_first_pass_clean_share_is_as_documented(name: str, low: float, high: float, traits: RequestTraits) -> None:
+    """realistic: 94-95 %; strict: 87-89 % (faults that cannot show in a request count as clean)."""
+    assert low <= first_pass_clean_share(name, traits) <= high
 
 
 def test_realistic_spans_all_four_layers() -> None:
@@ -66,6 +70,42 @@ def test_flaky_has_a_few_percent_of_each_transport_and_service_fault() -> None:
 
 def test_outage_profile_opens_with_an_outage() -> None:
     assert BUILTIN_PROFILES["outage"].outage == OutageWindow(seconds=30.0, start=0.0)
+
+
+def layer_share(name: str, layer: FailureLayer) -> float:
+    return sum(rate for kind, rate in BUILTIN_PROFILES[name].faults.items() if kind.layer is layer)
+
+
+def test_strict_is_a_rate_limited_server_with_the_quirks_of_real_ones() -> None:
+    strict = load_profile("strict")
+    assert strict.rate_limits == ServerLimits(rpm=3000, tpm=None, burst_seconds=1.0)  # a burst of 50, no more
+    assert strict.limit_headers == "on_429"  # the other profiles send them on every answer
+    assert strict.hang_seconds == math.inf  # a hang lasts until the client gives up
+    assert strict.strict_request_id  # llama-cpp-python's empty 400 for a non-UUID x-request-id
+    assert strict.slots is None  # one slot is --slots 1 on top, not part of the profile
+    assert strict.latency == BUILTIN_PROFILES["realistic"].latency == LognormalLatency(p50=0.4, p99=3.0)
+    assert [BUILTIN_PROFILES[name].limit_headers for name in ("clean", "flaky", "realistic", "outage")] == [
+        "always"
+    ] * 4
+
+
+def test_strict_fails_on_every_layer_in_the_documented_shares() -> None:
+    shares = {layer: layer_share("strict", layer) for layer in FailureLayer}
+    expected = {
+        FailureLayer.TRANSPORT: 0.03,
+        FailureLayer.SERVICE: 0.05,
+        FailureLayer.SEMANTIC: 0.03,
+        FailureLayer.BUSINESS: 0.02,
+    }
+    assert shares == pytest.approx(expected)
+    faults = BUILTIN_PROFILES["strict"].faults
+    assert 0 < faults[FaultKind.HANG] < shares[FailureLayer.TRANSPORT]  # a share of transport faults hang
+    assert {kind for kind, rate in faults.items() if kind.layer is FailureLayer.SERVICE and rate > 0} == {
+        FaultKind.RATE_LIMIT,
+        FaultKind.SERVER_ERROR,
+        FaultKind.BAD_GATEWAY,
+        FaultKind.SERVICE_UNAVAILABLE,
+    }
 
 
 def test_yaml_file_based_on_a_builtin(tmp_path: Path) -> None:
@@ -101,6 +141,17 @@ retry_after_seconds: 0.5
     assert (profile.default_max_tokens, profile.hang_seconds, profile.retry_after_seconds) == (128, 2.0, 0.5)
 
 
+def test_the_quirks_can_be_set_in_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "llama.yaml"
+    path.write_text("limit_headers: on_429\nslots: 1\nstrict_request_id: true\nhang_seconds: null\n", encoding="utf-8")
+    profile = load_profile(str(path))
+    assert (profile.limit_headers, profile.slots, profile.strict_request_id) == ("on_429", 1, True)
+    assert profile.hang_seconds == math.inf
+    assert profile_from_mapping({"hang_seconds": float("inf")}).hang_seconds == math.inf  # YAML's .inf
+    relaxed = profile_from_mapping({"base": "strict", "limit_headers": "always", "slots": None})
+    assert (relaxed.limit_headers, relaxed.slots, relaxed.rate_limits.rpm) == ("always", None, 3000)
+
+
 def test_json_file(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"name": "j", "faults": {"reset": 1.0}}), encoding="utf-8")
@@ -127,6 +178,10 @@ def test_json_file(tmp_path: Path) -> None:
         ({"outage": {"start": 1}}, "seconds"),
         ({"default_max_tokens": 1.5}, "default_max_tokens"),
         ({"hang_seconds": -1}, "hang_seconds"),
+        ({"limit_headers": "sometimes"}, "limit_headers: one of always, on_429"),
+        ({"slots": 0}, "slots"),
+        ({"slots": 1.5}, "slots"),
+        ({"strict_request_id": "yes"}, "strict_request_id: true or false"),
     ],
 )
 def test_bad_profiles_say_what_is_wrong(data: object, message: str) -> None:
@@ -154,6 +209,7 @@ def test_overrides() -> None:
             faults={FaultKind.RESET: 0.5},
             outage_seconds=3.0,
             hang_seconds=1.0,
+            slots=2,
         ),
     )
     assert profile.rate_limits.rpm == 60
@@ -166,6 +222,7 @@ def test_overrides() -> None:
     assert profile.faults[FaultKind.RESET] == 0.5
     assert profile.outage == OutageWindow(seconds=3.0)
     assert profile.hang_seconds == 1.0
+    assert profile.slots == 2
     with pytest.raises(ProfileError, match="add up"):
         customize(load_profile("clean"), Overrides(faults={FaultKind.RESET: 0.8, FaultKind.HANG: 0.8}))
 

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from streamproc.mockllm.profiles import Overrides
 from streamproc.mockllm.runner import MockLLMProcess, MockLLMThread, running_mock_llm
 
 CHAT = {"model": "mock-small", "messages": [{"role": "user", "content": "hello"}]}
+NO_FAULT = {"x-mock-fault": "none"}
 
 
 def post_json(url: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
@@ -86,6 +88,7 @@ def test_process_helper_with_options(tmp_path: Path) -> None:
         (["--latency", "soon"], "latency"),
         (["--model", "m=big"], "positive integer"),
         (["--port", "70000"], "70000"),
+        (["--slots", "0"], "--slots"),
     ],
 )
 def test_bad_options_are_reported_without_starting(args: list[str], message: str) -> None:
@@ -97,8 +100,26 @@ def test_bad_options_are_reported_without_starting(args: list[str], message: str
 def test_help_lists_the_options() -> None:
     result = CliRunner().invoke(mock_llm, ["--help"])
     assert result.exit_code == 0
-    for option in ("--port", "--profile", "--seed", "--api-key", "--rpm", "--tpm", "--latency", "--outage"):
+    for option in ("--port", "--profile", "--seed", "--api-key", "--rpm", "--tpm", "--latency", "--outage", "--slots"):
         assert option in result.output
+
+
+def test_one_slot_from_the_command_line() -> None:
+    """``--slots 1 --latency fixed:0.3``: three calls at once are answered one after the other."""
+    with MockLLMProcess.start("--slots", "1", "--latency", "fixed:0.3", "--profile", "strict") as mock:
+        url = f"{mock.url}/chat/completions"
+        started = time.monotonic()
+        with ThreadPoolExecutor(3) as pool:
+            calls = [
+                pool.submit(post_json, url, {**CHAT, "messages": [{"role": "user", "content": str(i)}]}, NO_FAULT)
+                for i in range(3)
+            ]
+            statuses = [call.result()[0] for call in calls]
+        elapsed = time.monotonic() - started
+        stats = mock.stats()
+    assert statuses == [200, 200, 200]
+    assert 0.9 <= elapsed < 1.5
+    assert (stats["profile"], stats["queue"]["slots"], stats["queue"]["max_queued"]) == ("strict", 1, 2)
 
 
 def test_thread_runner_for_synchronous_code() -> None:

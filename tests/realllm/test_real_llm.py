@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.events import InferenceRequest
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.real_llm import MODEL_NAME, RealLLM
@@ -22,6 +23,7 @@ from tests.integration.pipeline import (
     OutcomeReader,
     WorkerProcess,
     free_port,
+    produce,
     produce_requests,
     scrape_gauge,
     worker_env,
@@ -53,9 +55,11 @@ def batch() -> list[InferenceRequest]:
                                 "messages": [{"role": "user", "content": f"Is this message spam or ham? {text}"}]}
         if i % 2:
             body["messages"][0]["content"] += ' Answer with JSON like {"label": "spam"}.'
-            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "label", "schema": SCHEMA}}
+            body["response_format"] = ({"type": "json_schema", "json_schema": {"name": "label", "schema": SCHEMA}}
+                                       if i % 4 == 1 else {"type": "json_object"})
         if i % 25 == 7:  # over the 2,048-token window: the server's own refusal
             body["messages"][0]["content"] = "Summarise: " + "the quick brown fox " * 900
+            body.pop("response_format", None)
         requests.append(InferenceRequest(f"real-{i}", json.dumps(body), batch_id="real",
                                          submitted_ms=int(time.time() * 1000)))
     return requests
@@ -73,6 +77,8 @@ async def test_a_realistic_batch_against_a_real_server_ends_without_transport_fa
     try:
         assert settings.kafka_bootstrap is not None
         await produce_requests(settings.kafka_bootstrap, settings, requests)
+        manifest = BatchManifest("real", len(requests), int(time.time() * 1000), "test_real_llm.py")
+        await produce(settings.kafka_bootstrap, settings.topology().batches, [(b"real", encode_manifest(manifest))])
         async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
             deadline = time.monotonic() + 900
             while reader.outcomes.unfinished(ids) and time.monotonic() < deadline and worker.alive():
@@ -106,8 +112,14 @@ async def test_a_realistic_batch_against_a_real_server_ends_without_transport_fa
         elif results:
             assert results[0].content.strip()
             if "response_format" in body:
-                assert json.loads(results[0].content)["label"] in ("spam", "ham")
-        else:  # what the model really did: cut at max_tokens, or JSON that does not fit
+                assert isinstance(json.loads(results[0].content), dict)
+        elif body.get("response_format", {}).get("type") == "json_schema":
+            # llama-cpp-python's server knows only text and json_object: a 500 whose text is a validation
+            # error of the body, the request's fault, called once
+            assert [(e.layer, e.error_code) for e in ended] == [(FailureLayer.BUSINESS, "invalid_request_error")]
+            assert "Input should be 'text' or 'json_object'" in ended[0].message
+            assert len(outcomes.failures[request.request_id]) == 1
+        else:  # what the model really did: cut at max_tokens even with more room, or JSON that does not fit
             assert ended[0].layer is FailureLayer.SEMANTIC, ended
             assert ended[0].error_code in ("truncated", "invalid_json", "schema_mismatch", "empty_content")
     assert limits and max(limits[len(limits) // 2:]) <= 16  # it found the one slot instead of assuming 256

@@ -457,6 +457,42 @@ async def test_semantic_failure_retries_as_a_repair_request_carrying_the_bad_out
     assert (result.content, result.attempts, result.input_hash) == ('{"label": "spam"}', 2, input_hash(request))
 
 
+def cut_off(content: str) -> Reply:
+    """A 200 whose answer stopped at max_tokens."""
+    raw = completion_bytes(content, finish_reason="length")
+    return lambda body: CallResult(check_completion(raw, body), raw, 12)
+
+
+async def test_a_truncated_answer_is_retried_with_twice_the_room_up_to_eight_times_the_request_s() -> None:
+    request = make_request(body={**BODY, "max_tokens": 64})
+    rig = Rig([cut_off("The message is spam because"), cut_off("It is spam: it"), cut_off("Spam."),
+               answer("Spam: it promises money.")], policy=RetryPolicy(max_attempts={
+                   FailureLayer.TRANSPORT: 6, FailureLayer.SERVICE: 6, FailureLayer.SEMANTIC: 6,
+                   FailureLayer.BUSINESS: 1}))
+    await rig.handle(submission(request))
+    for hop in range(3):
+        await rig.handle(next_hop(rig.sink.retries[hop], offset=10 + hop))
+
+    sent = [body["max_tokens"] for _, body in rig.caller.calls]
+    assert sent == [64, 128, 256, 512]  # doubled after each cut, never above 8 x 64
+    assert [text(retry.headers, headers.MAX_TOKENS) for retry in rig.sink.retries] == ["128", "256", "512"]
+    assert [event.error_code for event, _ in rig.sink.failures] == ["truncated"] * 3
+    assert rig.caller.calls[1][1]["messages"][-2] == {"role": "assistant", "content": "The message is spam because"}
+    [result] = rig.sink.results
+    assert result.attempts == 4 and result.input_hash == input_hash(request)  # the body itself never changed
+
+
+async def test_the_raised_room_is_kept_through_other_failures_and_the_newer_field_name_used() -> None:
+    request = make_request(body={**BODY, "max_completion_tokens": 100})
+    rig = Rig([cut_off("Half an"), UNAVAILABLE, answer("A whole answer.")])
+    await rig.handle(submission(request))
+    await rig.handle(next_hop(rig.sink.retries[0], offset=11))
+    await rig.handle(next_hop(rig.sink.retries[1], offset=12))
+
+    assert [body["max_completion_tokens"] for _, body in rig.caller.calls] == [100, 200, 200]
+    assert "max_tokens" not in rig.caller.calls[1][1]  # the newer name is kept
+
+
 # --- configuration problems ------------------------------------------------------------------------------
 
 

@@ -435,3 +435,25 @@ def test_retry_after_ms(headers: dict[str, str], message: str, expected: int | N
 )
 def test_parse_duration_ms(text: str, expected: int | None) -> None:
     assert parse_duration_ms(text) == expected
+
+
+# llama-cpp-python's server, verbatim: a request it cannot parse, answered with a 500.
+LLAMA_CPP_VALIDATION = json.dumps({"error": {
+    "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+               "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected': "
+               "\"'text' or 'json_object'\"}}\n\n  File \"/x/llama_cpp/server/app.py\", line 376, in "
+               "create_chat_completion\n    POST /v1/chat/completions",
+    "type": "internal_server_error", "param": None, "code": None}}).encode()
+
+
+def test_a_500_that_is_a_validation_error_of_the_body_is_the_request_s_fault() -> None:
+    failure = classify_http_error(500, {}, LLAMA_CPP_VALIDATION)
+    assert isinstance(failure, Failure)
+    assert (failure.layer, failure.code) == (B, "invalid_request_error")
+    assert "Input should be 'text' or 'json_object'" in failure.message  # the provider's own words are kept
+    fastapi_422_shape = b'{"detail": [{"loc": ["body", "messages"], "msg": "field required"}]}'
+    assert classify_http_error(500, {}, fastapi_422_shape) == Failure(
+        B, "invalid_request_error", classify_http_error(500, {}, fastapi_422_shape).message, 500)
+    plain_500 = classify_http_error(500, {}, b'{"error": {"message": "CUDA out of memory", "type": "server_error"}}')
+    assert isinstance(plain_500, Failure) and plain_500.layer is S
+

@@ -124,11 +124,18 @@ def test_refusal_is_business() -> None:
 
 @pytest.mark.parametrize(
     "content",
-    ['{"label": "spam"', '```json\n{"label": "spam", "score": 1}\n```', "Sure! Here it is", "[1, 2]", "3"],
+    ['{"label": "sp"am"}', '```json\n{"label": "spam", "score": 1}\n```', "Sure! Here it is", "[1, 2]", "3"],
 )
 def test_invalid_json_when_json_object_asked(content: str) -> None:
     failure = failure_of(check_completion(completion(content), JSON_OBJECT))
     assert (failure.layer, failure.code) == (M, "invalid_json")
+
+
+@pytest.mark.parametrize("content", ['{"label": "spam"', '{"label": "sp', '{"items": [1, 2,  ', "["])
+def test_json_cut_mid_value_is_truncated_even_without_finish_reason_length(content: str) -> None:
+    """Some servers stop at max_tokens without saying so: the retry must get more room, not the same call."""
+    failure = failure_of(check_completion(completion(content), JSON_OBJECT))
+    assert (failure.layer, failure.code) == (M, "truncated")
 
 
 def test_json_object_accepts_any_object() -> None:
