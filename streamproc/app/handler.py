@@ -2,8 +2,10 @@
 
 The handler never raises. Every record ends as a result, a retry record, a failure event or a dead letter,
 and every send is awaited before the handler returns, so the dispatcher may ack the record afterwards.
-The only exception is a configuration problem (bad key, unknown model, no quota): that record is held
-unacked and the worker is told to stop, so the batch is not burnt into failure records.
+The only exception is a configuration problem of the account (bad key, no quota, a wrong endpoint): that
+record is held unacked and the worker is told to stop, so the batch is not burnt into failure records. A
+problem of one model (unknown to the endpoint, not allowed) fails that request as a business failure, and
+the guards pause the model after its first few calls failed alike (design §5), so other models go on.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from streamproc import codec
 from streamproc.app.observe import Observer, guarded
 from streamproc.core import headers
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
+from streamproc.core.guards.pauses import MODEL_SCOPED_PROBLEMS
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.request_state import (
-    CIRCUIT_OPEN,
     Conflict,
     RecordRef,
     Skip,
@@ -144,7 +146,11 @@ class Handler:
         self._observer.on_started()
         self._observer.on_llm_call(called.latency_ms / 1000)
         outcome = called.outcome
-        if isinstance(outcome, ConfigurationProblem):
+        if isinstance(outcome, ConfigurationProblem) and outcome.code in MODEL_SCOPED_PROBLEMS:
+            # one model's problem (unknown to the endpoint, not allowed): that request fails, and the model is
+            # paused once its first calls all failed alike, while the other models go on
+            outcome = Failure(FailureLayer.BUSINESS, outcome.code, outcome.message, outcome.http_status)
+        if isinstance(outcome, ConfigurationProblem):  # the account's (key, quota, endpoint): stop everything
             self._on_configuration_problem(outcome)
             return Disposition.HOLD
         if isinstance(outcome, Success):
@@ -190,12 +196,12 @@ class Handler:
         now = self._clock_ms()
         tier = self._policy.tiers[0]  # never longer: a closed breaker must find its backlog soon
         wanted = round(deferred.delay_s * 1000) + self._rng.randrange(1000)
-        reason = Failure(FailureLayer.SERVICE, CIRCUIT_OPEN, f"the circuit breaker of {deferred.model} is open")
+        reason = Failure(FailureLayer.SERVICE, deferred.code, deferred.reason)
         due = now + min(wanted, tier.delay_ms)
         await self._sink.retry(tier, request, headers.hop_headers(
             request.request_id, hop.attempt, origin, reason, hop.first_failure_ms, due_ms=due, replay=hop.replay,
             deferred=True, max_tokens=hop.max_tokens))
-        self._store.put(on_deferred(state, now))
+        self._store.put(on_deferred(state, now, deferred.code))
         self._observer.on_deferred(tier.name)
 
     async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,

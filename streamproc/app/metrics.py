@@ -15,7 +15,8 @@ Every series is prefixed ``streamproc_``:
 * ``llm_latency_seconds``: histogram of LLM call latency, any outcome;
 * ``in_flight``: records being handled; ``consumer_lag{topic,partition}``;
 * ``consumer_lag_updated_timestamp_seconds``: when ``consumer_lag`` was last read successfully;
-* guards: ``circuit_breaker_state{model}`` (0 closed, 1 half-open, 2 open), ``adaptive_in_flight_limit``,
+* guards: ``circuit_breaker_state{model}`` (0 closed, 1 half-open, 2 open), ``model_paused{model}``,
+  ``adaptive_in_flight_limit``,
   ``rate_limit_rpm{model}`` / ``rate_limit_tpm{model}``, ``fallbacks_total{model,fallback,reason}``,
   ``retry_budget_exhausted_total``, ``token_estimate_ratio``.
 """
@@ -146,6 +147,11 @@ class GuardsCollector(Collector):
         for model, state in guards.breaker_states().items():
             breaker.add_metric([model], _BREAKER_CODES[state])
         yield breaker
+        paused = GaugeMetricFamily(f"{NAMESPACE}_model_paused", "1 while a model is paused because its first calls "
+                                   "all failed alike (its requests wait; one probe a minute).", labels=["model"])
+        for model in guards.pauses.paused():
+            paused.add_metric([model], 1)
+        yield paused
         if guards.in_flight_limit is not None:
             yield GaugeMetricFamily(f"{NAMESPACE}_adaptive_in_flight_limit",
                                     "The adaptive (latency-gradient) in-flight limit of LLM calls.",

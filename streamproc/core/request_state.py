@@ -38,6 +38,8 @@ from streamproc.core.outcome import Failure
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 CIRCUIT_OPEN = "circuit_open"
+MODEL_PAUSED = "model_paused"  # parked: the model's first calls all failed alike (core.guards.pauses)
+DEFERRAL_CODES = frozenset({CIRCUIT_OPEN, MODEL_PAUSED})  # parked records: their attempt is still to be made
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def admit(
         source.offset,
     ):
         return Start(_in_flight(current, request, digest, attempt, now_ms, source))  # crash redelivery
-    if (deferred and status is RequestStatus.RETRYING and current.last_error_code == CIRCUIT_OPEN
+    if (deferred and status is RequestStatus.RETRYING and current.last_error_code in DEFERRAL_CODES
             and attempt == current.attempts and digest == current.input_hash):
         return Start(_in_flight(current, request, digest, attempt, now_ms, source))  # its parked attempt, at last
     if replay:
@@ -204,9 +206,10 @@ def on_retry_scheduled(state: RequestState, layer: FailureLayer, code: str, now_
     return _after_failure(state, RequestStatus.RETRYING, layer, code, now_ms)
 
 
-def on_deferred(state: RequestState, now_ms: int) -> RequestState:
-    """The record was parked unanswered (its model's breaker is open); its attempt is still to be made."""
-    return _after_failure(state, RequestStatus.RETRYING, FailureLayer.SERVICE, CIRCUIT_OPEN, now_ms)
+def on_deferred(state: RequestState, now_ms: int, code: str = CIRCUIT_OPEN) -> RequestState:
+    """The record was parked unanswered (its model's breaker is open, or the model is paused: ``code``); its
+    attempt is still to be made."""
+    return _after_failure(state, RequestStatus.RETRYING, FailureLayer.SERVICE, code, now_ms)
 
 
 def on_terminal_failure(state: RequestState, layer: FailureLayer, code: str, now_ms: int) -> RequestState:

@@ -25,6 +25,7 @@ stop condition of the retry decision, and keeps the counters the metrics read.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,6 +34,7 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.guards.budget import RetryBudget
 from streamproc.core.guards.gradient import GradientLimit
+from streamproc.core.guards.pauses import ModelPauses, Pause
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
 from streamproc.core.guards.token_estimate import TokenEstimator
@@ -47,6 +49,8 @@ from streamproc.llm.metered import MeteredCaller
 from streamproc.llm.paced import RateLimitedLayer
 from streamproc.llm.routed import Deferred, EventWait, RoutingLayer
 from streamproc.settings import Settings
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BreakerSettings", "Deferred", "Guards"]
 
@@ -69,6 +73,7 @@ class Guards:
         self.budget = budget  # None: retries limited by the policy alone
         self._expected_first_attempts = expected_first_attempts  # batch -> this worker's share of its size
         self.estimator = estimator or TokenEstimator()
+        self.pauses = ModelPauses(on_change=_log_pause)  # models whose first calls all failed alike
         self.fallbacks: dict[tuple[str, str, str], int] = {}  # (from, to, reason) -> calls
         self.budget_exhausted = 0  # read by the metrics collector, like fallbacks
         self._stack = self._compose(clock, sleep, wait)
@@ -83,7 +88,7 @@ class Guards:
             stack = RateLimitedLayer(stack, self.limiter, self.estimator, clock, sleep, on_congestion)
         if self.adaptive is not None:
             stack = GatedLayer(stack, AdaptiveGate(self.adaptive), clock)
-        routing = RoutingLayer(stack, self.routes, self._breakers, self._count_fallback, clock, wait)
+        routing = RoutingLayer(stack, self.routes, self._breakers, self._count_fallback, clock, wait, self.pauses)
         return ContextFallbackLayer(routing, self.routes, self._count_fallback)
 
     @classmethod
@@ -165,3 +170,11 @@ def adaptive_bounds(settings: Settings) -> tuple[int, int, int]:
     ceiling = settings.in_flight
     floor = min(settings.adaptive_min_in_flight, ceiling)
     return floor, ceiling, max(floor, min(settings.adaptive_initial_in_flight, ceiling))
+
+
+def _log_pause(model: str, pause: Pause | None) -> None:
+    if pause is not None:
+        log.warning("model %s paused: %s; its requests wait in the shortest retry tier, one probe call a minute "
+                    "checks whether it was fixed (other models go on)", model, pause.reason)
+    else:
+        log.warning("model %s resumed: a probe call succeeded", model)

@@ -1,4 +1,6 @@
-"""The layer that picks the model: the first of the requested one and its fallbacks whose breaker is not open.
+"""The layer that picks the model: the first of the requested one and its fallbacks whose breaker is not open
+and that is not paused for a systematic failure (:mod:`streamproc.core.guards.pauses`; a paused model lets
+one probe call through per interval, and this layer records each model's outcomes for it).
 
 When every candidate's breaker is open, the call waits (holding its dispatcher slot, so consumption stops
 by itself) for one to change or to let a probe through, as long as that can happen within the hold; else it
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
+from streamproc.core.guards.pauses import ModelPauses
 from streamproc.core.guards.routing import Routes
+from streamproc.core.request_state import CIRCUIT_OPEN, MODEL_PAUSED
 from streamproc.llm.breakers import Breakers
 from streamproc.llm.client import CallResult
 from streamproc.llm.layer import Layer, Refused
@@ -29,10 +33,13 @@ EventWait = Callable[[asyncio.Event, float], Awaitable[object]]
 
 @dataclass(frozen=True)
 class Deferred:
-    """No call was made: every candidate model's breaker is open; ask again in ``delay_s`` seconds."""
+    """No call was made: every candidate model's breaker is open, or the model is paused; ask again in
+    ``delay_s`` seconds. ``code`` and ``reason`` say which, for the parked record's headers and state."""
 
     delay_s: float
     model: str
+    code: str = CIRCUIT_OPEN
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -47,10 +54,12 @@ class RoutingLayer:
     """Sends the call to the first candidate model whose breaker may let it through, waiting up to the hold."""
 
     def __init__(self, inner: Layer[CallResult | Refused], routes: Routes, breakers: Breakers,
-                 count_fallback: CountFallback, clock: Callable[[], float], wait: EventWait | None = None) -> None:
+                 count_fallback: CountFallback, clock: Callable[[], float], wait: EventWait | None = None,
+                 pauses: ModelPauses | None = None) -> None:
         self._inner = inner
         self._routes = routes
         self._breakers = breakers
+        self._pauses = pauses or ModelPauses()
         self._count_fallback = count_fallback
         self._clock = clock
         self._wait = wait or _wait_for_event
@@ -68,6 +77,7 @@ class RoutingLayer:
                 self._count_fallback(requested, model, "breaker_open")
             called = await self._inner.call(request, {**body, "model": model} if model != requested else body, first)
             if not isinstance(called, Refused):
+                self._pauses.record(model, called.outcome, self._clock())
                 return Routed(model, called)
 
     async def _await_breakers(self, model: str, deadline: float) -> bool:
@@ -76,6 +86,7 @@ class RoutingLayer:
         now = self._clock()
         breakers = [b for b in (self._breakers.get(c) for c in self._routes.candidates(model)) if b is not None]
         wake_at = min((breaker.retry_at(now) for breaker in breakers), default=now)
+        wake_at = max(wake_at, min(self._pauses.retry_at(c, now) for c in self._routes.candidates(model)))
         if wake_at > deadline:
             return False
         await self._wait(self._breakers.changed, max(wake_at - now, MIN_BREAKER_WAIT_S))
@@ -83,13 +94,17 @@ class RoutingLayer:
 
     def _may_call(self, model: str) -> bool:
         breaker = self._breakers.get(model)
-        return breaker is None or breaker.retry_at(self._clock()) <= self._clock()
+        now = self._clock()
+        return (breaker is None or breaker.retry_at(now) <= now) and self._pauses.may_call(model, now)
 
     def _defer(self, model: str) -> Deferred:
         breaker = self._breakers.get(model)
         now = self._clock()
+        pause = self._pauses.paused().get(model)
+        if pause is not None:
+            return Deferred(max(0.0, pause.probe_at - now), model, MODEL_PAUSED, f"{model} is paused: {pause.reason}")
         delay = max(0.0, breaker.retry_at(now) - now) if breaker is not None else 0.0
-        return Deferred(delay, model)
+        return Deferred(delay, model, CIRCUIT_OPEN, f"the circuit breaker of {model} is open")
 
 
 async def _wait_for_event(event: asyncio.Event, timeout_s: float) -> None:

@@ -240,8 +240,9 @@ def free_port() -> int:
         return port
 
 
-def scrape_gauge(port: int, name: str) -> float | None:
-    """The value of an unlabelled gauge on ``http://127.0.0.1:port/metrics``; None while nothing answers."""
+def scrape_gauge(port: int, name: str, labels: dict[str, str] | None = None) -> float | None:
+    """The value of a gauge on ``http://127.0.0.1:port/metrics`` with exactly these labels (none by default);
+    None while nothing answers or no such series exists."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
             text = response.read().decode()
@@ -249,7 +250,7 @@ def scrape_gauge(port: int, name: str) -> float | None:
         return None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name and not sample.labels:
+            if sample.name == name and sample.labels == (labels or {}):
                 return float(sample.value)
     return None
 

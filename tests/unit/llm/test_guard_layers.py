@@ -124,7 +124,24 @@ async def test_routing_defers_until_the_breaker_may_probe() -> None:
     open_breaker(breakers, "big", clock())
     clock.now += 2
     routing = RoutingLayer(Script(), Routes(), breakers, lambda *key: None, clock)
-    assert await routing.call(REQUEST, BODY, True) == Deferred(3.0, "big")
+    assert await routing.call(REQUEST, BODY, True) == Deferred(3.0, "big", "circuit_open",
+                                                               "the circuit breaker of big is open")
+
+
+async def test_a_model_whose_first_calls_all_fail_alike_is_paused_and_probed() -> None:
+    """A model the server refuses the same way every time: three calls, then its requests are parked."""
+    clock = MonotonicClock()
+    refused = CallResult(Failure(FailureLayer.BUSINESS, "invalid_request_error", "HTTP 400: bad param", 400), b"", 5)
+    script = Script([refused] * 4)
+    routing = RoutingLayer(script, Routes(), Breakers(None), lambda *key: None, clock)
+    for _ in range(3):
+        assert isinstance(await routing.call(REQUEST, BODY, True), Routed)
+    deferred = await routing.call(REQUEST, BODY, True)
+    assert isinstance(deferred, Deferred) and deferred.code == "model_paused" and "bad param" in deferred.reason
+    assert deferred.delay_s == 60.0 and len(script.calls) == 3
+    clock.now += 60  # the probe
+    assert isinstance(await routing.call(REQUEST, BODY, True), Routed)
+    assert isinstance(await routing.call(REQUEST, BODY, True), Deferred)  # one probe per interval
 
 
 async def test_context_fallback_follows_the_model_that_was_called_and_is_not_a_first_attempt() -> None:

@@ -1,0 +1,117 @@
+"""Systematic failures stop early, per model: a model whose first calls all fail the same way is paused.
+
+A refused header, an unsupported parameter, a model the endpoint does not serve: the first calls of a model
+fail with the same non-retryable answer (same status, code and message), and every later call would too.
+Failing the batch one request at a time spends a call per request and buries the one cause under
+thousands of failure records. So once the first ``threshold`` answers of a model are that same failure,
+the model is *paused*: its calls are parked (like those of an open breaker) while other models go on, and
+one probe call per ``probe_interval_s`` checks whether it was fixed. A model that has answered well even
+once is never paused by this rule: later failures are the requests' own.
+
+Time is passed in; the caller logs, counts and parks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from streamproc.core.outcome import ConfigurationProblem, Failure, Outcome, Success
+from streamproc.core.vocabulary import FailureLayer
+
+# Setup problems that concern one model, not the account: the rest of the batch can go on.
+MODEL_SCOPED_PROBLEMS = frozenset({"model_not_found", "permission_denied"})
+
+Signature = tuple[int | None, str, str]  # (HTTP status, code, message)
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Why a model is paused, since when, and when its next probe may go."""
+
+    reason: str
+    since: float
+    probe_at: float
+
+
+@dataclass
+class _Model:
+    proven: bool = False  # answered well once: never paused by this rule
+    first: Signature | None = None  # the failure its first answers all gave
+    repeats: int = 0
+    pause: Pause | None = None
+
+
+def signature(outcome: Outcome) -> Signature | None:
+    """What makes two failures "the same": non-retryable ones only (business, or a model-scoped problem)."""
+    if isinstance(outcome, Failure) and outcome.layer is FailureLayer.BUSINESS:
+        return outcome.http_status, outcome.code, outcome.message
+    if isinstance(outcome, ConfigurationProblem) and outcome.code in MODEL_SCOPED_PROBLEMS:
+        return outcome.http_status, outcome.code, outcome.message
+    return None
+
+
+class ModelPauses:
+    """Per-model detection of systematic failures, and the pause with its probes."""
+
+    def __init__(self, threshold: int = 3, probe_interval_s: float = 60.0,
+                 on_change: Callable[[str, Pause | None], None] | None = None) -> None:
+        if threshold < 1 or not probe_interval_s > 0:
+            raise ValueError("need threshold >= 1 and probe_interval_s > 0")
+        self._threshold = threshold
+        self._probe_interval_s = probe_interval_s
+        self._on_change = on_change
+        self._models: dict[str, _Model] = {}
+
+    def paused(self) -> dict[str, Pause]:
+        return {name: model.pause for name, model in self._models.items() if model.pause is not None}
+
+    def retry_at(self, model: str, now: float) -> float:
+        """When a call to ``model`` may go: now, or its next probe while paused."""
+        pause = self._model(model).pause
+        return now if pause is None else max(now, pause.probe_at)
+
+    def may_call(self, model: str, now: float) -> bool:
+        """Whether a call may go now; while paused, True once per probe interval (that call is the probe)."""
+        state = self._model(model)
+        if state.pause is None:
+            return True
+        if now < state.pause.probe_at:
+            return False
+        state.pause = Pause(state.pause.reason, state.pause.since, now + self._probe_interval_s)
+        return True
+
+    def record(self, model: str, outcome: Outcome, now: float) -> None:
+        state = self._model(model)
+        if isinstance(outcome, Success):
+            state.proven = True
+            if state.pause is not None:
+                state.pause = None
+                self._changed(model, None)
+            return
+        failed_as = signature(outcome)
+        if state.proven or failed_as is None or state.pause is not None:
+            return
+        if state.first is None:
+            state.first = failed_as
+        if failed_as != state.first:
+            state.proven = True  # its first answers differ: not one systematic cause
+            return
+        state.repeats += 1
+        if state.repeats >= self._threshold:
+            status, code, message = failed_as
+            state.pause = Pause(f"its first {state.repeats} calls all failed alike: "
+                                f"{code} (HTTP {status}): {message}"[:1000], now, now + self._probe_interval_s)
+            self._changed(model, state.pause)
+
+    def _model(self, model: str) -> _Model:
+        state = self._models.get(model)
+        if state is None:
+            state = self._models[model] = _Model()
+        return state
+
+    def _changed(self, model: str, pause: Pause | None) -> None:
+        if self._on_change is not None:
+            self._on_change(model, pause)
+
+

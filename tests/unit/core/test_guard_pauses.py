@@ -1,0 +1,65 @@
+"""Systematic failures, per model: the first calls all failing alike pause the model; anything else does not."""
+
+from __future__ import annotations
+
+from streamproc.core.guards.pauses import ModelPauses, Pause
+from streamproc.core.outcome import ConfigurationProblem, Failure, Success
+from streamproc.core.vocabulary import FailureLayer
+
+OK = Success("fine", "m", 10, 2)
+REFUSED = Failure(FailureLayer.BUSINESS, "invalid_request_error", "HTTP 400: x-request-id must be a UUID", 400)
+OTHER = Failure(FailureLayer.BUSINESS, "content_policy_violation", "HTTP 400: policy", 400)
+MISSING = ConfigurationProblem("model_not_found", "HTTP 404: The model `gpt-5o` does not exist", 404)
+UNAVAILABLE = Failure(FailureLayer.SERVICE, "http_503", "HTTP 503", 503)
+
+
+def test_three_identical_refusals_from_the_start_pause_the_model_only() -> None:
+    heard: list[tuple[str, Pause | None]] = []
+    pauses = ModelPauses(on_change=lambda model, pause: heard.append((model, pause)))
+    for second in range(3):
+        assert pauses.may_call("m", float(second))
+        pauses.record("m", REFUSED, float(second))
+    assert not pauses.may_call("m", 3.0) and pauses.may_call("other", 3.0)
+    [(model, pause)] = heard
+    assert model == "m" and pause is not None and "x-request-id must be a UUID" in pause.reason
+    assert pauses.retry_at("m", 3.0) == 62.0
+
+
+def test_a_model_not_found_is_paused_like_any_systematic_refusal() -> None:
+    pauses = ModelPauses()
+    for _ in range(3):
+        pauses.record("gpt-5o", MISSING, 0.0)
+    assert set(pauses.paused()) == {"gpt-5o"}
+
+
+def test_a_probe_that_succeeds_resumes_the_model_and_one_that_fails_waits_again() -> None:
+    pauses = ModelPauses(threshold=1, probe_interval_s=60)
+    pauses.record("m", REFUSED, 0.0)
+    assert pauses.may_call("m", 60.0)  # the probe
+    assert not pauses.may_call("m", 61.0)  # only one per interval
+    pauses.record("m", REFUSED, 61.0)
+    assert not pauses.may_call("m", 100.0) and pauses.may_call("m", 120.0)
+    pauses.record("m", OK, 121.0)
+    assert pauses.paused() == {} and pauses.may_call("m", 121.5)
+
+
+def test_a_model_that_answered_well_once_is_never_paused_by_later_failures() -> None:
+    pauses = ModelPauses()
+    pauses.record("m", OK, 0.0)
+    for _ in range(10):
+        pauses.record("m", REFUSED, 1.0)
+    assert pauses.paused() == {}
+
+
+def test_different_first_failures_are_the_requests_own_not_systematic() -> None:
+    pauses = ModelPauses()
+    for failure in (REFUSED, OTHER, REFUSED, REFUSED, REFUSED):
+        pauses.record("m", failure, 0.0)
+    assert pauses.paused() == {}
+
+
+def test_retryable_failures_neither_count_nor_reset() -> None:
+    pauses = ModelPauses()
+    for failure in (REFUSED, UNAVAILABLE, REFUSED, UNAVAILABLE, REFUSED):
+        pauses.record("m", failure, 0.0)
+    assert set(pauses.paused()) == {"m"}
