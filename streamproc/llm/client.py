@@ -23,7 +23,7 @@ from streamproc.core.guards.timeouts import AdaptiveTimeout
 from streamproc.core.outcome import Outcome, Success
 from streamproc.core.verdict import classify_http_error
 from streamproc.llm.completion import check_completion
-from streamproc.llm.repair import repair_messages
+from streamproc.llm.repair import completion_budget, repair_messages
 from streamproc.llm.transport_errors import classify_exception
 from streamproc.settings import Settings
 
@@ -119,8 +119,9 @@ class LLMClient:
         shard = min(range(len(self._busy)), key=self._busy.__getitem__)
         self._busy[shard] += 1
         model = body.get("model")
-        timeout = httpx.Timeout(self.timeouts.timeout_s(model if isinstance(model, str) else ""),
-                                connect=self._connect_timeout_s)
+        model = model if isinstance(model, str) else ""
+        budget = completion_budget(body)
+        timeout = httpx.Timeout(self.timeouts.timeout_s(model, budget), connect=self._connect_timeout_s)
         started = time.monotonic()
         try:
             response = await self._clients[shard].post(path, json=body, headers=correlation_headers(request),
@@ -134,7 +135,7 @@ class LLMClient:
         if response.status_code == 200:
             outcome = check_completion(content, body)
             if isinstance(outcome, Success):
-                self.timeouts.observe(model if isinstance(model, str) else "", latency / 1000)
+                self.timeouts.observe(model, latency / 1000, budget)
             return CallResult(outcome, content, latency, response.headers)
         return CallResult(classify_http_error(response.status_code, response.headers, content), content, latency,
                           response.headers)

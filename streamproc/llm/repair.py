@@ -18,7 +18,7 @@ def grown_max_tokens(body: Mapping[str, Any], sent: Mapping[str, Any]) -> int | 
     """The completion budget for the attempt after a truncated answer: double what was ``sent``, at most
     ``MAX_TOKENS_CEILING`` times the request's own ``body`` budget; None when the body sets none (the
     server's default is unknown, so there is nothing to raise) or it cannot grow any further."""
-    own, current = _budget(body), _budget(sent)
+    own, current = completion_budget(body), completion_budget(sent)
     if own is None or current is None:
         return None
     grown = min(current * MAX_TOKENS_GROWTH, own * MAX_TOKENS_CEILING)
@@ -34,7 +34,8 @@ def with_max_tokens(body: dict[str, Any], max_tokens: int | None) -> dict[str, A
     return {**body, key: max_tokens}
 
 
-def _budget(body: Mapping[str, Any]) -> int | None:
+def completioncompletion_budget(body: Mapping[str, Any]) -> int | None:
+    """The body's ``max_completion_tokens`` or ``max_tokens``, when it sets a positive one."""
     value = body.get("max_completion_tokens", body.get("max_tokens"))
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 

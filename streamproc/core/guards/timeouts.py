@@ -1,10 +1,13 @@
 """A timeout per model from its observed latency, so a hung call costs seconds instead of the ceiling.
 
-``timeout = clamp(multiplier x p99 of the last successful calls, floor, ceiling)``; the ceiling
+``timeout = clamp(multiplier x p99 of the last successful calls x budget ratio, floor, ceiling)``; the ceiling
 (``STREAMPROC_LLM_TIMEOUT_S``) until a model has answered ``min_samples`` times. Only successes are samples:
 a timeout says nothing about how long the answer would have taken. A slow-but-healthy model (long outputs)
 raises its own p99 and keeps its time; a model that usually answers in 2 s is cut after ~10 s when a call
-hangs. With the gradient limiter keeping the client's own queue short, the latencies seen are the server's.
+hangs. A call allowed more completion tokens than the model's usual calls (a retry after a truncated answer
+gets twice the room) may take that much longer: the budget ratio is its ``max_tokens`` over the median of
+the successful calls'. With the gradient limiter keeping the client's own queue short, the latencies seen
+are the server's.
 """
 
 from __future__ import annotations
@@ -29,19 +32,29 @@ class AdaptiveTimeout:
         self._window = window
         self._min_samples = min_samples
         self._latencies: dict[str, deque[float]] = {}
+        self._budgets: dict[str, deque[int]] = {}  # max_tokens of the successful calls, where they set one
 
-    def observe(self, model: str, latency_s: float) -> None:
+    def observe(self, model: str, latency_s: float, max_tokens: int | None = None) -> None:
         if latency_s >= 0 and math.isfinite(latency_s):
             self._latencies.setdefault(model, deque(maxlen=self._window)).append(latency_s)
+            if max_tokens is not None and max_tokens > 0:
+                self._budgets.setdefault(model, deque(maxlen=self._window)).append(max_tokens)
 
-    def timeout_s(self, model: str) -> float:
+    def timeout_s(self, model: str, max_tokens: int | None = None) -> float:
         samples = self._latencies.get(model)
         if samples is None or len(samples) < self._min_samples:
             return self._ceiling
         ordered = sorted(samples)
         high = ordered[min(len(ordered) - 1, math.ceil(self._quantile * len(ordered)) - 1)]
-        return min(self._ceiling, max(self._floor, self._multiplier * high))
+        return min(self._ceiling, max(self._floor, self._multiplier * high * self._budget_ratio(model, max_tokens)))
 
     def timeouts(self) -> dict[str, float]:
-        """Every model's current timeout (for metrics)."""
+        """Every model's current timeout for a call of its usual budget (for metrics)."""
         return {model: self.timeout_s(model) for model in self._latencies}
+
+    def _budget_ratio(self, model: str, max_tokens: int | None) -> float:
+        budgets = self._budgets.get(model)
+        if max_tokens is None or not budgets:
+            return 1.0
+        usual = sorted(budgets)[len(budgets) // 2]
+        return max(1.0, max_tokens / usual)

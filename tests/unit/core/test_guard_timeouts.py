@@ -62,3 +62,15 @@ def test_the_floor_never_exceeds_the_ceiling_and_nonsense_is_ignored() -> None:
 def test_invalid_settings_are_rejected(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         AdaptiveTimeout(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_call_allowed_more_tokens_than_usual_gets_proportionally_more_time() -> None:
+    """A retry after a truncated answer asks for twice the room: it may take twice as long."""
+    timeouts = AdaptiveTimeout(60)
+    for _ in range(50):
+        timeouts.observe("m", 3.0, max_tokens=64)
+    assert timeouts.timeout_s("m", 64) == 9.0
+    assert timeouts.timeout_s("m", 256) == 36.0
+    assert timeouts.timeout_s("m", 16) == 9.0  # never less than for the usual budget
+    assert timeouts.timeout_s("m", 10_000) == 60  # still bounded by the ceiling
+
