@@ -34,7 +34,7 @@ def with_max_tokens(body: dict[str, Any], max_tokens: int | None) -> dict[str, A
     return {**body, key: max_tokens}
 
 
-def completioncompletion_budget(body: Mapping[str, Any]) -> int | None:
+def completion_budget(body: Mapping[str, Any]) -> int | None:
     """The body's ``max_completion_tokens`` or ``max_tokens``, when it sets a positive one."""
     value = body.get("max_completion_tokens", body.get("max_tokens"))
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
