@@ -99,7 +99,8 @@ async def test_a_realistic_batch_against_a_real_server_ends_without_transport_fa
           f"{dict(terminal)}, {calls} calls ({calls / len(ids):.2f} per request), in-flight limit "
           f"{limits[0] if limits else '?'} -> {limits[-1] if limits else '?'} (min {min(limits, default=0)})")
 
-    assert [e for e in events if e.layer is FailureLayer.TRANSPORT] == [], "a call timed out or broke"
+    assert [(e.request.request_id, e.error_code, e.message) for e in events if e.layer is FailureLayer.TRANSPORT
+            ] == [], "a call timed out or broke"
     assert not [e for e in events if e.error_code == "retry_budget_exhausted"]
     for request in requests:
         results, ended = outcomes.results.get(request.request_id, []), outcomes.terminal(request.request_id)
