@@ -60,11 +60,12 @@ async def test_one_slot_answers_one_request_after_the_other(http: aiohttp.Client
     finished = [at for _, _, at in answers]
     assert finished == sorted(finished)  # first come, first served
     for i, at in enumerate(finished):  # each one's latency starts when the one before it is done
-        assert (i + 1) * LATENCY <= at < (i + 1) * LATENCY + 0.25, finished
+        assert at >= (i + 1) * LATENCY, finished
+    assert finished[-1] < 5 * LATENCY + 0.5
     assert queue["slots"] == 1 and (queue["busy"], queue["queued"]) == (0, 0)
     assert (queue["max_queued"], queue["waited"], queue["abandoned"]) == (4, 4, 0)
     # they waited about 0.19 + 0.38 + 0.57 + 0.76 s (arrivals were 10 ms apart)
-    assert 1.8 <= queue["queued_s_total"] <= 2.3
+    assert 1.5 <= queue["queued_s_total"] <= 2.5
 
 
 async def test_two_slots_work_on_two_at_a_time(http: aiohttp.ClientSession) -> None:
@@ -73,7 +74,7 @@ async def test_two_slots_work_on_two_at_a_time(http: aiohttp.ClientSession) -> N
         queue = mock.stats()["queue"]
     finished = [at for _, _, at in answers]
     assert max(finished[:2]) < 2 * LATENCY <= min(finished[2:])
-    assert max(finished) < 2 * LATENCY + 0.25
+    assert max(finished) < 2 * LATENCY + 0.5
     assert (queue["max_queued"], queue["waited"]) == (2, 2)
 
 
