@@ -40,7 +40,7 @@ from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core import headers
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.core.outcome import ConfigurationProblem
-from streamproc.core.retry_policy import RetryPolicy, Tier
+from streamproc.core.retry_policy import RetryPolicy, Tier, due_within_tier
 from streamproc.core.topology import Topology
 from streamproc.llm.client import LLMClient
 from streamproc.llm.guarded import Guards, adaptive_bounds
@@ -110,6 +110,7 @@ class WorkerRuntime:
                  batch_sizes: BatchSizes | None = None) -> None:
         self.settings = settings
         self.topology = settings.topology()
+        self._tiers = {self.topology.retry(tier): tier for tier in self.topology.tiers}  # topic -> its tier
         self.app = make_faust_app(settings, settings.app_id, settings.partitions)
         self.app.conf.stream_buffer_maxsize = max(settings.in_flight * 2, 1024)
         self.table = self.app.Table("request_state", key_type=bytes, value_type=bytes,
@@ -163,7 +164,8 @@ class WorkerRuntime:
                 return manual.ack(event)
 
             work = functools.partial(self.handler.handle, record)
-            if delayed and not await self._wait_until_due(record):
+            produced_ms = round(message.timestamp * 1000) if message.timestamp else round(time.time() * 1000)
+            if delayed and not await self._wait_until_due(record, produced_ms):
                 # a rebalance or stop must not wait for a sleeping tier: put the record back at the tail
                 # of its topic; its ack still goes through the ordered lane like any other
                 work = functools.partial(self._requeue, record)
@@ -173,9 +175,10 @@ class WorkerRuntime:
         await self.sink.requeue(record)
         return Disposition.ACK
 
-    async def _wait_until_due(self, record: Record) -> bool:
-        """Sleep until the record's ``x-due-ts``; False if a rebalance or shutdown started meanwhile."""
-        due_ms = headers.read_hop(record.headers).due_ms or 0
+    async def _wait_until_due(self, record: Record, produced_ms: int) -> bool:
+        """Sleep until the record's ``x-due-ts`` (at most its tier's delay after it was written); False if a
+        rebalance or shutdown started meanwhile."""
+        due_ms = due_within_tier(headers.read_hop(record.headers).due_ms, produced_ms, self._tiers[record.topic])
         while (wait_s := (due_ms - time.time() * 1000) / 1000) > 0:
             if not self.app.flow_control.is_active() or self.app.should_stop:
                 return False

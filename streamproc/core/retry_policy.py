@@ -187,3 +187,9 @@ class RetryPolicy:
     def tier_for(self, delay_ms: int) -> Tier:
         """The smallest tier that waits at least ``delay_ms``; the largest when none does."""
         return next((tier for tier in self.tiers if tier.delay_ms >= delay_ms), self.tiers[-1])
+
+
+def due_within_tier(due_ms: int | None, produced_ms: int, tier: Tier) -> int:
+    """When a tier record may run: its ``x-due-ts``, but never later than one tier delay after it was
+    written (a record with a far-future or garbage due time must not hold up its whole tier partition)."""
+    return min(due_ms if due_ms is not None else 0, produced_ms + tier.delay_ms)

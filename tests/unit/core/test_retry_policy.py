@@ -17,6 +17,7 @@ from streamproc.core.retry_policy import (
     Terminal,
     Tier,
     after_max_attempts,
+    due_within_tier,
     full_jitter,
     never_for_business,
     plus,
@@ -291,3 +292,11 @@ def test_a_spent_budget_draws_the_jitter_as_a_retry_would() -> None:
     POLICY.decide(failure(T), 1, spent, within_budget("b", lambda: False))
     POLICY.decide(failure(T), 1, fresh)
     assert spent.random() == fresh.random()
+
+
+def test_a_tier_record_runs_at_its_due_time_but_never_later_than_one_tier_after_it_was_written() -> None:
+    tier = Tier("5s", 5_000)
+    assert due_within_tier(1_003_000, 1_000_000, tier) == 1_003_000
+    assert due_within_tier(9_999_999_999_999, 1_000_000, tier) == 1_005_000  # far-future: clamped
+    assert due_within_tier(-5, 1_000_000, tier) == -5  # in the past: at once
+    assert due_within_tier(None, 1_000_000, tier) == 0
