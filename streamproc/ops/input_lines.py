@@ -156,6 +156,8 @@ def _batch_body(value: dict[str, Any], limits: BatchLimits, custom_id: str) -> t
         raise _Invalid("body.model is missing (the OpenAI batch form names its model)", custom_id)
     if not isinstance(model, str) or not model.strip():
         raise _Invalid(f"body.model must be a non-empty string, got {_show(model)}", custom_id)
+    if body.get("stream") not in (None, False):  # OpenAI's Batch API refuses it too
+        raise _Invalid("body.stream must be false or absent: batch answers are read whole, not streamed", custom_id)
     return url, body
 
 

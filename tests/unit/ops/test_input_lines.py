@@ -149,6 +149,8 @@ REASONS: list[tuple[str, str | None, str]] = [
      "body.model must be a non-empty string, got ''"),
     (batch_line(body={"model": 4, "messages": [{"role": "user", "content": "a"}]}), "req-1",
      "body.model must be a non-empty string, got 4"),
+    (batch_line(body={"model": "m", "messages": [{"role": "user", "content": "a"}], "stream": True}), "req-1",
+     "body.stream must be false or absent: batch answers are read whole, not streamed"),
     (batch_line(body={"model": "m", "messages": [{"role": "user", "content": "\ud800"}]}), "req-1",
      "body has an unpaired surrogate '\\ud800', not valid UTF-8"),
     ('{"id": "a"}', "a", "missing prompt"),
