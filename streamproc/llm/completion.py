@@ -26,6 +26,8 @@ def check_completion(body: bytes, request_body: Mapping[str, Any]) -> Outcome:
         doc: Any = json.loads(body)
     except ValueError as exc:
         return _transport("invalid_response_body", f"200 body is not JSON ({exc}): {excerpt(body)}")
+    except RecursionError:
+        return _transport("invalid_response_body", f"200 body nests deeper than a parser follows: {excerpt(body)}")
     if not isinstance(doc, dict):
         return _transport("invalid_response_body", f"200 body is not a JSON object: {excerpt(body)}")
     if doc.get("error") is not None and not doc.get("choices"):
@@ -71,6 +73,8 @@ def _check_format(content: str, response_format: Any) -> Failure | None:
         return None
     try:
         value: Any = json.loads(content)
+    except RecursionError:
+        return _failure(FailureLayer.SEMANTIC, "invalid_json", "the answer nests deeper than a parser follows")
     except ValueError as exc:
         if isinstance(exc, json.JSONDecodeError) and _cut_off(exc, content):
             return _failure(FailureLayer.SEMANTIC, "truncated", f"the JSON answer ends mid-value: {exc}")
@@ -85,7 +89,13 @@ def _check_format(content: str, response_format: Any) -> Failure | None:
         validator = _validator(json.dumps(schema, sort_keys=True, separators=(",", ":")))
     except jsonschema_exceptions.SchemaError as exc:
         return _failure(_B, "invalid_json_schema", f"response_format.json_schema.schema is invalid: {exc.message}")
-    error = jsonschema_exceptions.best_match(validator.iter_errors(value))
+    try:
+        error = jsonschema_exceptions.best_match(validator.iter_errors(value))
+    except RecursionError:
+        return _failure(FailureLayer.SEMANTIC, "schema_mismatch", "the answer nests too deeply to validate")
+    except Exception as exc:  # the schema cannot be applied, e.g. a $ref that resolves nowhere: the request's fault
+        return _failure(_B, "invalid_json_schema",
+                        f"response_format.json_schema.schema cannot be applied: {type(exc).__name__}: {exc}")
     if error is None:
         return None
     return _failure(FailureLayer.SEMANTIC, "schema_mismatch", f"{error.message} (at {error.json_path})")

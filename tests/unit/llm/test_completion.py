@@ -217,3 +217,21 @@ def test_quota_error_in_a_200_stops_consumption() -> None:
     outcome = check_completion(body, CHAT)
     assert isinstance(outcome, ConfigurationProblem)
     assert outcome.code == "insufficient_quota"
+
+
+def test_answers_nested_beyond_any_parser_end_as_failures_not_exceptions() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    failure = failure_of(check_completion(completion(deep), JSON_OBJECT))
+    assert (failure.layer, failure.code) == (M, "invalid_json")
+    body = b'{"choices": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    failure = failure_of(check_completion(body, CHAT))
+    assert (failure.layer, failure.code) == (T, "invalid_response_body")
+
+
+def test_a_schema_whose_ref_resolves_nowhere_is_the_request_s_fault() -> None:
+    unresolvable = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}
+    failure = failure_of(check_completion(completion('{"a": 1}'), unresolvable))
+    assert (failure.layer, failure.code) == (B, "invalid_json_schema")
+    assert "missing" in failure.message
+
