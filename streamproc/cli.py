@@ -276,7 +276,9 @@ def worker(loglevel: str) -> None:
 
     Start more workers with the same STREAMPROC_APP_ID (on any machine) to scale out: they share the
     partitions as one consumer group. Stop with SIGTERM or Ctrl-C: in-flight calls finish first.
-    Exit code 3: the LLM endpoint refused the configuration (key, model, quota); fix it and restart.
+    Exit code 3: the LLM endpoint refused the configuration (key, quota, endpoint); fix it and restart.
+    Exit code 4: a record could neither be handled nor its outcome written (Kafka refused the writes);
+    restart it: the record is read again (a supervisor such as systemd or Kubernetes does that).
     """
     from streamproc.app.worker import run_worker  # faust is imported by the commands that run it only
 

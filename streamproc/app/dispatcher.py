@@ -3,24 +3,33 @@
 faust's ``concurrency=N`` can commit past a message still in flight (faust-streaming #606), so the worker
 takes events one at a time (``concurrency=1``, ``noack()``), runs each in its own task under a semaphore,
 and acks a partition's events only as a contiguous completed prefix (design §5).
+
+A record whose work raises, or that its handler holds, can never complete, so its partition can never
+commit again: that is never left silent. ``on_stuck`` hears of it (the worker stops loudly, so the record
+is read again by a worker that can write its outcome).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Hashable
 
 from streamproc.app.handler import Disposition
 from streamproc.core.acker import OrderedAcker
 
 Ack = Callable[[], Awaitable[object]]
+OnStuck = Callable[[Hashable, int, str], None]  # (lane, offset, why)
+
+log = logging.getLogger(__name__)
 
 
 class Dispatcher:
     """Runs handler calls concurrently (at most ``limit``) and releases their acks in offset order."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_stuck: OnStuck | None = None) -> None:
         self._slots = asyncio.Semaphore(limit)
+        self._on_stuck = on_stuck
         self._acker: OrderedAcker[Ack] = OrderedAcker()
         self._tasks: set[asyncio.Task[None]] = set()
         self._acking = asyncio.Lock()  # FIFO: acks released by different tasks never overtake each other
@@ -56,10 +65,18 @@ class Dispatcher:
             self._idle.set()
 
     async def _run(self, lane: Hashable, offset: int, work: Callable[[], Awaitable[Disposition]]) -> None:
+        why = "its handler holds it"
         try:
             disposition = await work()
+        except Exception as exc:  # the handler never raises; this is a requeue or a bug: never lose it silently
+            log.exception("record at offset %d of %s could not be handled", offset, lane)
+            disposition, why = Disposition.HOLD, f"{type(exc).__name__}: {exc}"
         finally:
             self._slots.release()
+        if disposition is Disposition.HOLD:
+            if self._on_stuck is not None:
+                self._on_stuck(lane, offset, why)
+            return
         if disposition is Disposition.ACK:
             released = self._acker.complete(lane, offset)
             if released:

@@ -23,9 +23,11 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception_type,
+    stop_after_attempt,
     stop_after_delay,
     stop_never,
     wait_exponential,
+    wait_random_exponential,
 )
 
 from streamproc import codec
@@ -49,6 +51,7 @@ from streamproc.settings import Settings
 log = logging.getLogger("streamproc.app.worker")
 
 EXIT_CONFIGURATION = 3
+EXIT_STUCK = 4  # a record could neither be handled nor its outcome written: stop, so it is read again
 _REBALANCE_POLL_S = 0.2
 
 
@@ -120,7 +123,7 @@ class WorkerRuntime:
         untyped_table: Any = self.table  # TableT does not declare the serializer attributes
         untyped_table.key_serializer = untyped_table.value_serializer = "raw"
         self.sink = FaustSink(self.app, self.topology)
-        self.dispatcher = Dispatcher(settings.in_flight)
+        self.dispatcher = Dispatcher(settings.in_flight, on_stuck=self._on_stuck)
         self.llm = LLMClient(settings)
         self.batch_sizes = batch_sizes or BatchSizes()
         self.guards = Guards.from_settings(settings, self.llm, self._expected_first_attempts)
@@ -172,7 +175,11 @@ class WorkerRuntime:
             await self.dispatcher.submit((message.tp, message.generation_id), message.offset, work, ack)
 
     async def _requeue(self, record: Record) -> Disposition:
-        await self.sink.requeue(record)
+        """Put a sleeping tier record back at the tail; a few tries, since the partition waits for it."""
+        async for attempt in AsyncRetrying(stop=stop_after_attempt(5), wait=wait_random_exponential(0.2, 5),
+                                           reraise=True):
+            with attempt:
+                await self.sink.requeue(record)
         return Disposition.ACK
 
     async def _wait_until_due(self, record: Record, produced_ms: int) -> bool:
@@ -193,18 +200,28 @@ class WorkerRuntime:
         self._halted.set()
         log.critical("STOPPING: the LLM endpoint refused the configuration (%s, HTTP %s): %s. %s",
                      problem.code, problem.http_status, problem.message, _what_to_fix(problem))
-        asyncio.get_running_loop().create_task(self._halt())
+        asyncio.get_running_loop().create_task(self._halt(EXIT_CONFIGURATION))
 
-    async def _halt(self) -> None:
+    def _on_stuck(self, lane: object, offset: int, why: str) -> None:
+        """A record that can never be acked would stop its partition's commits for good: stop the worker
+        instead (loudly), so that the record is read again, by this worker restarted or another one."""
+        if self._halted.is_set():
+            return
+        self._halted.set()
+        log.critical("STOPPING: the record at offset %d of %s could neither be handled nor its outcome written "
+                     "(%s); exiting so that it is read again instead of stalling its partition", offset, lane, why)
+        asyncio.get_running_loop().create_task(self._halt(EXIT_STUCK))
+
+    async def _halt(self, exit_code: int) -> None:
         """Let the other in-flight calls finish, commit what is acked, and exit without acking the rest."""
         try:
             await asyncio.wait_for(self.dispatcher.wait_idle(), self.settings.llm_timeout_s + 5)
             await self.app.producer.flush()
             await self.app.commit(set(self.app.consumer.assignment()))
         except Exception:
-            log.exception("while stopping after a configuration problem")
+            log.exception("while stopping")
         logging.shutdown()
-        os._exit(EXIT_CONFIGURATION)
+        os._exit(exit_code)
 
 
 def _what_to_fix(problem: ConfigurationProblem) -> str:

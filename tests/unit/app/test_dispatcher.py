@@ -175,6 +175,22 @@ async def test_a_work_that_raises_is_never_acked_and_frees_its_slot() -> None:
     assert works.acked == []  # not even offset 1: nothing is committed past an unexplained record
 
 
+async def test_a_stuck_record_is_reported_never_silent() -> None:
+    """A raising work (a failed requeue) or a held record stops its lane's commits for good: the owner hears
+    of it, with the offset and why, so it can stop loudly instead of stalling the partition."""
+    stuck: list[tuple[object, int, str]] = []
+    dispatcher, works = Dispatcher(4, on_stuck=lambda lane, offset, why: stuck.append((lane, offset, why))), Works()
+
+    async def broken() -> Disposition:
+        raise ConnectionError("the broker refused the requeue")
+
+    await dispatcher.submit("p0", 0, broken, works.ack("p0", 0))
+    await works.submit(dispatcher, "p1", 7)
+    works.finish("p1", 7, Disposition.HOLD)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+    assert stuck == [("p0", 0, "ConnectionError: the broker refused the requeue"), ("p1", 7, "its handler holds it")]
+
+
 async def test_wait_idle_returns_once_every_work_and_its_ack_are_done() -> None:
     dispatcher, works = Dispatcher(4), Works()
     await asyncio.wait_for(dispatcher.wait_idle(), 0.5)  # nothing submitted yet
