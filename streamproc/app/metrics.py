@@ -71,7 +71,7 @@ class WorkerMetrics:
         self.skipped = Counter("skipped", "Records acked without a call (duplicates), by reason.", ["reason"],
                                **common)
         self.deferred = Counter("deferred", "Records parked unanswered in a retry tier because their model's "
-                                "circuit breaker was open, by tier.", ["tier"], **common)
+                                "circuit breaker was open or the model is paused, by tier.", ["tier"], **common)
         self.latency = Histogram("llm_latency_seconds", "Latency of LLM calls, any outcome.",
                                  buckets=LATENCY_BUCKETS, **common)
         self.in_flight = Gauge("in_flight", "Records this worker is handling now.", **common)

@@ -6,7 +6,7 @@ so each of N workers paces at ``share = 1/N`` of them. Buckets hold only a tenth
 providers enforce "per minute" limits over much shorter windows, so a full minute's burst would be refused.
 
 A 429 is *congestion* only when the provider says a bucket is empty (or says nothing about its buckets):
-then the whole worker pauses until the bucket refills. A 429 while the buckets still have room is a refusal
+then that model's calls pause until the bucket refills. A 429 while the buckets still have room is a refusal
 of that one request (e.g. a single call larger than the tokens/min limit), and pausing everyone for it would
 only slow the batch down.
 

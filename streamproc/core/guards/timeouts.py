@@ -48,10 +48,6 @@ class AdaptiveTimeout:
         high = ordered[min(len(ordered) - 1, math.ceil(self._quantile * len(ordered)) - 1)]
         return min(self._ceiling, max(self._floor, self._multiplier * high * self._budget_ratio(model, max_tokens)))
 
-    def timeouts(self) -> dict[str, float]:
-        """Every model's current timeout for a call of its usual budget (for metrics)."""
-        return {model: self.timeout_s(model) for model in self._latencies}
-
     def _budget_ratio(self, model: str, max_tokens: int | None) -> float:
         budgets = self._budgets.get(model)
         if max_tokens is None or not budgets:
