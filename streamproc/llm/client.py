@@ -8,10 +8,11 @@ rebalance timeout (design §5). The read timeout adapts per model (:mod:`streamp
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -82,6 +83,7 @@ def answer_content(response_body: bytes) -> str:
 # the total the same way at a small fraction of that cost. They share one TLS context (each would otherwise
 # load the CA bundle: ~50 ms and ~1 MB apiece).
 POOL_SHARD_SIZE = 8
+TIMEOUT_CHECK_S = 0.5  # how often a running call is held against its model's adaptive timeout
 
 
 class LLMClient:
@@ -124,8 +126,8 @@ class LLMClient:
         timeout = httpx.Timeout(self.timeouts.timeout_s(model, budget), connect=self._connect_timeout_s)
         started = time.monotonic()
         try:
-            response = await self._clients[shard].post(path, json=body, headers=correlation_headers(request),
-                                                        timeout=timeout)
+            response = await self._in_time(self._clients[shard].post(
+                path, json=body, headers=correlation_headers(request), timeout=timeout), model, budget, started)
             content = response.content
         except Exception as exc:
             return CallResult(classify_exception(exc), b"", _ms_since(started))
@@ -140,9 +142,34 @@ class LLMClient:
         return CallResult(classify_http_error(response.status_code, response.headers, content), content, latency,
                           response.headers)
 
+    async def _in_time(self, post: Awaitable[httpx.Response], model: str, budget: int | None,
+                       started: float) -> httpx.Response:
+        """The answer, or ReadTimeout once the call has run longer than the model's adaptive timeout *now*: a
+        call that started while the timeout was still its ceiling (the model's first calls) is cut as soon as
+        the answers of others teach a shorter one, so an early hang costs seconds, not the ceiling."""
+        task = asyncio.ensure_future(post)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=TIMEOUT_CHECK_S)
+                if done:
+                    return task.result()
+                limit = self.timeouts.timeout_s(model, budget)
+                if time.monotonic() - started > limit:
+                    raise httpx.ReadTimeout(f"no answer within the adaptive timeout of {limit:.1f} s")
+        finally:
+            if not task.done():
+                task.cancel()
+                task.add_done_callback(_consume)
+
     async def aclose(self) -> None:
         for client in self._clients:
             await client.aclose()
+
+
+def _consume(task: asyncio.Future[httpx.Response]) -> None:
+    """Retrieve a cancelled call's outcome, so asyncio does not report it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _ms_since(started: float) -> int:
