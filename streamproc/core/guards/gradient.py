@@ -11,8 +11,8 @@ Vegas's minimum RTT) and moves the limit by their ratio, the gradient:
 
 Against a server with one slot the limit settles at a few calls (the fixed point of ``L = L/2 + sqrt(L)``
 is 4), so no call waits behind a long queue the client itself made; against a server whose latency does
-not grow with load the gradient stays 1 and the limit grows to its ceiling (doubling per window while
-nothing pushes back, as TCP's slow start does, then by ``sqrt`` per window).
+not grow with load the gradient stays 1 and the limit grows to its ceiling (x4 per window while latency
+stays where it was, as TCP's slow start with HyStart's delay exit, then by ``sqrt`` per window).
 
 Latency is compared per completion token when the answers say how many they produced: an LLM's latency is
 mostly its output length, and a batch mixing 5-token labels with 500-token summaries must not read as a
@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MIN_GRADIENT = 0.5  # at most halve per window: one slow window must not collapse the limit
+SLOW_START_GROWTH = 4  # per window while nothing queues: 16 -> 256 in two round trips
+SLOW_START_RISE = 1.25  # slow start ends once a window is this much slower than the one before (as HyStart)
 BASELINE_RELAX = 0.002  # per window, the fraction of the gap to the window's best call the baseline moves up
 
 
@@ -87,6 +89,7 @@ class GradientLimit:
         self._min_rise_s = min_rise_s
         self._value = float(initial if initial is not None else minimum)
         self._slow_start = True
+        self._previous_recent: float | None = None  # the last window's mean latency per token
         self._window = _Window()
         self._baseline: float | None = None  # the best call's latency per token
         self._baseline_raw: float | None = None  # and its raw latency, seconds
@@ -137,9 +140,14 @@ class GradientLimit:
         used_half = window.busiest * 2 >= self.limit
         if gradient >= 1.0 and not used_half:
             return  # the client, not the server, kept the calls few: nothing learnt about capacity
+        previous, self._previous_recent = self._previous_recent, recent
         if gradient >= 1.0 and self._slow_start:
-            self._set(min(float(self._maximum), self._value * 2), now)
-            return
+            if previous is None:
+                return  # the first window only sets the level that growth is judged by
+            if recent <= SLOW_START_RISE * previous or recent_raw - self._baseline_raw <= self._min_rise_s:
+                self._set(min(float(self._maximum), self._value * SLOW_START_GROWTH), now)
+                return
+            self._slow_start = False  # latency rose with the last growth: a queue is starting
         if gradient < 1.0:
             self._slow_start = False
         target = self._value * gradient + math.sqrt(self._value)

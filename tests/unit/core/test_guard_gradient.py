@@ -91,7 +91,7 @@ def test_against_a_few_slots_throughput_is_kept_and_the_queue_bounded(slots: int
     throughput = (len(run.finished_at) - half) / (run.finished_at[-1] - run.finished_at[half])
     assert throughput >= 0.9 * slots / 2.0  # the slots' capacity: mean service 2 s
     assert max(run.limits[half:]) <= 4 * slots + 8
-    assert sorted(run.latencies[half:])[int(0.99 * (len(run.latencies) - half))] < 8 * 2.0
+    assert sorted(run.latencies[half:])[int(0.99 * (len(run.latencies) - half))] < 10 * 2.0  # far below 60 s
 
 
 @pytest.mark.parametrize("service", [uniform_1_3s, output_length], ids=["uniform", "output-length"])
@@ -136,7 +136,10 @@ def test_listeners_hear_of_changes_and_nonsense_samples_are_ignored() -> None:
     assert heard == []
     for _ in range(10):
         limit.on_sample(1.0, 8, 0.0)
-    assert heard == [16]
+    assert heard == []  # the first window only sets the level that growth is judged by
+    for _ in range(10):
+        limit.on_sample(1.0, 8, 0.0)
+    assert heard == [32]  # slow start: x4 per window while latency holds
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -88,19 +88,20 @@ async def test_shrinking_does_not_interrupt_holders_but_holds_back_newcomers() -
 
 
 async def test_growing_wakes_waiters_without_a_release() -> None:
-    limit = GradientLimit(1, 10, initial=1, window=1)
+    limit = GradientLimit(1, 3, initial=1, window=1)
     gate = AdaptiveGate(limit)
     await gate.acquire()
-    waiters = [asyncio.create_task(gate.acquire()) for _ in range(2)]
+    waiters = [asyncio.create_task(gate.acquire()) for _ in range(3)]
     await settle()
     assert not any(w.done() for w in waiters)
-    limit.on_sample(0.1, 1, 0.0)  # slow start: 1 -> 2
+    limit.on_sample(0.1, 1, 0.0)  # the first window sets the level
+    limit.on_sample(0.1, 1, 0.0)  # the second grows it: 1 -> 3 (x4, capped at the maximum)
     await settle()
-    assert [w.done() for w in waiters] == [True, False]
-    assert gate.in_use == 2
-    waiters[1].cancel()
+    assert [w.done() for w in waiters] == [True, True, False]
+    assert gate.in_use == 3
+    waiters[2].cancel()
     await settle()
-    assert gate.in_use == 2
+    assert gate.in_use == 3
 
 
 async def test_a_cancelled_waiter_leaves_the_queue_and_takes_no_slot() -> None:
