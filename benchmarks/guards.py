@@ -54,6 +54,7 @@ from benchmarks.pipeline import (
     Sampler,
     Stack,
     produce_requests,
+    spawn_mock,
     suite_main,
     table,
     worker_env,
@@ -185,23 +186,9 @@ class Limits:
 
 
 def start_mock(stack: Stack, name: str, limits: Limits, seed: int) -> MockLLMProcess:
-    """A realistic-profile mock with the run's limits, as a process of the stack (log file, stopped at the end).
-
-    Wrapped in the mock's own :class:`MockLLMProcess` for its ``stats`` / ``post`` helpers.
-    """
-    process = stack.spawn(name, [sys.executable, "-m", "streamproc", "mock-llm", "--port", "0", "--profile",
-                                 "realistic", "--rpm", str(limits.rpm), "--tpm", str(limits.tpm), "--seed",
-                                 str(seed)])
-    deadline = time.monotonic() + 30
-    marker = "listening on "
-    while time.monotonic() < deadline:
-        text = stack.log_path(name).read_text(errors="replace")
-        if marker in text:
-            return MockLLMProcess(process, text.split(marker, 1)[1].split()[0])
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise BenchError(f"the mock LLM server did not start:\n{stack.log_tail(name)}")
+    """A realistic-profile mock with the run's limits, as a process of the stack (log file, stopped at the end)."""
+    return spawn_mock(stack, name, ["--profile", "realistic", "--rpm", str(limits.rpm), "--tpm", str(limits.tpm),
+                                    "--seed", str(seed)])
 
 
 @dataclass

@@ -53,6 +53,7 @@ from streamproc.core.events import InferenceRequest, InferenceResult
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import LocalBroker
+from streamproc.mockllm import MockLLMProcess
 from streamproc.processes import stop_process
 from streamproc.settings import DEFAULT_KAFKA_VERSION, Settings
 
@@ -691,3 +692,18 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def spawn_mock(stack: Stack, name: str, options: list[str]) -> MockLLMProcess:
+    """``mock-llm --port 0 OPTIONS`` as a process of the stack, once it listens."""
+    process = stack.spawn(name, [sys.executable, "-m", "streamproc", "mock-llm", "--port", "0", *options])
+    deadline = time.monotonic() + 30
+    marker = "listening on "
+    while time.monotonic() < deadline:
+        text = stack.log_path(name).read_text(errors="replace")
+        if marker in text:
+            return MockLLMProcess(process, text.split(marker, 1)[1].split()[0])
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise BenchError(f"the mock LLM server did not start ({' '.join(options)}):\n{stack.log_tail(name)}")

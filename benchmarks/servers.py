@@ -64,6 +64,7 @@ from benchmarks.pipeline import (
     Sampler,
     Stack,
     produce_requests,
+    spawn_mock,
     suite_main,
     table,
     worker_env,
@@ -71,7 +72,7 @@ from benchmarks.pipeline import (
 from streamproc.app.topics import ensure_topics
 from streamproc.core.events import InferenceRequest
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.mockllm import BUILTIN_PROFILES, FaultKind, MockLLMProcess
+from streamproc.mockllm import BUILTIN_PROFILES, FaultKind
 from streamproc.mockllm.engine import OUTAGE, RATE_LIMITED
 from streamproc.settings import DEFAULT_KAFKA_VERSION
 
@@ -471,21 +472,6 @@ def strict_options(seed: int) -> tuple[list[str], int, str]:
         return ["--profile", "strict", "--seed", str(seed)], rpm, "strict"
     return (["--profile", "realistic", "--rpm", str(FALLBACK_RPM), "--burst-seconds", "1.0", "--seed", str(seed)],
             FALLBACK_RPM, f"realistic --rpm {FALLBACK_RPM} --burst-seconds 1 (NO strict profile in this mock)")
-
-
-def spawn_mock(stack: Stack, name: str, options: list[str]) -> MockLLMProcess:
-    """``mock-llm --port 0 OPTIONS`` as a process of the stack, once it listens."""
-    process = stack.spawn(name, [sys.executable, "-m", "streamproc", "mock-llm", "--port", "0", *options])
-    deadline = time.monotonic() + 30
-    marker = "listening on "
-    while time.monotonic() < deadline:
-        text = stack.log_path(name).read_text(errors="replace")
-        if marker in text:
-            return MockLLMProcess(process, text.split(marker, 1)[1].split()[0])
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise BenchError(f"the mock LLM server did not start ({' '.join(options)}):\n{stack.log_tail(name)}")
 
 
 def free_port() -> int:
