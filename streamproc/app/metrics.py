@@ -13,7 +13,7 @@ Every series is prefixed ``streamproc_``:
   ``business``/``unreadable_record``); ``retries_total{tier}``; ``skipped_total{reason}``;
   ``deferred_total{tier}`` (parked by an open breaker);
 * ``llm_latency_seconds``: histogram of LLM call latency, any outcome;
-* ``in_flight``: records being handled; ``consumer_lag{topic,partition}``;
+* ``in_flight``: records being handled; ``consumer_lag{topic,partition}``; ``partition_stalled{topic,partition}``;
 * ``consumer_lag_updated_timestamp_seconds``: when ``consumer_lag`` was last read successfully;
 * guards: ``circuit_breaker_state{model}`` (0 closed, 1 half-open, 2 open), ``model_paused{model}``,
   ``adaptive_in_flight_limit``,
@@ -23,6 +23,7 @@ Every series is prefixed ``streamproc_``:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -44,6 +45,7 @@ from prometheus_client.registry import Collector
 from streamproc.app.lag_reader import LagError, LagReader
 from streamproc.core.guards.breaker import BreakerState
 from streamproc.core.lag import PartitionLag
+from streamproc.core.stalls import StallWatch
 from streamproc.llm.guarded import Guards
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,9 @@ class WorkerMetrics:
                                   "assigned to this worker.", ["topic", "partition"], **common)
         self.lag_updated = Gauge("consumer_lag_updated_timestamp_seconds",
                                  "Unix time of the last successful consumer_lag reading.", **common)
+        self.partition_stalled = Gauge("partition_stalled", "1 while a partition's committed offset has not moved "
+                                       "for longer than the slowest retry tier plus the LLM timeout although "
+                                       "records wait behind it.", ["topic", "partition"], **common)
         self._lag_labels: set[tuple[str, str]] = set()
 
     # -- Observer ----------------------------------------------------------------------------------------
@@ -121,8 +126,15 @@ class WorkerMetrics:
             labels.add(key)
         for gone in self._lag_labels - labels:
             self.consumer_lag.remove(*gone)
+            with contextlib.suppress(KeyError):  # only partitions read by the lag watcher have one
+                self.partition_stalled.remove(*gone)
         self._lag_labels = labels
         self.lag_updated.set(now)
+
+    def set_stalled(self, rows: Iterable[PartitionLag], stalled: Collection[tuple[str, int]]) -> None:
+        for row in rows:
+            self.partition_stalled.labels(row.topic, str(row.partition)).set(
+                1.0 if (row.topic, row.partition) in stalled else 0.0)
 
     # -- serving -----------------------------------------------------------------------------------------
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
@@ -186,15 +198,17 @@ class LagWatcher:
 
     def __init__(self, metrics: WorkerMetrics, bootstrap: str, group: str, topics: Collection[str],
                  assignment: Callable[[], Iterable[tuple[str, int]]],
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, stall_after_s: float = 660.0,
+                 reader: LagReader | None = None) -> None:
         self._metrics = metrics
         self._bootstrap = bootstrap
         self._group = group
         self._topics = frozenset(topics)
         self._assignment = assignment
         self._clock = clock or time.time
-        self._reader: LagReader | None = None
+        self._reader: LagReader | None = reader  # None: connects on the first refresh
         self._failing = False
+        self._stalls = StallWatch(stall_after_s)
 
     async def refresh(self) -> None:
         """One reading; a failure is logged (once until it recovers) and leaves the gauges as they were."""
@@ -215,7 +229,13 @@ class LagWatcher:
         if self._failing:
             log.info("reading the consumer lag again")
         self._failing = False
-        self._metrics.set_lag(rows, self._clock())
+        now = self._clock()
+        self._metrics.set_lag(rows, now)
+        for stall in self._stalls.observe(rows, now):
+            log.warning("partition %s[%d] is stalled: its committed offset %s has not moved for %.0f s while %d "
+                        "records wait behind it", stall.topic, stall.partition, stall.committed, now - stall.since,
+                        stall.lag)
+        self._metrics.set_stalled(rows, self._stalls.stalled)
 
     async def close(self, *args: Any, **kwargs: Any) -> None:
         """Close the clients (also a faust ``on_before_shutdown`` receiver, hence the arguments)."""
@@ -235,14 +255,15 @@ def serve_worker_metrics(port: int, host: str) -> WorkerMetrics:
 
 
 def watch_worker(metrics: WorkerMetrics, app: Any, bootstrap: str, group: str, topics: Collection[str],
-                 in_flight: Callable[[], int], interval_s: float = LAG_REFRESH_S) -> LagWatcher:
+                 in_flight: Callable[[], int], interval_s: float = LAG_REFRESH_S,
+                 stall_after_s: float = 660.0) -> LagWatcher:
     """Hook the gauges to a faust app: ``in_flight`` from ``in_flight()``, lag from a periodic timer."""
     metrics.track_in_flight(in_flight)
 
     def assignment() -> list[tuple[str, int]]:
         return [(tp.topic, tp.partition) for tp in app.consumer.assignment()]
 
-    watcher = LagWatcher(metrics, bootstrap, group, topics, assignment)
+    watcher = LagWatcher(metrics, bootstrap, group, topics, assignment, stall_after_s=stall_after_s)
     app.timer(interval_s, name="streamproc.app.metrics.consumer_lag")(watcher.refresh)
     app.on_before_shutdown.connect(watcher.close)
     return watcher

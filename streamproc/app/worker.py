@@ -288,7 +288,8 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
         metrics.track_guards(runtime.guards)
         watch_worker(metrics, runtime.app, bootstrap, settings.app_id,
                      [topology.requests, *(topology.retry(tier) for tier in topology.tiers)],
-                     in_flight=lambda: runtime.dispatcher.in_flight)
+                     in_flight=lambda: runtime.dispatcher.in_flight,
+                     stall_after_s=topology.tiers[-1].delay_ms / 1000 + settings.llm_timeout_s)
     log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
              settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
     floor, ceiling, start = adaptive_bounds(settings)

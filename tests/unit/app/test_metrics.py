@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from streamproc.app.handler import Disposition, Handler, Record
-from streamproc.app.metrics import WorkerMetrics
+from streamproc.app.metrics import LagWatcher, WorkerMetrics
 from streamproc.app.observe import NullObserver, Observer, guarded
 from streamproc.core.lag import PartitionLag
 from streamproc.core.retry_policy import RetryPolicy
@@ -81,6 +81,35 @@ def test_lag_gauge_follows_the_assignment(metrics: WorkerMetrics, registry: Coll
     metrics.set_lag([PartitionLag("g", "llm.requests", 1, 7, 7)], now=1010.0)  # partition 0 was revoked
     assert registry.get_sample_value("streamproc_consumer_lag", {"topic": "llm.requests", "partition": "0"}) is None
     assert value(registry, "streamproc_consumer_lag", topic="llm.requests", partition="1") == 0
+
+
+class StuckReader:
+    """A lag reader whose partition 0 never commits past offset 5 while records keep arriving."""
+
+    def __init__(self) -> None:
+        self.end = 10
+
+    async def partitions(self, group: str, partitions: object) -> list[PartitionLag]:
+        self.end += 10
+        return [PartitionLag(group, "llm.requests", 0, 5, self.end),
+                PartitionLag(group, "llm.requests", 1, self.end, self.end)]
+
+
+async def test_a_wedged_partition_is_reported_by_gauge_and_log(metrics: WorkerMetrics, registry: CollectorRegistry,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    watcher = LagWatcher(metrics, "unused:9092", "g", ["llm.requests"], lambda: [("llm.requests", 0),
+                         ("llm.requests", 1)], clock=lambda: now[0], stall_after_s=60, reader=StuckReader())  # type: ignore[arg-type]
+    for second in (0.0, 30.0, 60.0):
+        now[0] = second
+        await watcher.refresh()
+    assert value(registry, "streamproc_partition_stalled", topic="llm.requests", partition="0") == 0
+    now[0] = 61.0
+    with caplog.at_level("WARNING"):
+        await watcher.refresh()
+    assert value(registry, "streamproc_partition_stalled", topic="llm.requests", partition="0") == 1
+    assert value(registry, "streamproc_partition_stalled", topic="llm.requests", partition="1") == 0
+    assert "partition llm.requests[0] is stalled: its committed offset 5 has not moved for 61 s" in caplog.text
 
 
 def test_exposition_has_every_family(metrics: WorkerMetrics, registry: CollectorRegistry) -> None:
