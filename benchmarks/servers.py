@@ -43,13 +43,12 @@ import json
 import math
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +71,7 @@ from benchmarks.pipeline import (
 from streamproc.app.topics import ensure_topics
 from streamproc.core.events import InferenceRequest
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.devstack.broker import free_port
 from streamproc.mockllm import BUILTIN_PROFILES, FaultKind
 from streamproc.mockllm.engine import OUTAGE, RATE_LIMITED
 from streamproc.settings import DEFAULT_KAFKA_VERSION
@@ -352,36 +352,47 @@ def _describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}{f' {status}' if status else ''}"
 
 
+async def _run_all(requests: Sequence[InferenceRequest], concurrency: int, records: dict[str, ClientRecord],
+                   answer: Callable[[InferenceRequest], Awaitable[object]]) -> None:
+    """Each request through ``answer`` (its content, or an exception), at most ``concurrency`` at once, timed
+    into its record: the bookkeeping both plain clients share."""
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(request: InferenceRequest) -> None:
+        record = records[request.request_id]
+        async with semaphore:
+            record.start = time.time()
+            try:
+                content = await answer(request)
+                record.ok = isinstance(content, str)
+                record.error = None if record.ok else "no content"
+            except Exception as exc:
+                record.error = _describe_error(exc)
+            record.end = time.time()
+
+    await asyncio.gather(*(one(request) for request in requests))
+
+
 async def _tenacity_client(url: str, requests: Sequence[InferenceRequest], concurrency: int,
                            records: dict[str, ClientRecord]) -> None:
     import httpx
     from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-    semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
 
-        async def one(request: InferenceRequest) -> None:
-            record = records[request.request_id]
-            body = json.loads(request.body_json)
+        async def answer(request: InferenceRequest) -> object:
             headers = {"x-client-request-id": request.request_id, "authorization": "Bearer sk-mock"}
-            async with semaphore:
-                record.start = time.time()
-                try:
-                    async for attempt in AsyncRetrying(retry=retry_if_exception(_retryable_http),
-                                                       wait=wait_random_exponential(min=1, max=60),
-                                                       stop=stop_after_attempt(RETRIES + 1), reraise=True):
-                        with attempt:
-                            response = await client.post("/chat/completions", json=body, headers=headers)
-                            response.raise_for_status()
-                    content = response.json()["choices"][0]["message"]["content"]
-                    record.ok = isinstance(content, str)
-                    record.error = None if record.ok else "no content"
-                except Exception as exc:
-                    record.error = _describe_error(exc)
-                record.end = time.time()
+            async for attempt in AsyncRetrying(retry=retry_if_exception(_retryable_http),
+                                               wait=wait_random_exponential(min=1, max=60),
+                                               stop=stop_after_attempt(RETRIES + 1), reraise=True):
+                with attempt:
+                    response = await client.post("/chat/completions", json=json.loads(request.body_json),
+                                                 headers=headers)
+                    response.raise_for_status()
+            return response.json()["choices"][0]["message"]["content"]
 
-        await asyncio.gather(*(one(request) for request in requests))
+        await _run_all(requests, concurrency, records, answer)
 
 
 async def _litellm_client(url: str, requests: Sequence[InferenceRequest], concurrency: int,
@@ -400,26 +411,15 @@ async def _litellm_client(url: str, requests: Sequence[InferenceRequest], concur
         model_list=[{"model_name": MODEL, "litellm_params": {"model": f"openai/{MODEL}", "api_base": url,
                                                              "api_key": "sk-mock"}}],
         num_retries=RETRIES, retry_policy=policy, timeout=CLIENT_TIMEOUT_S)
-    semaphore = asyncio.Semaphore(concurrency)
 
-    async def one(request: InferenceRequest) -> None:
-        record = records[request.request_id]
+    async def answer(request: InferenceRequest) -> object:
         body = json.loads(request.body_json)
         params = {key: value for key, value in body.items() if key not in ("model", "messages")}
-        async with semaphore:
-            record.start = time.time()
-            try:
-                response = await router.acompletion(model=MODEL, messages=body["messages"],
-                                                    extra_headers={"x-client-request-id": request.request_id},
-                                                    **params)
-                content = response.choices[0].message.content
-                record.ok = isinstance(content, str)
-                record.error = None if record.ok else "no content"
-            except Exception as exc:
-                record.error = _describe_error(exc)
-            record.end = time.time()
+        response = await router.acompletion(model=MODEL, messages=body["messages"],
+                                            extra_headers={"x-client-request-id": request.request_id}, **params)
+        return response.choices[0].message.content
 
-    await asyncio.gather(*(one(request) for request in requests))
+    await _run_all(requests, concurrency, records, answer)
 
 
 CLIENTS = {"tenacity": _tenacity_client, "litellm": _litellm_client}
@@ -473,12 +473,6 @@ def strict_options(seed: int) -> tuple[list[str], int, str]:
     return (["--profile", "realistic", "--rpm", str(FALLBACK_RPM), "--burst-seconds", "1.0", "--seed", str(seed)],
             FALLBACK_RPM, f"realistic --rpm {FALLBACK_RPM} --burst-seconds 1 (NO strict profile in this mock)")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def scrape(port: int) -> str:

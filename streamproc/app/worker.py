@@ -167,8 +167,7 @@ class WorkerRuntime:
                 return manual.ack(event)
 
             work = functools.partial(self.handler.handle, record)
-            produced_ms = round(message.timestamp * 1000) if message.timestamp else round(time.time() * 1000)
-            if delayed and not await self._wait_until_due(record, produced_ms):
+            if delayed and not await self._wait_until_due(record, message.timestamp):
                 # a rebalance or stop must not wait for a sleeping tier: put the record back at the tail
                 # of its topic; its ack still goes through the ordered lane like any other
                 work = functools.partial(self._requeue, record)
@@ -182,9 +181,10 @@ class WorkerRuntime:
                 await self.sink.requeue(record)
         return Disposition.ACK
 
-    async def _wait_until_due(self, record: Record, produced_ms: int) -> bool:
-        """Sleep until the record's ``x-due-ts`` (at most its tier's delay after it was written); False if a
-        rebalance or shutdown started meanwhile."""
+    async def _wait_until_due(self, record: Record, produced_s: float | None) -> bool:
+        """Sleep until the record's ``x-due-ts`` (at most its tier's delay after it was written, ``produced_s``:
+        its Kafka timestamp); False if a rebalance or shutdown started meanwhile."""
+        produced_ms = round((produced_s or time.time()) * 1000)
         due_ms = due_within_tier(headers.read_hop(record.headers).due_ms, produced_ms, self._tiers[record.topic])
         while (wait_s := (due_ms - time.time() * 1000) / 1000) > 0:
             if not self.app.flow_control.is_active() or self.app.should_stop:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamproc.devstack.broker import free_port
 from streamproc.errors import UserFacingError
 from streamproc.processes import poll_until, stop_pid, stop_process
 from streamproc.settings import Settings
@@ -97,7 +97,7 @@ class RealLLM:
             return current
         self.install()
         self._state.mkdir(parents=True, exist_ok=True)
-        port = port or _free_port()
+        port = port or free_port()
         log = (self._state / "server.log").open("ab")
         process = subprocess.Popen(
             [str(self._venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(self._model),
@@ -152,11 +152,6 @@ def _answers(base_url: str) -> bool:
     except OSError:
         return False
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _run(command: list[str], what: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -231,13 +230,6 @@ async def wait_caught_up(bootstrap: str, settings: Settings, topic: str, timeout
         await asyncio.sleep(0.5)
     raise AssertionError(f"the workers did not consume {topic} within {timeout_s}s")
 
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (for a worker's ``/metrics``)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def scrape_gauge(port: int, name: str, labels: dict[str, str] | None = None) -> float | None:

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from streamproc import codec
 from streamproc.app.lag_reader import BrokerUnavailable, GroupNotFound, LagReader, read_lag
 from streamproc.core.lag import DrainEstimator
+from streamproc.devstack.broker import free_port
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,
@@ -223,12 +223,6 @@ async def test_cli_errors_are_one_line(scene: Scene) -> None:
 
 # --- the worker's /metrics ---------------------------------------------------------------------------------
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def scrape(port: int) -> dict[str, float]:

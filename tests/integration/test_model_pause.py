@@ -11,12 +11,12 @@ import pytest
 
 from streamproc.core.events import InferenceRequest
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.devstack.broker import free_port
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,
     WorkerProcess,
     chat_request,
-    free_port,
     produce_requests,
     scrape_gauge,
     start_mock,

@@ -17,12 +17,12 @@ import pytest
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.events import InferenceRequest
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.devstack.broker import free_port
 from streamproc.devstack.real_llm import MODEL_NAME, RealLLM
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,
     WorkerProcess,
-    free_port,
     produce,
     produce_requests,
     scrape_gauge,

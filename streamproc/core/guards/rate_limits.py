@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from streamproc.core.durations import parse_duration_ms, parse_number
 from streamproc.core.guards.bucket import TokenBucket
@@ -47,6 +48,9 @@ class RateLimits:
                 raise ValueError(f"{name} must be a finite number > 0 or None, got {value}")
 
 
+NO_LIMITS: Final = RateLimits()
+
+
 class ModelRateLimiter:
     """Requests/min and tokens/min buckets of one model endpoint, shared by all calls of a worker."""
 
@@ -58,15 +62,15 @@ class ModelRateLimiter:
         self._configured = configured
         self._share = share
         self._burst_s = burst_s
-        self._advertised = RateLimits()  # the latest x-ratelimit-limit-* values
-        self._limits = RateLimits()
+        self._advertised = NO_LIMITS  # the latest x-ratelimit-limit-* values
+        self._limits = NO_LIMITS
         self._requests: TokenBucket | None = None
         self._tokens: TokenBucket | None = None
         self._paused_until = -math.inf  # also holds a pause while no limit (so no bucket) is known
         self._pace = 1.0  # the fraction of the limits sent at: lowered by congestion, probing back up
         self._paced_at = now
         self._last_cut = -math.inf
-        self._learned = RateLimits()  # from the rate sent when congestion came with no limit known
+        self._learned = NO_LIMITS  # from the rate sent when congestion came with no limit known
         self._sent: list[tuple[float, int]] = []  # (time, tokens) of recent reservations, to learn from
         self._apply(now)
 
@@ -88,7 +92,8 @@ class ModelRateLimiter:
     def reserve(self, tokens: int, now: float) -> float:
         """Seconds to wait before sending one call of ``tokens`` tokens; both buckets are charged now."""
         self._probe(now)
-        self._remember_sent(max(0, tokens), now)
+        if self._limits == NO_LIMITS:  # only then can congestion need the rate sent, to learn a limit from it
+            self._remember_sent(max(0, tokens), now)
         wait = max(0.0, self._paused_until - now)
         if self._requests is not None:
             wait = max(wait, self._requests.reserve(1, now))
@@ -132,7 +137,7 @@ class ModelRateLimiter:
 
     def _slow_down(self, now: float) -> None:
         """Congestion: learn a limit from the rate sent if none is known, and cut the pace (once a second)."""
-        if self._limits.rpm is None and self._limits.tpm is None:
+        if self._limits == NO_LIMITS:
             self._learned = self._rate_sent(now)
         if now - self._last_cut >= 1.0:
             self._last_cut = now
@@ -142,7 +147,7 @@ class ModelRateLimiter:
 
     def _probe(self, now: float) -> None:
         """Climb back towards the full limit while no congestion comes; re-rate the buckets at 1 % steps."""
-        if self._pace >= 1.0 and not self._learned_probe():
+        if self._pace >= 1.0 and not self._probing_learnt():
             return
         elapsed = now - self._paced_at
         if elapsed < 1.0:
@@ -150,15 +155,18 @@ class ModelRateLimiter:
         self._paced_at = now
         self._pace = self._pace + PROBE_PER_S * elapsed
         if self._pace > 1.0:
-            if self._learned_probe():  # a learnt limit is a floor estimate: grow it beyond, until congestion
+            if self._probing_learnt():  # a learnt limit is a floor estimate: grow it beyond, until congestion
                 self._learned = RateLimits(*(value * self._pace if value is not None else None
                                              for value in (self._learned.rpm, self._learned.tpm)))
             self._pace = 1.0
         self._apply(now)
 
-    def _learned_probe(self) -> bool:
-        return (self._learned.rpm is not None or self._learned.tpm is not None) and self._advertised == RateLimits() \
-            and self._configured == RateLimits()
+    def _known(self) -> bool:
+        """Whether a limit was configured or advertised (else the learnt one, if any, applies)."""
+        return self._configured != NO_LIMITS or self._advertised != NO_LIMITS
+
+    def _probing_learnt(self) -> bool:
+        return self._learned != NO_LIMITS and not self._known()
 
     def _remember_sent(self, tokens: int, now: float) -> None:
         self._sent.append((now, tokens))
@@ -192,9 +200,8 @@ class ModelRateLimiter:
         return exhausted or None
 
     def _apply(self, now: float) -> None:
-        known = self._configured != RateLimits() or self._advertised != RateLimits()
         source = RateLimits(_lower(self._configured.rpm, self._advertised.rpm),
-                            _lower(self._configured.tpm, self._advertised.tpm)) if known else self._learned
+                            _lower(self._configured.tpm, self._advertised.tpm)) if self._known() else self._learned
         self._limits = RateLimits(
             rpm=source.rpm * self._share if source.rpm is not None else None,
             tpm=source.tpm * self._share if source.tpm is not None else None,
