@@ -14,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 
-from streamproc.devstack.broker import LocalBroker
+from streamproc.devstack.broker import LocalBroker, free_port
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     MockServer,
@@ -22,7 +22,6 @@ from tests.integration.pipeline import (
     WorkerProcess,
     chat_request,
     committed_offsets,
-    free_port,
     produce_requests,
     record_positions,
     scrape_gauge,
@@ -70,8 +69,10 @@ async def test_sigkill_mid_batch_loses_nothing(settings: Settings, slow_mock: Mo
     assert settings.kafka_bootstrap is not None
     topology = settings.topology()
     port = free_port()
+    # the kill is taken at full load: start the adaptive limit there (its ramp is not what this test is about;
+    # a slow start that ends early on latency noise left the test waiting for 256 in flight)
     env = worker_env(settings, slow_mock.url, tmp_path / "w1", in_flight=str(IN_FLIGHT),
-                     worker_metrics_port=str(port))
+                     adaptive_initial_in_flight=str(IN_FLIGHT), worker_metrics_port=str(port))
     worker = WorkerProcess(env, tmp_path / "worker.log")
     requests = [chat_request(f"k-{i}", i) for i in range(1500)]
     ids = [r.request_id for r in requests]
