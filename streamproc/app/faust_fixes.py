@@ -1,4 +1,4 @@
-"""Two fixes to faust-streaming 0.15.3's recovery, without which a restarted worker can lose requests.
+"""Three fixes to faust-streaming 0.15.3's offset bookkeeping, without which a worker can lose requests.
 
 Seen in the SIGKILL test, about 1 restart in 6 on a loaded machine, always on partitions with no committed
 offset yet (the worker died before its first commit):
@@ -15,8 +15,16 @@ offset yet (the worker died before its first commit):
    (aiokafka seeks only to a committed offset > 0). Here each fetch gets a snapshot, an empty one fetches
    nothing, and partitions without a committed offset are sought to their first offset after the seek.
 
+3. **Records acked that no agent saw.** A stream drops a record fetched before a rebalance (old consumer
+   generation) or while flow control is off, and *acks* it, so its offset counts as done. When the same
+   partition comes back to this worker, that stale ack fills the acked offsets of the new generation: the
+   next commit can pass the record (and, with no committed offset or offset 0, every record before it)
+   while no agent ever handled it. A retry-tier record lost this way leaves its request ``retrying``
+   forever (issue 13: two workers, three SIGKILLs, 8 requests stranded). Here only records an agent took
+   (faust marks them *tracked*) are acked; a dropped one is simply fetched again from the committed offset.
+
 A dropped record becomes a lost request because faust then commits past it: with no committed offset,
-``Consumer._new_offset`` does not check the head of the acked offsets. Importing this module applies both
+``Consumer._new_offset`` does not check the head of the acked offsets. Importing this module applies the
 fixes once; :func:`streamproc.app.faust_app.make_faust_app` does.
 """
 
@@ -26,10 +34,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from faust.tables.recovery import Recovery
+from faust.transport.consumer import Consumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
 _recovery_completed: Callable[..., Awaitable[None]] = Recovery.on_recovery_completed
 _fetch_records: Callable[..., Awaitable[Any]] = AIOKafkaConsumerThread._fetch_records
+_ack: Callable[[Any, Any], bool] = Consumer.ack
 
 
 async def _on_recovery_completed(self: Any, generation_id: int = 0) -> None:
@@ -73,5 +83,13 @@ async def _fetch_active_records(self: Any, consumer: Any, active_partitions: Any
     return await _fetch_records(self, consumer, partitions, **kwargs)
 
 
+def _ack_taken(self: Any, message: Any) -> bool:
+    """faust's ack for a record an agent took; a record the stream dropped unseen is not done (fix 3)."""
+    if not message.tracked:
+        return False
+    return _ack(self, message)
+
+
 Recovery.on_recovery_completed = _on_recovery_completed  # type: ignore[method-assign]
 AIOKafkaConsumerThread._fetch_records = _fetch_active_records  # type: ignore[method-assign,assignment]
+Consumer.ack = _ack_taken  # type: ignore[method-assign]

@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import faust
 import pytest
+from faust.transport.consumer import ConsumerMessage
+from faust.types import TP
 
 from streamproc.app import faust_fixes
 
@@ -97,3 +100,33 @@ async def test_a_fetch_takes_a_snapshot_and_an_empty_one_fetches_nothing(monkeyp
     assert await faust_fixes._fetch_active_records(None, None, set(), timeout=1.0) == {}
     assert await faust_fixes._fetch_active_records(None, None, None, timeout=1.0) == {"requests-0": [1]}
     assert fetched == [{"requests-0"}, None]  # the empty set never reached aiokafka ("every partition")
+
+
+def _acking_consumer() -> Any:
+    """A real faust consumer (never started) whose app consumes topic ``requests`` with acks."""
+    app = faust.App("fix-3", broker="kafka://127.0.0.1:1")
+    app.topics._acking_topics.add("requests")
+    return app.consumer
+
+
+def _message(offset: int, generation_id: int) -> Any:
+    return ConsumerMessage("requests", 0, offset, 0.0, 0, None, b"k", b"v", None, tp=TP("requests", 0),
+                           generation_id=generation_id)
+
+
+def test_a_record_the_stream_dropped_unseen_is_not_acked_so_no_commit_passes_it() -> None:
+    consumer = _acking_consumer()
+    tp = TP("requests", 0)
+    for offset in range(3, 8):  # fetched before a rebalance, dropped as old-generation: never tracked
+        assert consumer.ack(_message(offset, generation_id=1)) is False
+    assert consumer._new_offset(tp) is None  # faust alone would commit 8, past offsets 0..7 never handled
+
+
+def test_records_an_agent_took_are_acked_and_committed_as_before() -> None:
+    consumer = _acking_consumer()
+    tp = TP("requests", 0)
+    for offset in range(3):
+        message = _message(offset, generation_id=2)
+        message.tracked = True  # what the stream does when it hands the record to an agent
+        assert consumer.ack(message) is True
+    assert consumer._new_offset(tp) == 3
