@@ -12,8 +12,7 @@ from typing import Any
 
 import faust
 import pytest
-from faust.transport.consumer import ConsumerMessage
-from faust.types import TP
+from faust.types import TP, ConsumerMessage
 
 from streamproc.app import faust_fixes
 
@@ -105,7 +104,7 @@ async def test_a_fetch_takes_a_snapshot_and_an_empty_one_fetches_nothing(monkeyp
 def _acking_consumer() -> Any:
     """A real faust consumer (never started) whose app consumes topic ``requests`` with acks."""
     app = faust.App("fix-3", broker="kafka://127.0.0.1:1")
-    app.topics._acking_topics.add("requests")
+    app.topics.acking_topics.add("requests")
     return app.consumer
 
 
