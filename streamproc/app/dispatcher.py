@@ -84,6 +84,14 @@ class Dispatcher:
                     for ack in released:
                         await ack()
 
+    def retire(self, lane: Hashable) -> None:
+        """``lane`` gets no new record (its consumer generation ended): forget it once its acks are released."""
+        self._acker.retire(lane)
+
+    @property
+    def lanes(self) -> int:
+        return self._acker.lanes
+
     async def wait_idle(self) -> None:
         """Return once no task runs (used to drain before a deliberate stop)."""
         await self._idle.wait()

@@ -129,6 +129,7 @@ class WorkerRuntime:
         self.guards = Guards.from_settings(settings, self.llm, self._expected_first_attempts)
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
+        self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
         self.handler = Handler(self.guards, self.sink, TableStore(self.table), RetryPolicy(tiers=self.topology.tiers),
                                self._on_configuration_problem, rng=random.Random(), observer=observer)
         self._register_agents()
@@ -171,7 +172,20 @@ class WorkerRuntime:
                 # a rebalance or stop must not wait for a sleeping tier: put the record back at the tail
                 # of its topic; its ack still goes through the ordered lane like any other
                 work = functools.partial(self._requeue, record)
-            await self.dispatcher.submit((message.tp, message.generation_id), message.offset, work, ack)
+            lane = (message.tp, message.generation_id)
+            self._open_lane(lane)
+            await self.dispatcher.submit(lane, message.offset, work, ack)
+
+    def _open_lane(self, lane: tuple[Any, int]) -> None:
+        """A record of a newer consumer generation means a rebalance happened: the older lanes get no more
+        records, so the dispatcher may forget them once their acks are released."""
+        if lane in self._open_lanes:
+            return
+        generation = lane[1]
+        for old in [known for known in self._open_lanes if known[1] < generation]:
+            self.dispatcher.retire(old)
+            self._open_lanes.discard(old)
+        self._open_lanes.add(lane)
 
     async def _requeue(self, record: Record) -> Disposition:
         """Put a sleeping tier record back at the tail; a few tries, since the partition waits for it."""

@@ -21,13 +21,14 @@ T = TypeVar("T")
 class _Lane(Generic[T]):
     """One partition's unreleased events, in offset order."""
 
-    __slots__ = ("done", "items", "last_offset", "order")
+    __slots__ = ("done", "items", "last_offset", "order", "retired")
 
     def __init__(self) -> None:
         self.order: deque[int] = deque()
         self.items: dict[int, T] = {}
         self.done: set[int] = set()
         self.last_offset: int | None = None
+        self.retired = False  # no event will be tracked again: drop the lane once its last one is released
 
 
 class OrderedAcker(Generic[T]):
@@ -67,7 +68,26 @@ class OrderedAcker(Generic[T]):
             released.append(lane.items.pop(head))
         self._unreleased -= len(released)
         self._completed_unreleased -= len(released)
+        if lane.retired and not lane.order:
+            del self._lanes[partition]
         return released
+
+    def retire(self, partition: Hashable) -> None:
+        """No event of ``partition`` will be tracked again (its consumer generation is over): drop its lane
+        now if it is empty, else once its last event is released. Without this, lanes keyed by generation
+        would pile up with every rebalance."""
+        lane = self._lanes.get(partition)
+        if lane is None:
+            return
+        if lane.order:
+            lane.retired = True
+        else:
+            del self._lanes[partition]
+
+    @property
+    def lanes(self) -> int:
+        """Lanes kept (each holds its last offset, for the order check)."""
+        return len(self._lanes)
 
     def pending(self, partition: Hashable) -> int:
         """Events of ``partition`` not yet released (still running, or done behind a running one)."""

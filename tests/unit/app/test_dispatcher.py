@@ -228,3 +228,16 @@ async def test_a_rejected_submit_does_not_leak_a_slot() -> None:
     works.finish("p0", 6)
     await asyncio.wait_for(dispatcher.wait_idle(), 1)
     assert works.acked_offsets("p0") == [5, 6]
+
+
+async def test_a_retired_lane_is_forgotten_after_its_acks() -> None:
+    dispatcher, works = Dispatcher(4), Works()
+    await works.submit(dispatcher, ("t", 1), 0)
+    await works.submit(dispatcher, ("t", 2), 0)
+    dispatcher.retire(("t", 1))
+    assert dispatcher.lanes == 2  # its record still runs
+    works.finish(("t", 1), 0)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert works.acked_offsets(("t", 1)) == [0]
+    assert dispatcher.lanes == 1

@@ -166,3 +166,29 @@ def test_many_events_in_a_sliding_window() -> None:
             released += len(acker.complete(offset % 8, offset))
     assert released == 200 * window
     assert len(acker) == 0
+
+
+def test_a_retired_lane_is_dropped_once_its_last_event_is_released() -> None:
+    acker: OrderedAcker[int] = OrderedAcker()
+    acker.track(("tp", 1), 5, 5)
+    acker.track(("tp", 1), 6, 6)
+    acker.track(("tp", 0), 3, 3)
+    acker.complete(("tp", 0), 3)
+    acker.retire(("tp", 0))  # empty: dropped now
+    acker.retire(("tp", 1))  # busy: kept until its events are released
+    assert acker.lanes == 1
+    acker.complete(("tp", 1), 6)
+    assert acker.lanes == 1  # 5 is still running
+    assert acker.complete(("tp", 1), 5) == [5, 6]
+    assert (acker.lanes, len(acker), acker.in_flight) == (0, 0, 0)
+    acker.retire(("tp", 9))  # unknown: nothing to do
+
+
+def test_lanes_of_many_generations_do_not_pile_up() -> None:
+    acker: OrderedAcker[int] = OrderedAcker()
+    for generation in range(1000):
+        lane = ("tp", generation)
+        acker.track(lane, generation, generation)
+        acker.complete(lane, generation)
+        acker.retire(("tp", generation - 1))
+    assert acker.lanes == 1  # only the current generation's
