@@ -50,6 +50,10 @@ def parse_seconds(value: str | None) -> float | None:
     return number if number is not None and number >= 0 else None
 
 
+_LONGEST_MS = 10**15  # about 31,700 years: any longer hint (up to infinity after scaling) is this long
+
+
 def ceil_ms(ms: float) -> int:
-    """Round up (a hint is a "not before"), but 1.1 s is 1100 ms, not 1101 ms through float noise."""
-    return math.ceil(ms - 1e-6)
+    """Round up (a hint is a "not before"), but 1.1 s is 1100 ms, not 1101 ms through float noise; a hint
+    too long to be meant (``retry-after: 1e306`` overflows to infinity in milliseconds) is capped."""
+    return math.ceil(min(ms, _LONGEST_MS) - 1e-6)

@@ -7,7 +7,7 @@ import json
 import random
 import string
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streamproc.core.acker import OrderedAcker
@@ -75,6 +75,7 @@ _bodies = st.one_of(st.binary(max_size=200), _json_bodies.map(lambda doc: json.d
 
 @settings(max_examples=300)
 @given(st.integers(100, 599), _headers, _bodies)
+@example(100, {"retry-after": "100E304"}, b"")  # finite seconds, infinite milliseconds: it used to raise
 def test_every_error_response_gets_a_bounded_verdict(status: int, headers: dict[str, str], body: bytes) -> None:
     verdict = classify_http_error(status, headers, body)
     assert isinstance(verdict, Failure | ConfigurationProblem)
