@@ -168,7 +168,7 @@ def classify_http_error(status: int, headers: Mapping[str, str], body: bytes) ->
     """Classify a non-2xx response: OpenAI, Anthropic, Azure, vLLM, Ollama, llama.cpp or HTML gateway body."""
     try:
         doc: Any = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser follows
         doc = None
     info = _error_info(doc) if isinstance(doc, dict) else _ErrorInfo((), excerpt(body), None)
     return _build(status, info, headers, status)
@@ -264,7 +264,10 @@ def _int_status(code: Any) -> int | None:
     if isinstance(code, int):
         return code
     if isinstance(code, str) and code.strip().isdigit():
-        return int(code)
+        try:
+            return int(code)
+        except ValueError:  # a digit int() does not read ("\u00b2"), or more digits than it converts
+            return None
     return None
 
 def excerpt(body: bytes) -> str:
