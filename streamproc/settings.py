@@ -55,6 +55,11 @@ class Settings(BaseSettings):
         description="Delays of the retry tier topics, shortest first.",
     )
     llm_timeout_s: float = Field(default=60.0, gt=0, description="Read timeout of one LLM call.")
+    reconcile_interval_s: float = Field(
+        default=30.0, ge=0, description="How often a worker looks for stranded requests (its record handled, its "
+        "state still waiting) and sends their record again; 0 turns the reconciler off.")
+    reconcile_grace_s: float = Field(
+        default=60.0, ge=0, description="How long a state must have been unchanged before it counts as stranded.")
     llm_connect_timeout_s: float = Field(default=5.0, gt=0)
     default_model: str = Field(default="mock-small", description="Model of simple-form input lines without one.")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body submit accepts.")

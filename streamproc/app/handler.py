@@ -71,7 +71,8 @@ class Sink(Protocol):
 
     async def result(self, result: InferenceResult) -> None: ...
     async def failure(self, event: FailureEvent, headers: headers.Headers) -> None: ...
-    async def retry(self, tier: Tier, request: InferenceRequest, headers: headers.Headers) -> None: ...
+    async def retry(self, tier: Tier, request: InferenceRequest, headers: headers.Headers) -> RecordRef | None:
+        """Returns where the record was written (the state remembers it for the reconciler), if known."""
     async def dead_letter(self, record: Record, headers: headers.Headers) -> None: ...
 
 
@@ -179,12 +180,12 @@ class Handler:
             max_tokens = hop.max_tokens
             if failure.code == TRUNCATED:  # the same budget would be cut again: the next attempt gets more room
                 max_tokens = grown_max_tokens(request_body(request), sent) or max_tokens
-            await self._sink.retry(decision.tier, next_request, headers.hop_headers(
+            written = await self._sink.retry(decision.tier, next_request, headers.hop_headers(
                 request.request_id, hop.attempt + 1, origin, failure, first_failure, due_ms=due,
                 max_tokens=max_tokens))
             self._observer.on_retry(decision.tier.name)
             await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin)
-            self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now))
+            self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now, written))
             return
         failure = decision.failure or failure  # a spent retry budget restates it as retry_budget_exhausted
         await self._terminal(request, failure, hop.attempt, first_failure, origin, state)
@@ -198,10 +199,10 @@ class Handler:
         wanted = round(deferred.delay_s * 1000) + self._rng.randrange(1000)
         reason = Failure(FailureLayer.SERVICE, deferred.code, deferred.reason)
         due = now + min(wanted, tier.delay_ms)
-        await self._sink.retry(tier, request, headers.hop_headers(
+        written = await self._sink.retry(tier, request, headers.hop_headers(
             request.request_id, hop.attempt, origin, reason, hop.first_failure_ms, due_ms=due, replay=hop.replay,
             deferred=True, max_tokens=hop.max_tokens))
-        self._store.put(on_deferred(state, now, deferred.code))
+        self._store.put(on_deferred(state, now, deferred.code, written))
         self._observer.on_deferred(tier.name)
 
     async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,

@@ -11,7 +11,8 @@ Every series is prefixed ``streamproc_``:
 * ``requests_started_total``: LLM calls started (every attempt);
 * ``results_total``; ``failures_total{layer,code,terminal}`` (dead letters count as
   ``business``/``unreadable_record``); ``retries_total{tier}``; ``skipped_total{reason}``;
-  ``deferred_total{tier}`` (parked by an open breaker);
+  ``deferred_total{tier}`` (parked by an open breaker); ``requests_redriven_total{why}`` (stranded requests
+  whose record the reconciler sent again);
 * ``llm_latency_seconds``: histogram of LLM call latency, any outcome;
 * ``in_flight``: records being handled; ``consumer_lag{topic,partition}``; ``partition_stalled{topic,partition}``;
 * ``consumer_lag_updated_timestamp_seconds``: when ``consumer_lag`` was last read successfully;
@@ -74,6 +75,8 @@ class WorkerMetrics:
                                **common)
         self.deferred = Counter("deferred", "Records parked unanswered in a retry tier because their model's "
                                 "circuit breaker was open or the model is paused, by tier.", ["tier"], **common)
+        self.redriven = Counter("requests_redriven", "Stranded requests (their record handled, their state still "
+                                "waiting) whose record the reconciler sent again, by why.", ["why"], **common)
         self.latency = Histogram("llm_latency_seconds", "Latency of LLM calls, any outcome.",
                                  buckets=LATENCY_BUCKETS, **common)
         self.in_flight = Gauge("in_flight", "Records this worker is handling now.", **common)
@@ -107,6 +110,9 @@ class WorkerMetrics:
 
     def on_deferred(self, tier: str) -> None:
         self.deferred.labels(tier=tier).inc()
+
+    def on_redriven(self, why: str) -> None:
+        self.redriven.labels(why=why).inc()
 
     # -- gauges ------------------------------------------------------------------------------------------
     def track_in_flight(self, count: Callable[[], int]) -> None:

@@ -38,10 +38,12 @@ from streamproc.app.handler import Disposition, Handler, Record
 from streamproc.app.manifest_follower import BatchSizes
 from streamproc.app.metrics import serve_worker_metrics, watch_worker
 from streamproc.app.observe import Observer
+from streamproc.app.reconciler import reconcile_periodically
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core import headers
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.core.outcome import ConfigurationProblem
+from streamproc.core.request_state import RecordRef
 from streamproc.core.retry_policy import RetryPolicy, Tier, due_within_tier
 from streamproc.core.topology import Topology
 from streamproc.llm.client import LLMClient
@@ -69,9 +71,10 @@ class FaustSink:
     def topic(self, name: str) -> Any:
         return self._topics[name]
 
-    async def _send(self, name: str, key: bytes | None, value: bytes | None, hdrs: headers.Headers) -> None:
+    async def _send(self, name: str, key: bytes | None, value: bytes | None, hdrs: headers.Headers) -> RecordRef:
         delivery = await self._topics[name].send(key=key, value=value, headers=hdrs)
-        await delivery  # the record is on the broker (acks=all) before the source event is acked
+        written = await delivery  # the record is on the broker (acks=all) before the source event is acked
+        return RecordRef(name, written.offset)
 
     async def result(self, result: InferenceResult) -> None:
         await self._send(self._topology.results, result.request_id.encode(), codec.encode(result),
@@ -81,8 +84,9 @@ class FaustSink:
         await self._send(self._topology.failed(event.layer), event.request.request_id.encode(),
                          codec.encode(event), hdrs)
 
-    async def retry(self, tier: Tier, request: InferenceRequest, hdrs: headers.Headers) -> None:
-        await self._send(self._topology.retry(tier), request.request_id.encode(), codec.encode(request), hdrs)
+    async def retry(self, tier: Tier, request: InferenceRequest, hdrs: headers.Headers) -> RecordRef:
+        return await self._send(self._topology.retry(tier), request.request_id.encode(), codec.encode(request),
+                                hdrs)
 
     async def dead_letter(self, record: Record, hdrs: headers.Headers) -> None:
         await self._send(self._topology.dead_letters, record.key, record.value, hdrs)
@@ -90,6 +94,10 @@ class FaustSink:
     async def requeue(self, record: Record) -> None:
         """Put a tier record back at the tail of its topic, unchanged (its due time travels in headers)."""
         await self._send(record.topic, record.key, record.value, dict(record.headers))
+
+    async def resend(self, topic: str, key: bytes | None, value: bytes | None, hdrs: headers.Headers) -> None:
+        """Send a stranded request's record again (the reconciler)."""
+        await self._send(topic, key, value, hdrs)
 
 
 class TableStore:
@@ -304,6 +312,10 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
                      [topology.requests, *(topology.retry(tier) for tier in topology.tiers)],
                      in_flight=lambda: runtime.dispatcher.in_flight,
                      stall_after_s=topology.tiers[-1].delay_ms / 1000 + settings.llm_timeout_s)
+    if settings.reconcile_interval_s > 0:
+        reconcile_periodically(runtime.app, runtime.table, runtime.sink.resend, topology, bootstrap, settings.app_id,
+                               settings.reconcile_interval_s, settings.reconcile_grace_s,
+                               metrics.on_redriven if metrics is not None else None)
     log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
              settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
     floor, ceiling, start = adaptive_bounds(settings)

@@ -25,6 +25,7 @@ from streamproc.codec.codec_error import CodecError, CodecErrorCode, shorten
 from streamproc.codec.records import AvroRecord, E, Event, from_avro, to_avro
 from streamproc.codec.writer_schemas import (
     CURRENT_WRITERS,
+    PAST_WRITERS,
     CurrentSchema,
     WriterSchema,
     current_schema,
@@ -61,7 +62,8 @@ class Codec:
     """
 
     def __init__(self) -> None:
-        self._writers: dict[bytes, WriterSchema] = {writer.fingerprint: writer for writer in CURRENT_WRITERS}
+        self._writers: dict[bytes, WriterSchema] = {writer.fingerprint: writer
+                                                    for writer in (*PAST_WRITERS, *CURRENT_WRITERS)}
         self._confluent_writers: dict[tuple[SchemaLookup, int], WriterSchema] = {}
 
     def register_writer_schema(self, schema: Mapping[str, Any] | str) -> bytes:

@@ -122,6 +122,8 @@ def _state_to_avro(state: RequestState) -> AvroRecord:
         "updated_ms": state.updated_ms,
         "source_topic": state.source_topic,
         "source_offset": state.source_offset,
+        "next_topic": state.next_topic,
+        "next_offset": state.next_offset,
     }
 
 
@@ -139,6 +141,8 @@ def _state_from_avro(datum: AvroRecord) -> RequestState:
         updated_ms=datum["updated_ms"],
         source_topic=datum["source_topic"],
         source_offset=datum["source_offset"],
+        next_topic=datum["next_topic"],
+        next_offset=datum["next_offset"],
     )
 
 

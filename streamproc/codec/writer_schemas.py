@@ -7,7 +7,9 @@ supply, and how to read only as far as its ``request_id``.
 
 Evolution: a reader decodes with the *current* schema of the record type, resolving from whatever writer
 schema the fingerprint names. Add fields with defaults; to keep reading records written by an older schema,
-register that schema with ``register_writer_schema`` (its fingerprint is what those records carry).
+register that schema with ``register_writer_schema`` (its fingerprint is what those records carry). The
+schemas this project shipped before are kept in ``schemas/history/<Name>-<n>.avsc`` and known to every codec
+(``PAST_WRITERS``), so a table or topic written by an older release still decodes after an upgrade.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from streamproc.codec.records import EVENT_TYPES, AvroRecord, Event, not_an_even
 __all__ = [
     "CURRENT_WRITERS",
     "FINGERPRINT_ALGORITHM",
+    "PAST_WRITERS",
     "CurrentSchema",
     "WriterSchema",
     "avro_schema",
@@ -62,6 +65,15 @@ def _load_schema(name: str) -> AvroRecord:
     """Read a shipped ``.avsc`` through importlib.resources, so it works from a wheel or a zip as well."""
     text = resources.files("streamproc.codec").joinpath("schemas", f"{name}.avsc").read_text(encoding="utf-8")
     return cast(AvroRecord, json.loads(text))
+
+
+def _past_schemas() -> list[AvroRecord]:
+    """The schemas earlier releases wrote with (``schemas/history``), oldest name first."""
+    history = resources.files("streamproc.codec").joinpath("schemas", "history")
+    if not history.is_dir():
+        return []
+    return [cast(AvroRecord, json.loads(entry.read_text(encoding="utf-8")))
+            for entry in sorted(history.iterdir(), key=lambda e: e.name) if entry.name.endswith(".avsc")]
 
 
 def _fingerprint(schema: Mapping[str, Any]) -> bytes:
@@ -172,6 +184,8 @@ _CURRENT_SCHEMAS: dict[type[Any], CurrentSchema] = {cls: _load_current(cls) for 
 _READERS_BY_NAME: dict[str, AvroRecord] = {c.writer.name: c.writer.parsed for c in _CURRENT_SCHEMAS.values()}
 CURRENT_WRITERS: tuple[WriterSchema, ...] = tuple(c.writer for c in _CURRENT_SCHEMAS.values())
 """The writer schemas of the current event types, which every codec knows."""
+PAST_WRITERS: tuple[WriterSchema, ...] = tuple(_writer_schema(schema, _READERS_BY_NAME) for schema in _past_schemas())
+"""The writer schemas of earlier releases, which every codec knows too."""
 
 
 def current_schema(cls: type[Any]) -> CurrentSchema:

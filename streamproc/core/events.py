@@ -80,3 +80,7 @@ class RequestState:
     # any other record for an id in flight is a duplicate (see state.admit)
     source_topic: str | None = None
     source_offset: int | None = None
+    # the record that continues the request while it waits (retry or deferred): the reconciler sends it
+    # again if it was consumed while the state still waits (see core.reconcile)
+    next_topic: str | None = None
+    next_offset: int | None = None

@@ -25,6 +25,7 @@ ORIG_OFFSET = "x-orig-offset"
 REPLAY = "x-replay"
 DEFERRED = "x-deferred"  # parked by an open circuit breaker: the attempt it carries has not been made yet
 MAX_TOKENS = "x-max-tokens"  # the completion budget of the next attempt, raised after a truncated answer
+REDRIVEN = "x-redriven"  # sent again by the reconciler, and why (core.reconcile.StrandedBy)
 
 Headers = dict[str, bytes]
 

@@ -193,6 +193,8 @@ def _in_flight(
         updated_ms=now_ms,
         source_topic=source.topic,
         source_offset=source.offset,
+        next_topic=None,
+        next_offset=None,
     )
 
 
@@ -201,25 +203,26 @@ def on_success(state: RequestState, now_ms: int) -> RequestState:
     return replace(state, status=RequestStatus.SUCCEEDED, updated_ms=now_ms, source_topic=None, source_offset=None)
 
 
-def on_retry_scheduled(state: RequestState, layer: FailureLayer, code: str, now_ms: int) -> RequestState:
-    """The failure and the retry record were sent; the request waits in a tier."""
-    return _after_failure(state, RequestStatus.RETRYING, layer, code, now_ms)
+def on_retry_scheduled(state: RequestState, layer: FailureLayer, code: str, now_ms: int,
+                       next_record: RecordRef | None = None) -> RequestState:
+    """The failure and the retry record (written at ``next_record``) were sent; the request waits in a tier."""
+    return _after_failure(state, RequestStatus.RETRYING, layer, code, now_ms, next_record)
 
 
-def on_deferred(state: RequestState, now_ms: int, code: str = CIRCUIT_OPEN) -> RequestState:
-    """The record was parked unanswered (its model's breaker is open, or the model is paused: ``code``); its
-    attempt is still to be made."""
-    return _after_failure(state, RequestStatus.RETRYING, FailureLayer.SERVICE, code, now_ms)
+def on_deferred(state: RequestState, now_ms: int, code: str = CIRCUIT_OPEN,
+                next_record: RecordRef | None = None) -> RequestState:
+    """The record was parked unanswered at ``next_record`` (its model's breaker is open, or the model is
+    paused: ``code``); its attempt is still to be made."""
+    return _after_failure(state, RequestStatus.RETRYING, FailureLayer.SERVICE, code, now_ms, next_record)
 
 
 def on_terminal_failure(state: RequestState, layer: FailureLayer, code: str, now_ms: int) -> RequestState:
     """The terminal failure was sent; only a replay starts the request again."""
-    return _after_failure(state, RequestStatus.FAILED, layer, code, now_ms)
+    return _after_failure(state, RequestStatus.FAILED, layer, code, now_ms, None)
 
 
-def _after_failure(
-    state: RequestState, status: RequestStatus, layer: FailureLayer, code: str, now_ms: int
-) -> RequestState:
+def _after_failure(state: RequestState, status: RequestStatus, layer: FailureLayer, code: str, now_ms: int,
+                   next_record: RecordRef | None) -> RequestState:
     return replace(
         state,
         status=status,
@@ -228,4 +231,6 @@ def _after_failure(
         updated_ms=now_ms,
         source_topic=None,
         source_offset=None,
+        next_topic=None if next_record is None else next_record.topic,
+        next_offset=None if next_record is None else next_record.offset,
     )

@@ -7,7 +7,6 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,13 +29,6 @@ from tests.integration.pipeline import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def clean_mock() -> Iterator[MockServer]:
-    server = start_mock("clean")
-    yield server
-    server.stop()
 
 
 async def test_clean_batch_all_succeed(settings: Settings, clean_mock: MockServer, tmp_path: Path) -> None:

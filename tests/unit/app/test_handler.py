@@ -138,10 +138,11 @@ class RecordingSink:
         self.log.append(f"failure {event.layer.value} terminal={event.terminal}")
         self.failures.append((event, dict(hdrs)))
 
-    async def retry(self, tier: Tier, request: InferenceRequest, hdrs: headers.Headers) -> None:
+    async def retry(self, tier: Tier, request: InferenceRequest, hdrs: headers.Headers) -> RecordRef:
         self._maybe_fail("retry")
         self.log.append(f"retry {tier.name}")
         self.retries.append(SentRetry(tier, request, dict(hdrs)))
+        return RecordRef(f"retry.{tier.name}", 100 + len(self.retries))  # where a broker would have put it
 
     async def dead_letter(self, record: Record, hdrs: headers.Headers) -> None:
         self._maybe_fail("dead_letter")
@@ -315,6 +316,7 @@ async def test_retryable_failure_sends_a_retry_record_and_one_non_terminal_failu
     state = rig.state()
     assert (state.status, state.attempts, state.last_layer, state.last_error_code) == (
         RequestStatus.RETRYING, 1, layer, code)
+    assert (state.next_topic, state.next_offset) == (f"retry.{retry.tier.name}", 101)  # for the reconciler
     assert rig.log[-1] == "state retrying"  # written only once the retry and the failure are on Kafka
 
 

@@ -324,3 +324,22 @@ def test_a_renamed_field_found_through_its_alias_is_not_missing() -> None:
     ]}
 
     assert writer_schemas._missing_fields(writer, reader) == ["required"]
+
+
+def test_a_state_written_by_the_previous_release_still_decodes() -> None:
+    """``schemas/history/RequestState-1.avsc`` is the schema before ``next_topic``/``next_offset``: a table
+    written by that release must decode after the upgrade, with no registration by the user."""
+    import json
+    from pathlib import Path
+
+    old = json.loads((Path(__file__).parents[3] / "schemas/history/RequestState-1.avsc").read_text())
+    buffer = io.BytesIO()
+    old_state = {"request_id": "req-1", "status": "retrying", "input_hash": "h", "attempts": 2, "batch_id": None,
+                 "last_layer": "service", "last_error_code": "rate_limited", "created_ms": 5, "updated_ms": 6,
+                 "source_topic": None, "source_offset": None}
+    fastavro.schemaless_writer(buffer, fastavro.parse_schema(old), old_state)
+    fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(old), "CRC-64-AVRO"))
+    decoded = codec.decode(b"\xc3\x01" + fp + buffer.getvalue(), RequestState)
+    assert decoded == RequestState("req-1", RequestStatus.RETRYING, "h", 2, None, FailureLayer.SERVICE,
+                                   "rate_limited", 5, 6)
+    assert (decoded.next_topic, decoded.next_offset) == (None, None)

@@ -1,0 +1,161 @@
+"""The reconciler: a worker's periodic search for stranded requests, and their re-drive (design §4).
+
+Every ``reconcile_interval_s`` the worker reads the group's committed offsets, walks the ``request_state``
+entries of the partitions it owns, and asks :func:`streamproc.core.reconcile.stranded` which requests have
+nothing left to move them. For each, it reads the record that should have moved the request from Kafka and
+sends a copy (see :func:`streamproc.core.reconcile.redrive_headers`); the state machine admits it once. It
+should rarely fire: it is the belt to the pipeline's braces, and every re-drive is logged and counted
+(``streamproc_requests_redriven_total{why}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from streamproc import codec
+from streamproc.core import headers
+from streamproc.core.events import RequestState
+from streamproc.core.reconcile import Redrive, redrive_headers, stranded
+from streamproc.core.topology import Topology
+
+log = logging.getLogger(__name__)
+
+Resend = Callable[[str, bytes | None, bytes | None, headers.Headers], Any]  # async (topic, key, value, headers)
+_YIELD_EVERY = 500  # table entries between two yields to the event loop: a scan never starves the handlers
+
+
+class RecordFetcher:
+    """Reads single records by offset with a group-less consumer (it never touches the group's offsets)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._bootstrap = bootstrap
+        self._consumer: AIOKafkaConsumer | None = None  # made on first use: aiokafka needs the running loop
+
+    async def read(self, topic: str, partition: int, offset: int, timeout_s: float = 10.0) -> ConsumerRecord | None:
+        """The record at ``offset``, or None when it is gone (deleted by retention) or cannot be read."""
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False,
+                                        auto_offset_reset="earliest")
+            await consumer.start()
+            self._consumer = consumer
+        tp = TopicPartition(topic, partition)
+        self._consumer.assign([tp])
+        self._consumer.seek(tp, offset)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            batch = await self._consumer.getmany(tp, timeout_ms=1000, max_records=1)
+            for record in batch.get(tp, []):
+                return record if record.offset == offset else None  # a later offset: this one was deleted
+        return None
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+
+class Reconciler:
+    """Finds the stranded requests of this worker's partitions and sends their record again."""
+
+    def __init__(self, app: Any, table: Any, resend: Resend, topology: Topology, bootstrap: str, group: str,
+                 grace_s: float, on_redriven: Callable[[str], None] | None = None) -> None:
+        self._app = app
+        self._table = table
+        self._resend = resend
+        self._topology = topology
+        self._bootstrap = bootstrap
+        self._group = group
+        self._grace_ms = round(grace_s * 1000)
+        self._on_redriven = on_redriven
+        self._tier_topics = {topology.retry(tier) for tier in topology.tiers}
+        self._fetcher = RecordFetcher(bootstrap)
+        self._partitioner = DefaultPartitioner()
+        self._sent: dict[str, int] = {}  # request id -> the state's updated_ms when it was re-driven
+        self.redriven = 0
+
+    async def run_once(self) -> int:
+        """One pass; returns how many requests were re-driven. Skipped while the group rebalances."""
+        if not self._app.flow_control.is_active() or self._app.rebalancing:
+            return 0
+        try:
+            committed = await self._committed()
+        except KafkaError as exc:
+            log.warning("reconciler: cannot read the committed offsets of %s (%s); next pass", self._group, exc)
+            return 0
+        all_partitions = list(range(self._topology.partitions))
+        done = 0
+        now = time.time_ns() // 1_000_000
+        for index, (key, raw) in enumerate(list(self._table.items())):
+            if index % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+            try:
+                state = codec.decode(raw, RequestState)
+            except codec.CodecError as exc:
+                log.error("reconciler: request_state entry %r does not decode (%s)", key, exc)
+                continue
+            partition = self._partitioner(key, all_partitions, all_partitions)
+            redrive = stranded(state, functools.partial(_offset_on, committed, partition), now, self._grace_ms)
+            if redrive is None or self._sent.get(state.request_id) == state.updated_ms:
+                continue
+            if await self._redrive(redrive, state, partition):
+                self._sent[state.request_id] = state.updated_ms
+                done += 1
+        self.redriven += done
+        return done
+
+    async def _committed(self) -> dict[tuple[str, int], int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, request_timeout_ms=10_000)
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(self._group)
+        finally:
+            await admin.close()
+        return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+
+    async def _redrive(self, redrive: Redrive, state: RequestState, partition: int) -> bool:
+        source = redrive.record
+        record = await self._fetcher.read(source.topic, partition, source.offset)
+        if record is None or record.key != state.request_id.encode():
+            log.error("reconciler: request %s is stranded (%s, %s since %d) but its record %s[%d]@%d is gone; "
+                      "replay it with backfill", state.request_id, redrive.why, state.status, state.updated_ms,
+                      source.topic, partition, source.offset)
+            return False
+        topic = source.topic if source.topic in self._tier_topics else self._topology.retry(self._topology.tiers[0])
+        copy = redrive_headers(headers.as_mapping(record.headers), redrive, partition)
+        await self._resend(topic, record.key, record.value, copy)
+        log.warning("reconciler: re-drove request %s (%s; state %s, attempt %d, unchanged for %.0f s): record "
+                    "%s[%d]@%d sent again to %s%s", state.request_id, redrive.why, state.status, state.attempts,
+                    (time.time_ns() // 1_000_000 - state.updated_ms) / 1000, source.topic, partition,
+                    source.offset, topic, "" if redrive.attempt is None else f" as attempt {redrive.attempt}")
+        if self._on_redriven is not None:
+            self._on_redriven(redrive.why.value)
+        return True
+
+    async def close(self, *args: Any, **kwargs: Any) -> None:
+        """Close the record reader (also a faust ``on_before_shutdown`` receiver, hence the arguments)."""
+        await self._fetcher.close()
+
+
+def _offset_on(committed: dict[tuple[str, int], int], partition: int, topic: str) -> int | None:
+    return committed.get((topic, partition))
+
+
+def reconcile_periodically(app: Any, table: Any, resend: Resend, topology: Topology, bootstrap: str, group: str,
+                           interval_s: float, grace_s: float,
+                           on_redriven: Callable[[str], None] | None = None) -> Reconciler:
+    """Run a :class:`Reconciler` pass every ``interval_s`` on the faust app, closed when the app stops."""
+    reconciler = Reconciler(app, table, resend, topology, bootstrap, group, grace_s, on_redriven)
+    app.timer(interval_s, name="streamproc.app.reconciler")(reconciler.run_once)
+    app.on_before_shutdown.connect(reconciler.close)
+    return reconciler
