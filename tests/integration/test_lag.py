@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import subprocess
@@ -22,9 +23,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from prometheus_client import CollectorRegistry
 
 from streamproc import codec
 from streamproc.app.lag_reader import BrokerUnavailable, GroupNotFound, LagReader, read_lag
+from streamproc.app.metrics import LagWatcher, WorkerMetrics
 from streamproc.core.lag import DrainEstimator
 from streamproc.devstack.broker import free_port
 from streamproc.settings import Settings
@@ -286,3 +289,38 @@ async def test_worker_serves_metrics_that_match_the_batch_and_the_lag(settings: 
     finally:
         worker.stop()
         mock.stop()
+
+
+# --- the stall watchdog ------------------------------------------------------------------------------------
+
+
+async def test_the_watchdog_reports_a_wedged_partition_and_clears_when_it_moves(
+        scene: Scene, caplog: pytest.LogCaptureFixture) -> None:
+    """The scene's group is wedged on purpose: it holds partitions 0 and 1 with records behind its committed
+    offsets and commits nothing more, as a worker stuck on one record would look to the broker."""
+    metrics = WorkerMetrics(CollectorRegistry())
+    clock = [1000.0]
+    watcher = LagWatcher(metrics, scene.bootstrap, scene.group, [scene.topic],
+                         lambda: [(scene.topic, 0), (scene.topic, 1)], clock=lambda: clock[0], stall_after_s=30)
+
+    def stalled(partition: int) -> float | None:
+        return metrics.registry.get_sample_value("streamproc_partition_stalled",
+                                                 {"topic": scene.topic, "partition": str(partition)})
+
+    try:
+        await watcher.refresh()
+        clock[0] += 20
+        await watcher.refresh()
+        assert (stalled(0), stalled(1)) == (0.0, 0.0)  # not moving, but not for longer than the slowest tier yet
+        clock[0] += 15
+        with caplog.at_level(logging.WARNING, logger="streamproc.app.metrics"):
+            await watcher.refresh()
+        assert (stalled(0), stalled(1)) == (1.0, 1.0)
+        assert f"partition {scene.topic}[1] is stalled: its committed offset 5 has not moved for 35 s while 15 " \
+               "records wait behind it" in caplog.text
+        await scene.commit({1: 20})  # partition 1 drains: it clears at once; partition 0 is still wedged
+        clock[0] += 5
+        await watcher.refresh()
+        assert (stalled(0), stalled(1)) == (1.0, 0.0)
+    finally:
+        await watcher.close()
