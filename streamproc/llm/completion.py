@@ -12,6 +12,7 @@ from typing import Any
 
 from jsonschema import exceptions as jsonschema_exceptions
 from jsonschema import validators as jsonschema_validators
+from referencing import Registry
 
 from streamproc.core.outcome import Failure, Outcome, Success, truncate
 from streamproc.core.verdict import classify_embedded_error, excerpt
@@ -89,6 +90,9 @@ def _check_format(content: str, response_format: Any) -> Failure | None:
         validator = _validator(json.dumps(schema, sort_keys=True, separators=(",", ":")))
     except jsonschema_exceptions.SchemaError as exc:
         return _failure(_B, "invalid_json_schema", f"response_format.json_schema.schema is invalid: {exc.message}")
+    except Exception as exc:  # a schema jsonschema cannot even pick a validator for, e.g. "$schema": 5
+        return _failure(_B, "invalid_json_schema",
+                        f"response_format.json_schema.schema cannot be used: {type(exc).__name__}: {exc}")
     try:
         error = jsonschema_exceptions.best_match(validator.iter_errors(value))
     except RecursionError:
@@ -112,7 +116,12 @@ def _validator(canonical_schema: str) -> Any:
     schema = json.loads(canonical_schema)
     validator_class = jsonschema_validators.validator_for(schema)
     validator_class.check_schema(schema)
-    return validator_class(schema)
+    return validator_class(schema, registry=_LOCAL_REFS_ONLY)
+
+
+# A "$ref" resolves within the schema (and the JSON Schema metaschemas), never over the network: jsonschema's
+# default registry fetches any other URL with a blocking urlopen, no timeout, inside the worker's event loop.
+_LOCAL_REFS_ONLY: Registry[Any] = Registry()
 
 
 def _usage(doc: dict[str, Any]) -> dict[str, int]:
