@@ -1,0 +1,81 @@
+"""The knobs of one chaos run: how big the batch is and how hard the faults hit.
+
+The defaults are the full run of ``scripts/chaos``; the integration test passes a smaller set. The mock's
+request rate is part of the plan, not of realism alone: paced, the batch lasts long enough for every
+planned fault to land while requests are still moving.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    """Sizes, counts and timings of one run (every field has a command-line flag)."""
+
+    requests: int = 3000
+    workers: int = 2
+    kills: int = 5
+    kill_pause_s: float = 5.0
+    broker_restarts: int = 1
+    broker_down_s: float = 5.0
+    outage_s: float = 30.0
+    poison_per_kind: int = 3
+    big_body_bytes: int = 10 * 1024 * 1024
+    deep_json_depth: int = 10_000
+    mock_profile: str = "realistic"
+    mock_rpm: int = 1200
+    seed: int = 1
+    partitions: int = 8
+    retry_tiers: str = "2s,5s,15s,30s"
+    llm_timeout_s: float = 10.0
+    session_timeout_s: float = 10.0
+    timeout_s: float = 1200.0
+    max_fault_gap_s: float = 60.0
+    work_dir: Path | None = None
+    keep_work_dir: bool = False
+
+    def __post_init__(self) -> None:
+        if self.requests < 10:
+            raise ValueError("a chaos batch needs at least 10 requests")
+        if self.workers < 2 and self.kills:
+            raise ValueError("killing workers needs at least 2 of them (one keeps the batch moving)")
+        if self.poison_per_kind < 1:
+            raise ValueError("poison_per_kind must be at least 1")
+
+
+@dataclass(frozen=True)
+class RunNames:
+    """Unique names per run, so that a run never meets the topics, group or state of another one."""
+
+    run_id: str
+
+    @classmethod
+    def new(cls) -> RunNames:
+        return cls(f"chaos-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
+
+    @property
+    def topic_prefix(self) -> str:
+        return self.run_id
+
+    @property
+    def app_id(self) -> str:
+        return f"{self.run_id}-app"
+
+    @property
+    def batch_id(self) -> str:
+        """The batch whose convergence is measured."""
+        return f"{self.run_id}-batch"
+
+    @property
+    def poison_batch_id(self) -> str:
+        """Poison produced directly: apart from the measured batch, so it can never count as its outcome."""
+        return f"{self.run_id}-poison"
+
+    def submitted_poison_batch_id(self, wave: int) -> str:
+        """Poison sent through ``streamproc submit`` (a batch id is accepted once)."""
+        return f"{self.run_id}-poison-submitted-{wave}"

@@ -1,0 +1,382 @@
+"""One chaos run, start to end: stack up, batch in, faults and poison while it runs, facts out, stack down.
+
+The run acts as the operator and the supervisor would: it submits with ``streamproc submit``, exports with
+``streamproc results``, reads ``streamproc status``, and restarts a worker that exited on its own (as
+systemd or Kubernetes would). What it measures comes from the broker, the mock's call counts and the
+workers' ``/metrics``, never from the processes it is testing saying that all went well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from streamproc.core.topology import Topology, parse_tiers
+from streamproc.core.vocabulary import RequestStatus
+from streamproc.devstack.chaos.batch import write_batch
+from streamproc.devstack.chaos.config import ChaosConfig, RunNames
+from streamproc.devstack.chaos.facts import OutcomeReader, StateFollower, trace_ids
+from streamproc.devstack.chaos.faults import Fault, FaultKind, FiredFault, due, plan_faults
+from streamproc.devstack.chaos.poison import Poison, big_body_candidates, build_direct, build_submitted, inject
+from streamproc.devstack.chaos.stack import ChaosStack, WorkerSlot
+from streamproc.devstack.chaos.tally import ChaosFacts, Tally, WorkerExit, explained, lost_ids, tally
+from streamproc.devstack.chaos.worker_metrics import MetricsLedger, scrape
+
+Say = Callable[[str], None]
+POLL_S = 1.0
+SCRAPE_S = 2.0
+PROGRESS_EVERY_S = 15.0
+KILL_READY_WAIT_S = 30.0  # how long a kill waits for its worker to have work in flight
+
+
+class ChaosError(RuntimeError):
+    """The run itself could not go on (a command it needs failed); the message says which and why."""
+
+
+@dataclass
+class ChaosReport:
+    facts: ChaosFacts
+    result: Tally
+    work_dir: Path
+
+
+@dataclass
+class _Progress:
+    fraction: float = 0.0
+    converged_at_s: float | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+class ChaosRun:
+    """The moving parts of a run after the stack is up."""
+
+    def __init__(self, config: ChaosConfig, names: RunNames, stack: ChaosStack, work_dir: Path, say: Say) -> None:
+        self.config = config
+        self.names = names
+        self.stack = stack
+        self.work_dir = work_dir
+        self.say = say
+        self.topology = Topology(names.topic_prefix, config.partitions, parse_tiers(config.retry_tiers),
+                                 names.app_id)
+        self.t0 = time.monotonic()
+        self.plan: list[Fault] = plan_faults(workers=config.workers, kills=config.kills,
+                                             kill_pause_s=config.kill_pause_s, broker_restarts=config.broker_restarts,
+                                             broker_down_s=config.broker_down_s, outage_s=config.outage_s)
+        self.fired: list[FiredFault] = []
+        self.poison: list[Poison] = []
+        self.exits: list[WorkerExit] = []
+        self.metrics = MetricsLedger()
+        self.progress = _Progress()
+        self.states = StateFollower(stack.bootstrap, self.topology, names.batch_id)
+        self.outcomes = OutcomeReader(stack.bootstrap, self.topology)
+        self.submitted: list[str] = []
+        self.submitted_at_s = 0.0
+        self._http = httpx.AsyncClient()
+        self._stop_faults = asyncio.Event()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    # -- the run -----------------------------------------------------------------------------------------
+    async def execute(self) -> ChaosFacts:
+        path = self.work_dir / "batch.jsonl"
+        self.submitted = write_batch(path, self.config.requests)
+        self.submitted_at_s = self.now()
+        await self._submit(path, self.names.batch_id)
+        self.say(f"[{self.now():5.0f}s] submitted {len(self.submitted)} requests as batch {self.names.batch_id}")
+        await self.states.start()
+        await self.outcomes.start()
+        try:
+            await self._poison_wave(1)
+            tasks = [asyncio.create_task(coro) for coro in (self._follow(), self._scrape_loop(), self._supervise())]
+            faults = asyncio.create_task(self._run_faults())
+            try:
+                await self._wait_settled()
+            finally:
+                self._stop_faults.set()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await faults  # a fault in progress finishes (a killed worker is started again)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            return await self._collect()
+        finally:
+            await self.states.stop()
+            await self.outcomes.stop()
+            await self._http.aclose()
+
+    async def _submit(self, path: Path, batch_id: str) -> None:
+        code, out = await self.stack.cli("submit", str(path), "--batch-id", batch_id)
+        if code != 0:
+            raise ChaosError(f"streamproc submit {path.name} exited with {code}: {out.strip()[-2000:]}")
+
+    async def _wait_settled(self) -> None:
+        """Until the batch converged and every poison record is explained, or the timeout."""
+        deadline = self.submitted_at_s + self.config.timeout_s
+        last_said = 0.0
+        while self.now() < deadline:
+            await asyncio.sleep(POLL_S)
+            if self.progress.converged_at_s is not None:
+                self._stop_faults.set()
+                if all(explained(p, self.outcomes.outcomes)[0] for p in self.poison):
+                    self.say(f"[{self.now():5.0f}s] batch converged and every poison record explained")
+                    return
+            if self.now() - last_said >= PROGRESS_EVERY_S:
+                last_said = self.now()
+                self._say_progress()
+        self.say(f"[{self.now():5.0f}s] TIMEOUT after {self.config.timeout_s:.0f}s")
+
+    def _say_progress(self) -> None:
+        status = self.progress.status
+        failed = sum(status.get("failed", {}).values()) if status else 0
+        alive = sum(1 for w in self.stack.workers if w.alive())
+        poison_open = sum(1 for p in self.poison if not explained(p, self.outcomes.outcomes)[0])
+        self.say(f"[{self.now():5.0f}s] {self.progress.fraction:6.1%} ended: succeeded {status.get('succeeded', 0)}, "
+                 f"failed {failed}, retrying {status.get('retrying', 0)}, in flight {status.get('in_flight', 0)}, "
+                 f"pending {status.get('pending', 0)}; poison open {poison_open}; workers up {alive}/"
+                 f"{len(self.stack.workers)}")
+
+    async def _follow(self) -> None:
+        """Fold the changelog and the outcome topics once a second; note when the batch converged."""
+        while True:
+            await self.states.poll()
+            await self.outcomes.poll()
+            status = self.states.status(len(self.submitted))
+            self.progress.status = status.as_json()
+            ended = status.succeeded + status.terminal_failures
+            self.progress.fraction = ended / max(1, status.submitted)
+            if status.converged and self.progress.converged_at_s is None:
+                self.progress.converged_at_s = self.now()
+                self.say(f"[{self.now():5.0f}s] batch converged: {json.dumps(status.as_json())}")
+            await asyncio.sleep(POLL_S)
+
+    async def _scrape_loop(self) -> None:
+        while True:
+            await self._scrape_all()
+            await asyncio.sleep(SCRAPE_S)
+
+    async def _scrape_all(self) -> None:
+        for slot in self.stack.workers:
+            if slot.alive():
+                reading = await scrape(self._http, slot.metrics_port)
+                if reading is not None:
+                    self.metrics.add(slot.index, slot.incarnation, reading)
+
+    async def _supervise(self) -> None:
+        """Restart a worker that exited on its own, with a growing pause if it keeps exiting."""
+        backoff: dict[int, float] = {}
+        restarts: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await asyncio.sleep(POLL_S)
+                for slot in self.stack.workers:
+                    if slot.killing or slot.process is None or slot.process.poll() is None:
+                        continue
+                    code = slot.process.returncode
+                    slot.exits.append(code)
+                    self.exits.append(WorkerExit(slot.index, code, self.now(), slot.log_tail(15)))
+                    pause = backoff[slot.index] = min(10.0, backoff.get(slot.index, 1.0) * 2)
+                    self.say(f"[{self.now():5.0f}s] worker {slot.index} exited on its own with {code}; "
+                             f"restarting it in {pause:g}s")
+                    slot.killing = True  # not reported twice while it waits
+                    task = asyncio.create_task(self._restart_later(slot, pause))
+                    restarts.add(task)
+                    task.add_done_callback(restarts.discard)
+        finally:
+            for task in restarts:
+                task.cancel()
+
+    @staticmethod
+    async def _restart_later(slot: WorkerSlot, pause: float) -> None:
+        await asyncio.sleep(pause)
+        if not slot.alive():
+            slot.start()
+        slot.killing = False
+
+    # -- faults ------------------------------------------------------------------------------------------
+    async def _run_faults(self) -> None:
+        previous = time.monotonic()
+        for fault in self.plan:
+            while not due(fault, self.progress.fraction, time.monotonic() - previous, self.config.max_fault_gap_s):
+                if self._stop_faults.is_set():
+                    return
+                await asyncio.sleep(0.5)
+            if self._stop_faults.is_set():
+                return
+            await self._fire(fault)
+            previous = time.monotonic()
+
+    async def _fire(self, fault: Fault) -> None:
+        at, progress = self.now(), self.progress.fraction
+        gauge: float | None = None
+        note = ""
+        if fault.kind is FaultKind.KILL_WORKER:
+            assert fault.worker is not None
+            slot = self.stack.workers[fault.worker]
+            gauge = await self._ready_to_kill(slot)
+            at = self.now()
+            slot.killing = True
+            try:
+                await asyncio.to_thread(slot.kill)
+                self.say(f"[{at:5.0f}s] SIGKILL worker {slot.index} (in flight {gauge}), at {progress:.0%}")
+                await asyncio.sleep(fault.seconds)
+                if not slot.alive():
+                    slot.start()
+            finally:
+                slot.killing = False
+        elif fault.kind is FaultKind.RESTART_BROKER:
+            self.say(f"[{at:5.0f}s] stopping the broker at {progress:.0%}")
+            down = await asyncio.to_thread(self.stack.restart_broker, fault.seconds)
+            note = f"unreachable {down:.1f}s"
+            self.say(f"[{self.now():5.0f}s] broker back after {down:.1f}s")
+        elif fault.kind is FaultKind.LLM_OUTAGE:
+            await asyncio.to_thread(self.stack.outage, fault.seconds)
+            self.say(f"[{at:5.0f}s] LLM outage of {fault.seconds:g}s begins at {progress:.0%}")
+        else:
+            await self._poison_wave(fault.wave)
+        self.fired.append(FiredFault(fault, at, progress, self.now() - at, gauge, note))
+
+    async def _ready_to_kill(self, slot: WorkerSlot) -> float | None:
+        """Wait (a while) until the worker has calls in flight, so that the kill cuts work; its gauge then."""
+        deadline = time.monotonic() + KILL_READY_WAIT_S
+        value: float | None = None
+        while time.monotonic() < deadline and not self._stop_faults.is_set():
+            reading = await scrape(self._http, slot.metrics_port) if slot.alive() else None
+            value = reading.in_flight if reading is not None else None
+            if value:
+                break
+            await asyncio.sleep(0.25)
+        return value
+
+    async def _poison_wave(self, wave: int) -> None:
+        config = self.config
+        rng = random.Random(config.seed * 1000 + wave)
+        tickets = rng.sample(range(config.requests), 2 * config.poison_per_kind)
+        direct = build_direct(self.topology, self.names, wave, config.poison_per_kind,
+                              tickets[:config.poison_per_kind], rng, int(time.time() * 1000))
+        big = big_body_candidates(self.topology, self.names, wave, config.big_body_bytes)
+        sent = await inject(self.stack.bootstrap, direct, big)
+        lines, submitted = build_submitted(self.names, wave, config.poison_per_kind, tickets[config.poison_per_kind:])
+        path = self.work_dir / f"poison-{wave}.jsonl"
+        path.write_text("".join(line + "\n" for line in lines))
+        await self._submit(path, self.names.submitted_poison_batch_id(wave))
+        self.poison += sent + submitted
+        self.say(f"[{self.now():5.0f}s] poison wave {wave}: {len(sent) + len(submitted)} records")
+
+    # -- the facts ---------------------------------------------------------------------------------------
+    async def _collect(self) -> ChaosFacts:
+        await self._scrape_all()
+        stalled_at_end = frozenset((w, t, p) for w, parts in self.metrics.stalled_now.items() for t, p in parts)
+        for _ in range(3):  # late duplicates
+            await self.outcomes.poll()
+            await asyncio.sleep(0.5)
+        await self.states.poll()
+        assert self.stack.mock is not None and self.stack.proxy is not None
+        stats = await asyncio.to_thread(self.stack.mock.stats, detail=True)
+        calls = {i: int(entry["calls"]) for i, entry in stats.get("per_request_id", {}).items()}
+        ledger = self.stack.proxy.ledger()
+        exported = await self._export()
+        status_json = await self._status()
+        outcomes = self.outcomes.outcomes
+        lost = lost_ids(self.names.batch_id, self.submitted, outcomes)
+        not_terminal = [i for i in self.submitted if (entry := self.states.latest.get(i)) is None
+                        or entry.state.status not in (RequestStatus.SUCCEEDED, RequestStatus.FAILED)]
+        unfinished = sorted(set(lost) | set(not_terminal))
+        described = {i: self._describe_state(i) for i in unfinished}
+        trace = await trace_ids(self.stack.bootstrap, self.topology, unfinished[:20]) if unfinished else []
+        return ChaosFacts(
+            batch_id=self.names.batch_id, submitted=self.submitted, outcomes=outcomes, llm_calls=calls,
+            export_ids=exported, planned=self.plan, fired=self.fired,
+            call_drops_s=[t - self.t0 for t in ledger.drops],
+            stalled_seen=frozenset(self.metrics.stalled_seen), stalled_at_end=stalled_at_end,
+            redriven=self.metrics.redriven_total if self.metrics.redriven_exported else None,
+            converged_at_s=self.progress.converged_at_s, submitted_at_s=self.submitted_at_s, wall_s=self.now(),
+            poison=self.poison, unplanned_exits=self.exits, unfinished_states=described, trace=trace,
+            status_json=status_json)
+
+    def _describe_state(self, request_id: str) -> str:
+        entry = self.states.latest.get(request_id)
+        ended = self.outcomes.outcomes.get(self.names.batch_id, request_id)
+        outcome = f"; outcome topics: {ended.results} result(s), terminal {ended.terminal_codes or 'none'}"
+        if entry is None:
+            return "no state written (never admitted by a worker)" + outcome
+        s = entry.state
+        return (f"{s.status.value}, attempt {s.attempts}, last {s.last_layer.value if s.last_layer else '-'}/"
+                f"{s.last_error_code or '-'}, started by {s.source_topic}@{s.source_offset}, partition "
+                f"{entry.partition}, updated {time.strftime('%X', time.localtime(s.updated_ms / 1000))}" + outcome)
+
+    async def _export(self) -> list[str]:
+        output, errors = self.work_dir / "results.jsonl", self.work_dir / "errors.jsonl"
+        code, out = await self.stack.cli("results", "--batch-id", self.names.batch_id, "--output", str(output),
+                                         "--errors", str(errors))
+        if code != 0:
+            raise ChaosError(f"streamproc results exited with {code}: {out.strip()[-2000:]}")
+        return await asyncio.to_thread(export_ids, output, errors)
+
+    async def _status(self) -> dict[str, Any] | None:
+        code, out = await self.stack.cli("status", "--batch-id", self.names.batch_id, "--json")
+        if code != 0:
+            self.say(f"streamproc status exited with {code}: {out.strip()[-500:]}")
+            return None
+        try:
+            parsed: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return None
+        return parsed
+
+
+def export_ids(*paths: Path) -> list[str]:
+    """The custom_id of every line of the export files, in order (repeats kept: they are what is counted)."""
+    ids: list[str] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as lines:
+            ids += [json.loads(line)["custom_id"] for line in lines if line.strip()]
+    return ids
+
+
+async def run_chaos(config: ChaosConfig, say: Say = print) -> ChaosReport:
+    """Run the whole thing; everything started is stopped again, also on an error or Ctrl-C/SIGTERM."""
+    names = RunNames.new()
+    work_dir = config.work_dir or Path(tempfile.mkdtemp(prefix="streamproc-chaos-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    stack = ChaosStack(config, names, work_dir)
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    if main is not None:
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread: no handlers
+            loop.add_signal_handler(signal.SIGTERM, main.cancel)
+    ok = False
+    try:
+        say(f"chaos run {names.run_id} (work dir {work_dir})")
+        began = time.monotonic()
+        await asyncio.to_thread(stack.start_broker)
+        say(f"broker at {stack.bootstrap} ({time.monotonic() - began:.0f}s)")
+        await asyncio.to_thread(stack.start_llm)
+        assert stack.mock is not None and stack.proxy is not None
+        say(f"mock LLM ({config.mock_profile}, {config.mock_rpm} RPM) at {stack.mock.url}, proxy at {stack.proxy.url}")
+        await asyncio.to_thread(stack.start_workers)
+        say(f"{config.workers} workers starting (logs: {work_dir}/worker-*.log)")
+        run = ChaosRun(config, names, stack, work_dir, say)
+        facts = await run.execute()
+        result = tally(facts)
+        ok = result.ok
+        return ChaosReport(facts, result, work_dir)
+    finally:
+        say("stopping the workers, the mock and the broker...")
+        await asyncio.to_thread(stack.stop)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
+        if ok and config.work_dir is None and not config.keep_work_dir:
+            shutil.rmtree(work_dir, ignore_errors=True)

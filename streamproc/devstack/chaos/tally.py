@@ -1,0 +1,246 @@
+"""From collected facts to the one table a chaos run prints, and the verdict: pure, no I/O.
+
+Kept apart from the orchestration so that the arithmetic the run is judged by (what counts as lost, as a
+duplicated call, as an explained poison record) is unit-tested on its own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from streamproc.devstack.chaos.facts import IdOutcome, Outcomes
+from streamproc.devstack.chaos.faults import Fault, FaultKind, FiredFault
+from streamproc.devstack.chaos.poison import Expect, Poison, PoisonKind
+
+KILL_DROP_WINDOW_S = 2.0  # an LLM call the client dropped this soon after a kill was cut by the kill
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """A worker that exited although nobody killed it (the run restarts it, as a supervisor would)."""
+
+    worker: int
+    code: int
+    at_s: float
+    log_excerpt: str = ""
+
+
+@dataclass(frozen=True)
+class ChaosFacts:
+    """Everything the verdict is computed from. Times are seconds since the run started."""
+
+    batch_id: str
+    submitted: Sequence[str]
+    outcomes: Outcomes
+    llm_calls: Mapping[str, int]  # LLM calls per request id, as the mock counted them
+    export_ids: Sequence[str]  # custom_id of every line of the results export (output and errors files)
+    planned: Sequence[Fault]
+    fired: Sequence[FiredFault]
+    call_drops_s: Sequence[float]  # when a client dropped an open LLM call
+    stalled_seen: frozenset[tuple[int, str, int]]  # (worker, topic, partition) any reading showed stalled
+    stalled_at_end: frozenset[tuple[int, str, int]]
+    redriven: float | None  # None: no worker exported the counter
+    converged_at_s: float | None
+    submitted_at_s: float
+    wall_s: float
+    poison: Sequence[Poison]
+    unplanned_exits: Sequence[WorkerExit] = ()
+    unfinished_states: Mapping[str, str] = field(default_factory=dict)  # request id -> its state, described
+    trace: Sequence[str] = ()
+    status_json: Mapping[str, object] | None = None  # `streamproc status --json` at the end
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    value: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Tally:
+    rows: list[Row]
+    problems: list[str]
+    details: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def lost_ids(batch_id: str, submitted: Sequence[str], outcomes: Outcomes) -> list[str]:
+    """Submitted ids of the batch with neither a result nor a terminal failure of that batch."""
+    return [i for i in submitted if not outcomes.get(batch_id, i).ended]
+
+
+def duplicated_calls(batch_id: str, submitted: Sequence[str], outcomes: Outcomes,
+                     llm_calls: Mapping[str, int]) -> tuple[int, int]:
+    """LLM calls beyond the attempts each request's events name (a repeated call of one attempt), summed;
+    and, the other way round, attempts the LLM never saw (a call that failed before reaching it)."""
+    extra = unseen = 0
+    for request_id in submitted:
+        attempts = outcomes.get(batch_id, request_id).attempts
+        if not attempts:
+            continue  # never ended: counted as lost, not here
+        calls = llm_calls.get(request_id, 0)
+        extra += max(0, calls - attempts)
+        unseen += max(0, attempts - calls)
+    return extra, unseen
+
+
+def repeated_export_ids(export_ids: Sequence[str]) -> dict[str, int]:
+    """custom_ids on more than one line of the export (both files together)."""
+    return {i: n for i, n in Counter(export_ids).items() if n > 1}
+
+
+def calls_cut(kill_at_s: float, drops_s: Sequence[float], window_s: float = KILL_DROP_WINDOW_S) -> int:
+    return sum(1 for t in drops_s if kill_at_s <= t <= kill_at_s + window_s)
+
+
+def explained(poison: Poison, outcomes: Outcomes) -> tuple[bool, str]:
+    """Whether a poison record ended as it must, and what became of it."""
+    if poison.expect is Expect.REFUSED:
+        return True, poison.note
+    if poison.expect is Expect.DEAD_LETTER:
+        count = outcomes.dead_letters.get(poison.value_sha or "", 0)
+        return count > 0, f"{count} dead letter(s)" if count else "no dead letter"
+    assert poison.request_id is not None
+    seen = outcomes.any_batch(poison.request_id)
+    how = _describe(seen)
+    if poison.expect is Expect.CONFLICT:
+        return (poison.body_sha in seen.conflict_bodies), how
+    if poison.expect is Expect.TERMINAL_FAILURE:
+        return bool(seen.terminal_codes), how
+    return seen.ended, how
+
+
+def _describe(outcome: IdOutcome) -> str:
+    parts = [f"{outcome.results} result(s)"] if outcome.results else []
+    parts += [f"{code} x{n}" for code, n in sorted(Counter(outcome.terminal_codes).items())]
+    return ", ".join(parts) or "nothing yet"
+
+
+def _fault_counts(planned: Sequence[Fault], fired: Sequence[FiredFault]) -> tuple[str, list[str]]:
+    shown, missing = [], []
+    for kind in FaultKind:
+        want = sum(1 for f in planned if f.kind is kind)
+        if not want:
+            continue
+        got = sum(1 for f in fired if f.fault.kind is kind)
+        shown.append(f"{kind.value} {got}/{want}")
+        if got < want:
+            missing.append(f"{want - got} {kind.value}")
+    return ", ".join(shown), missing
+
+
+def _fmt_ids(ids: Sequence[str], limit: int = 8) -> str:
+    more = f" (+{len(ids) - limit} more)" if len(ids) > limit else ""
+    return ", ".join(ids[:limit]) + more
+
+
+def tally(facts: ChaosFacts) -> Tally:
+    """The table rows, the problems that fail the run, and the details printed under the table."""
+    rows: list[Row] = []
+    problems: list[str] = []
+    details: list[str] = []
+    submitted = len(facts.submitted)
+    rows.append(Row("requests submitted", str(submitted), facts.batch_id))
+
+    lost = lost_ids(facts.batch_id, facts.submitted, facts.outcomes)
+    rows.append(Row("lost", str(len(lost)), _fmt_ids(lost)))
+    if lost:
+        problems.append(f"{len(lost)} request(s) lost")
+
+    kills = [f for f in facts.fired if f.fault.kind is FaultKind.KILL_WORKER]
+    extra, unseen = duplicated_calls(facts.batch_id, facts.submitted, facts.outcomes, facts.llm_calls)
+    per_kill = f"{extra / len(kills):.1f} per kill over {len(kills)} kills" if kills else "no kills"
+    rows.append(Row("duplicated LLM calls", str(extra), per_kill
+                    + (f"; {unseen} attempt(s) never reached the LLM" if unseen else "")))
+    gauges = [k.in_flight_gauge for k in kills]
+    known = [g for g in gauges if g is not None]
+    shown = " ".join("?" if g is None else f"{g:g}" for g in gauges) or "-"
+    bound = (f"sum {sum(known):g}: duplicates {'within' if extra <= sum(known) else 'ABOVE'} it"
+             if known and len(known) == len(gauges) else "some readings missing")
+    rows.append(Row("in flight at each kill (gauge)", shown, bound))
+    cuts = [calls_cut(k.at_s, facts.call_drops_s) for k in kills]
+    rows.append(Row("LLM calls cut by each kill", " ".join(map(str, cuts)) or "-",
+                    f"open calls the client dropped within {KILL_DROP_WINDOW_S:g}s of the kill"))
+
+    repeated = repeated_export_ids(facts.export_ids)
+    rows.append(Row("duplicate export lines", str(sum(n - 1 for n in repeated.values())),
+                    f"{len(facts.export_ids)} lines; " + (_fmt_ids(sorted(repeated)) if repeated else "one per id")))
+    if repeated:
+        problems.append(f"{len(repeated)} id(s) on more than one export line")
+    missing_export = submitted - len(set(facts.export_ids) & set(facts.submitted))
+    if missing_export:
+        rows.append(Row("ids missing from the export", str(missing_export)))
+
+    stalled = sorted(facts.stalled_seen)
+    rows.append(Row("stalled partitions", str(len({(t, p) for _, t, p in stalled})),
+                    ", ".join(f"{t}[{p}] (worker {w})" for w, t, p in stalled)
+                    + (f"; still stalled at the end: {len(facts.stalled_at_end)}" if facts.stalled_at_end else "")))
+    if stalled:
+        problems.append(f"{len(stalled)} stalled partition report(s)")
+
+    if facts.redriven is None:
+        rows.append(Row("reconciler re-drives", "0", "streamproc_requests_redriven_total not exported by these "
+                                                      "workers (counter absent)"))
+    else:
+        rows.append(Row("reconciler re-drives", f"{facts.redriven:g}", "sum over workers and restarts"))
+
+    poison_explained = [(p, *explained(p, facts.outcomes)) for p in facts.poison]
+    bad = [(p, how) for p, ok, how in poison_explained if not ok]
+    rows.append(Row("poison records explained", f"{len(poison_explained) - len(bad)}/{len(poison_explained)}",
+                    "failure event, dead letter, result, or refused by the broker"))
+    for kind in PoisonKind:
+        mine = [(p, ok, how) for p, ok, how in poison_explained if p.kind is kind]
+        if not mine:
+            continue
+        hows = Counter(how for _, _, how in mine)
+        ok_count = sum(1 for _, ok, _ in mine if ok)
+        rows.append(Row(f"  {kind.value}", f"{ok_count}/{len(mine)}",
+                        "; ".join(f"{how}" + (f" (x{n})" if n > 1 else "") for how, n in sorted(hows.items()))))
+    if bad:
+        problems.append(f"{len(bad)} poison record(s) not explained")
+        details += [f"poison not explained: {p.kind.value} {p.label}: expected {p.expect.value}, saw {how}"
+                    for p, how in bad]
+
+    fired, missing_faults = _fault_counts(facts.planned, facts.fired)
+    rows.append(Row("faults fired", fired))
+    if missing_faults:
+        problems.append("faults not fired (the batch ended first): " + ", ".join(missing_faults))
+    exits = Counter(e.code for e in facts.unplanned_exits)
+    rows.append(Row("unplanned worker exits", str(len(facts.unplanned_exits)),
+                    ", ".join(f"exit {code} x{n}" for code, n in sorted(exits.items()))))
+    for e in facts.unplanned_exits:
+        details.append(f"worker {e.worker} exited with {e.code} at {e.at_s:.0f}s:\n{e.log_excerpt}")
+
+    if facts.converged_at_s is not None:
+        rows.append(Row("time to converge", f"{facts.converged_at_s - facts.submitted_at_s:.1f}s",
+                        f"from the submit; whole run {facts.wall_s:.0f}s"))
+    else:
+        rows.append(Row("time to converge", "did not converge", f"whole run {facts.wall_s:.0f}s"))
+        problems.append("the batch did not converge")
+    if facts.status_json is not None:
+        rows.append(Row("streamproc status", "converged" if facts.status_json.get("converged") else "NOT converged",
+                        ", ".join(f"{k} {facts.status_json.get(k)}" for k in ("succeeded", "failed", "retrying",
+                                                                               "in_flight", "pending"))))
+    if facts.unfinished_states:
+        details.append(f"{len(facts.unfinished_states)} request(s) of the batch not ended, with their state:")
+        details += [f"  {i}: {state}" for i, state in sorted(facts.unfinished_states.items())[:50]]
+    if facts.trace:
+        details.append("where they are on the topics:")
+        details += [f"  {line}" for line in facts.trace]
+    return Tally(rows, problems, details)
+
+
+def format_table(result: Tally) -> str:
+    width = max(len(r.label) for r in result.rows)
+    value_width = max(len(r.value) for r in result.rows)
+    lines = [f"{r.label:<{width}}  {r.value:>{value_width}}" + (f"  {r.detail}" if r.detail else "")
+             for r in result.rows]
+    rule = "-" * min(100, max(len(line) for line in lines))
+    verdict = "chaos run PASSED" if result.ok else "chaos run FAILED: " + "; ".join(result.problems)
+    return "\n".join([rule, *lines, rule, verdict])

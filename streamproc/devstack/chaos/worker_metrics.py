@@ -1,0 +1,75 @@
+"""What the workers' ``/metrics`` say during a run: in flight, stalled partitions, reconciler re-drives.
+
+A worker's counters start again at zero when it restarts, so readings are kept per incarnation (each
+start of a worker process) and the re-drive total sums the last reading of every incarnation. A stalled
+partition counts once it was reported by any reading: a stall that cleared itself was still a stall.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+IN_FLIGHT = "streamproc_in_flight"
+STALLED = "streamproc_partition_stalled"
+REDRIVEN = "streamproc_requests_redriven"  # a counter: its samples are named ..._total
+
+
+@dataclass(frozen=True)
+class WorkerReading:
+    in_flight: float | None
+    stalled: frozenset[tuple[str, int]]
+    redriven: float | None  # None: this worker does not export the counter
+
+
+def parse_metrics(text: str) -> WorkerReading:
+    """The three series the run reads, from a Prometheus text exposition."""
+    in_flight: float | None = None
+    stalled: set[tuple[str, int]] = set()
+    redriven: float | None = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == IN_FLIGHT:
+                in_flight = float(sample.value)
+            elif sample.name == STALLED and sample.value >= 1:
+                stalled.add((sample.labels.get("topic", "?"), int(sample.labels.get("partition", "-1"))))
+            elif family.name == REDRIVEN and sample.name == f"{REDRIVEN}_total":
+                redriven = (redriven or 0.0) + float(sample.value)
+    return WorkerReading(in_flight, frozenset(stalled), redriven)
+
+
+async def scrape(client: httpx.AsyncClient, port: int) -> WorkerReading | None:
+    """One reading of ``127.0.0.1:port/metrics``; None while nothing answers there (starting, or dead)."""
+    try:
+        response = await client.get(f"http://127.0.0.1:{port}/metrics", timeout=3.0)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    return parse_metrics(response.text)
+
+
+@dataclass
+class MetricsLedger:
+    """Every reading of every worker incarnation, folded into what the report needs."""
+
+    stalled_seen: set[tuple[int, str, int]] = field(default_factory=set)  # (worker, topic, partition)
+    stalled_now: dict[int, frozenset[tuple[str, int]]] = field(default_factory=dict)
+    redriven: dict[tuple[int, int], float] = field(default_factory=dict)  # (worker, incarnation) -> last value
+    readings: int = 0
+
+    def add(self, worker: int, incarnation: int, reading: WorkerReading) -> None:
+        self.readings += 1
+        self.stalled_seen.update((worker, topic, partition) for topic, partition in reading.stalled)
+        self.stalled_now[worker] = reading.stalled
+        if reading.redriven is not None:
+            self.redriven[(worker, incarnation)] = max(reading.redriven, self.redriven.get((worker, incarnation), 0))
+
+    @property
+    def redriven_exported(self) -> bool:
+        return bool(self.redriven)
+
+    @property
+    def redriven_total(self) -> float:
+        return sum(self.redriven.values())
