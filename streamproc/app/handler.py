@@ -37,7 +37,7 @@ from streamproc.core.request_state import (
     on_success,
     on_terminal_failure,
 )
-from streamproc.core.retry_policy import Retry, RetryPolicy, Tier
+from streamproc.core.retry_policy import Retry, RetryPolicy, Tier, spends_budget
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import Caller, CallResult, answer_content, request_body
 from streamproc.llm.guarded import Guards
@@ -185,7 +185,8 @@ class Handler:
                 max_tokens=max_tokens))
             self._observer.on_retry(decision.tier.name)
             await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin)
-            self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now, written))
+            self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now, written,
+                                               spent_budget=spends_budget(failure)))
             return
         failure = decision.failure or failure  # a spent retry budget restates it as retry_budget_exhausted
         await self._terminal(request, failure, hop.attempt, first_failure, origin, state)

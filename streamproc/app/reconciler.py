@@ -1,11 +1,14 @@
 """The reconciler: a worker's periodic search for stranded requests, and their re-drive (design §4).
 
-Every ``reconcile_interval_s`` the worker reads the group's committed offsets, walks the ``request_state``
-entries of the partitions it owns, and asks :func:`streamproc.core.reconcile.stranded` which requests have
-nothing left to move them. For each, it reads the record that should have moved the request from Kafka and
-sends a copy (see :func:`streamproc.core.reconcile.redrive_headers`); the state machine admits it once. It
-should rarely fire: it is the belt to the pipeline's braces, and every re-drive is logged and counted
-(``streamproc_requests_redriven_total{why}``).
+Every ``reconcile_interval_s`` the worker reads the group's committed offsets, walks (sweeps) the
+``request_state`` entries of the partitions it owns, and asks :func:`streamproc.core.reconcile.stranded`
+which requests have nothing left to move them. For each, it reads the record that should have moved the
+request from Kafka and sends a copy (see :func:`streamproc.core.reconcile.redrive_headers`); the state
+machine admits it once. It should rarely fire: it is the belt to the pipeline's braces, and every re-drive
+is logged and counted (``streamproc_requests_redriven_total{why}``).
+
+The same sweep sums the retries each batch has spent (``retries_spent`` of its states) and hands them to the
+retry budget, so a restarted worker does not start its batches' budgets from zero.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from streamproc import codec
 from streamproc.core import headers
 from streamproc.core.events import RequestState
+from streamproc.core.guards.budget import SpentTally
 from streamproc.core.reconcile import Redrive, redrive_headers, stranded
 from streamproc.core.topology import Topology
 
@@ -69,7 +73,8 @@ class Reconciler:
     """Finds the stranded requests of this worker's partitions and sends their record again."""
 
     def __init__(self, app: Any, table: Any, resend: Resend, topology: Topology, bootstrap: str, group: str,
-                 grace_s: float, on_redriven: Callable[[str], None] | None = None) -> None:
+                 grace_s: float, on_redriven: Callable[[str], None] | None = None,
+                 on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None) -> None:
         self._app = app
         self._table = table
         self._resend = resend
@@ -78,6 +83,7 @@ class Reconciler:
         self._group = group
         self._grace_ms = round(grace_s * 1000)
         self._on_redriven = on_redriven
+        self._on_spent = on_spent
         self._tier_topics = {topology.retry(tier) for tier in topology.tiers}
         self._fetcher = RecordFetcher(bootstrap)
         self._partitioner = DefaultPartitioner()
@@ -94,6 +100,7 @@ class Reconciler:
             log.warning("reconciler: cannot read the committed offsets of %s (%s); next pass", self._group, exc)
             return 0
         all_partitions = list(range(self._topology.partitions))
+        spent = SpentTally()
         done = 0
         now = time.time_ns() // 1_000_000
         for index, (key, raw) in enumerate(list(self._table.items())):
@@ -104,6 +111,7 @@ class Reconciler:
             except codec.CodecError as exc:
                 log.error("reconciler: request_state entry %r does not decode (%s)", key, exc)
                 continue
+            spent.add(state.batch_id, state.attempts, state.retries_spent)
             partition = self._partitioner(key, all_partitions, all_partitions)
             redrive = stranded(state, functools.partial(_offset_on, committed, partition), now, self._grace_ms)
             if redrive is None or self._sent.get(state.request_id) == state.updated_ms:
@@ -112,6 +120,8 @@ class Reconciler:
                 self._sent[state.request_id] = state.updated_ms
                 done += 1
         self.redriven += done
+        if self._on_spent is not None:
+            self._on_spent(spent.totals())
         return done
 
     async def _committed(self) -> dict[tuple[str, int], int]:
@@ -153,9 +163,10 @@ def _offset_on(committed: dict[tuple[str, int], int], partition: int, topic: str
 
 def reconcile_periodically(app: Any, table: Any, resend: Resend, topology: Topology, bootstrap: str, group: str,
                            interval_s: float, grace_s: float,
-                           on_redriven: Callable[[str], None] | None = None) -> Reconciler:
+                           on_redriven: Callable[[str], None] | None = None,
+                           on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None) -> Reconciler:
     """Run a :class:`Reconciler` pass every ``interval_s`` on the faust app, closed when the app stops."""
-    reconciler = Reconciler(app, table, resend, topology, bootstrap, group, grace_s, on_redriven)
+    reconciler = Reconciler(app, table, resend, topology, bootstrap, group, grace_s, on_redriven, on_spent)
     app.timer(interval_s, name="streamproc.app.reconciler")(reconciler.run_once)
     app.on_before_shutdown.connect(reconciler.close)
     return reconciler

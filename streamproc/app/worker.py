@@ -315,7 +315,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     if settings.reconcile_interval_s > 0:
         reconcile_periodically(runtime.app, runtime.table, runtime.sink.resend, topology, bootstrap, settings.app_id,
                                settings.reconcile_interval_s, settings.reconcile_grace_s,
-                               metrics.on_redriven if metrics is not None else None)
+                               metrics.on_redriven if metrics is not None else None, runtime.guards.restore_spent)
     log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
              settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
     floor, ceiling, start = adaptive_bounds(settings)

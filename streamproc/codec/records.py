@@ -124,6 +124,7 @@ def _state_to_avro(state: RequestState) -> AvroRecord:
         "source_offset": state.source_offset,
         "next_topic": state.next_topic,
         "next_offset": state.next_offset,
+        "retries_spent": state.retries_spent,
     }
 
 
@@ -143,6 +144,7 @@ def _state_from_avro(datum: AvroRecord) -> RequestState:
         source_offset=datum["source_offset"],
         next_topic=datum["next_topic"],
         next_offset=datum["next_offset"],
+        retries_spent=datum["retries_spent"],
     )
 
 

@@ -84,3 +84,4 @@ class RequestState:
     # again if it was consumed while the state still waits (see core.reconcile)
     next_topic: str | None = None
     next_offset: int | None = None
+    retries_spent: int = 0  # retries that spent the batch's retry budget (summed per batch after a restart)

@@ -204,9 +204,11 @@ def on_success(state: RequestState, now_ms: int) -> RequestState:
 
 
 def on_retry_scheduled(state: RequestState, layer: FailureLayer, code: str, now_ms: int,
-                       next_record: RecordRef | None = None) -> RequestState:
-    """The failure and the retry record (written at ``next_record``) were sent; the request waits in a tier."""
-    return _after_failure(state, RequestStatus.RETRYING, layer, code, now_ms, next_record)
+                       next_record: RecordRef | None = None, spent_budget: bool = False) -> RequestState:
+    """The failure and the retry record (written at ``next_record``) were sent; the request waits in a tier.
+    ``spent_budget``: the retry took one from the batch's retry budget (counted, so a restart remembers it)."""
+    waiting = _after_failure(state, RequestStatus.RETRYING, layer, code, now_ms, next_record)
+    return replace(waiting, retries_spent=state.retries_spent + 1) if spent_budget else waiting
 
 
 def on_deferred(state: RequestState, now_ms: int, code: str = CIRCUIT_OPEN,

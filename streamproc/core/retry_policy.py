@@ -95,6 +95,11 @@ def after_max_attempts(max_attempts: Mapping[FailureLayer, int]) -> Stop:
     return stop
 
 
+def spends_budget(failure: Failure) -> bool:
+    """Whether a retry of ``failure`` takes one from its batch's retry budget (see :func:`within_budget`)."""
+    return failure.code != RATE_LIMITED
+
+
 def within_budget(batch_id: str | None, spend: Callable[[], bool]) -> Stop:
     """The batch's retry budget (its state: :class:`streamproc.core.guards.budget.RetryBudget`) as a stop
     condition: ``spend`` takes one retry of it, or says it is spent; then the failure is written, terminal, as
@@ -102,7 +107,7 @@ def within_budget(batch_id: str | None, spend: Callable[[], bool]) -> Stop:
     the retry (it is the client's pace, not the request, that failed), and the layer's attempts still bound
     it; so a burst of 429s never starves the retries of requests that failed for real."""
     def stop(failure: Failure, attempt: int) -> Terminal | None:
-        if failure.code == RATE_LIMITED or spend():
+        if not spends_budget(failure) or spend():
             return None
         return Terminal(EXHAUSTED_REASON, Failure(
             failure.layer, EXHAUSTED_REASON,

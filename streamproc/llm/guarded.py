@@ -142,6 +142,14 @@ class Guards:
         self.budget_exhausted += 1
         return False
 
+    def restore_spent(self, totals: dict[str, tuple[int, int]]) -> None:
+        """Raise the batches' budget counts to what the state table records (batch -> (first attempts,
+        retries spent)): a restarted worker remembers what its batches already spent."""
+        if self.budget is None:
+            return
+        for batch, (first_attempts, retries) in totals.items():
+            self.budget.at_least(batch, first_attempts, retries)
+
     def _count_fallback(self, source: str, target: str, reason: str) -> None:
         key = (source, target, reason)
         self.fallbacks[key] = self.fallbacks.get(key, 0) + 1

@@ -10,8 +10,9 @@ attempts and retries, so the ratio holds across workers too. Counted alone, firs
 the budget strict early in a batch (an outage in its first minute exhausts it) and after a restart (the
 count begins again while the batch's retries go on). So a caller that knows how many first attempts of the
 batch are its share (the batch manifest's ``submitted`` count, times this worker's share of partitions)
-passes that, and the larger of the two counts; a restart then only forgets retries spent, which errs on
-the side of retrying.
+passes that, and the larger of the two counts. Retries spent are also kept per request in the state table
+(``retries_spent``): the worker's table sweep sums them per batch and raises the counts here to those sums
+(:meth:`RetryBudget.at_least`), so a restart forgets them only until the first sweep.
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ class RetryBudget:
         entry[1] += 1
         return True
 
+    def at_least(self, batch: str, first_attempts: int, retries: int) -> None:
+        """Raise the counts of ``batch`` to what the durable state says (a restarted worker's memory starts
+        empty; the table sweep sums its partitions' states), never lower them."""
+        entry = self._entry(batch)
+        entry[0] = max(entry[0], first_attempts)
+        entry[1] = max(entry[1], retries)
+
     def counts(self, batch: str) -> tuple[int, int]:
         """(first attempts, retries spent) of ``batch``; (0, 0) if unknown or forgotten."""
         entry = self._batches.get(batch)
@@ -65,3 +73,22 @@ class RetryBudget:
         else:
             self._batches.move_to_end(batch)
         return entry
+
+
+class SpentTally:
+    """Sums, per batch, the first attempts and budget-spending retries recorded in request states (the table
+    sweep feeds it one state at a time, then hands :meth:`totals` to :meth:`RetryBudget.at_least`)."""
+
+    def __init__(self) -> None:
+        self._totals: dict[str, list[int]] = {}
+
+    def add(self, batch_id: str | None, attempts: int, retries_spent: int) -> None:
+        if attempts < 1:
+            return
+        entry = self._totals.setdefault(batch_id or "", [0, 0])
+        entry[0] += 1
+        entry[1] += retries_spent
+
+    def totals(self) -> dict[str, tuple[int, int]]:
+        """batch -> (first attempts, retries spent)."""
+        return {batch: (first, retries) for batch, (first, retries) in self._totals.items()}

@@ -317,6 +317,7 @@ async def test_retryable_failure_sends_a_retry_record_and_one_non_terminal_failu
     assert (state.status, state.attempts, state.last_layer, state.last_error_code) == (
         RequestStatus.RETRYING, 1, layer, code)
     assert (state.next_topic, state.next_offset) == (f"retry.{retry.tier.name}", 101)  # for the reconciler
+    assert state.retries_spent == (0 if code == "rate_limit_exceeded" else 1)  # a 429 spends no budget
     assert rig.log[-1] == "state retrying"  # written only once the retry and the failure are on Kafka
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamproc.core.guards.budget import RetryBudget
+from streamproc.core.guards.budget import RetryBudget, SpentTally
 
 
 def test_the_minimum_is_available_before_any_first_attempt() -> None:
@@ -100,3 +100,20 @@ def test_the_expected_first_attempts_set_the_budget_before_they_happen() -> None
     for _ in range(30):
         budget.on_first_attempt("b")
     assert budget.try_spend("b", expected_first_attempts=20)  # 31 seen now: the larger count decides
+
+
+def test_a_restarted_budget_is_raised_to_what_the_state_recorded_and_never_lowered() -> None:
+    budget = RetryBudget(ratio=0.1, minimum=0)
+    budget.at_least("b", first_attempts=100, retries=10)  # the sweep after a restart: the budget is spent
+    assert not budget.try_spend("b")
+    budget.at_least("b", first_attempts=50, retries=2)  # an older, smaller reading changes nothing
+    assert budget.counts("b") == (100, 10)
+
+
+def test_the_tally_sums_first_attempts_and_spent_retries_per_batch() -> None:
+    tally = SpentTally()
+    tally.add("b1", attempts=3, retries_spent=2)
+    tally.add("b1", attempts=1, retries_spent=0)
+    tally.add(None, attempts=2, retries_spent=1)
+    tally.add("b2", attempts=0, retries_spent=0)  # never started: not a first attempt
+    assert tally.totals() == {"b1": (2, 2), "": (1, 1)}
