@@ -18,6 +18,7 @@ from typing import Self
 from rocksdict import Options, Rdict, WriteOptions
 
 from streamproc.core.events import InferenceRequest
+from streamproc.core.identity import custom_id_of
 from streamproc.ops.input_lines import LINE_CAP_FACTOR, BatchLimits, LineError, parse_line
 
 
@@ -133,7 +134,10 @@ def _outcomes(
             if outcome is None:
                 yield line, None
                 continue
-            custom_id = outcome.request_id if isinstance(outcome, InferenceRequest) else outcome.custom_id
+            if isinstance(outcome, InferenceRequest):
+                custom_id: str | None = custom_id_of(outcome.request_id, outcome.batch_id)
+            else:
+                custom_id = outcome.custom_id
             if custom_id is not None:
                 first = ids.seen(custom_id, line)
                 if first is not None and isinstance(outcome, InferenceRequest):

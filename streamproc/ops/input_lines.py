@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from streamproc.core.events import InferenceRequest
+from streamproc.core.identity import request_id_for
 
 _BATCH_FIELDS: Final = ("custom_id", "method", "url", "body")
 _SIMPLE_FIELDS: Final = ("id", "prompt", "model", "system", "response_format", "max_tokens")
@@ -69,7 +70,8 @@ class _Invalid(Exception):
 def parse_line(
     text: str, line: int, limits: BatchLimits, batch_id: str, submitted_ms: int
 ) -> InferenceRequest | LineError | None:
-    """Turn one line (without its newline) into a request, or say why not; ``None`` for a blank line."""
+    """Turn one line (without its newline) into a request keyed by (batch, custom_id), or say why not;
+    ``None`` for a blank line."""
     if not text.strip(_JSON_WHITESPACE):
         return None
     try:
@@ -112,7 +114,8 @@ def _parse(text: str, limits: BatchLimits, batch_id: str, submitted_ms: int) -> 
         raise _Invalid(f"body has an unpaired surrogate {body_json[exc.start]!r}, not valid UTF-8", custom_id) from None
     if size > limits.max_body_bytes:
         raise _Invalid(f"body is {size:,} bytes, over the {limits.max_body_bytes:,}-byte limit", custom_id)
-    return InferenceRequest(custom_id, body_json, url=url, batch_id=batch_id, submitted_ms=submitted_ms)
+    return InferenceRequest(request_id_for(batch_id, custom_id), body_json, url=url, batch_id=batch_id,
+                            submitted_ms=submitted_ms)
 
 
 def _reject_constant(name: str) -> Any:
@@ -192,7 +195,7 @@ def _simple_body(value: dict[str, Any], limits: BatchLimits, custom_id: str) -> 
 
 
 def _required_id(value: dict[str, Any], name: str) -> str:
-    """The request's key on every topic: a non-blank string that UTF-8 can carry."""
+    """The custom_id, part of the request's key on every topic: a non-blank string that UTF-8 can carry."""
     given = value.get(name)
     if given is None:
         raise _Invalid(f"missing {name}")

@@ -7,7 +7,8 @@ diagnosis under ``"streamproc"``, a key OpenAI does not use, so OpenAI readers i
 second file.
 
 The results topic may hold duplicates (redelivery, replays) and a request may fail terminally, be
-backfilled and then succeed; :class:`ExportDeduper` settles each id on one outcome.
+backfilled and then succeed; :class:`ExportDeduper` settles each custom_id on one outcome. Request ids are
+batch-scoped (:mod:`streamproc.core.identity`); the lines carry the user's custom_id, as OpenAI's do.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from streamproc.core.events import FailureEvent, InferenceResult
+from streamproc.core.identity import custom_id_of
 
 
 def _digest(batch_id: str | None, custom_id: str) -> str:
@@ -28,8 +30,10 @@ def _digest(batch_id: str | None, custom_id: str) -> str:
 
 
 def output_line(result: InferenceResult) -> dict[str, Any]:
-    """One line of the output file; ``request_id`` is the provider's response id when it has one."""
-    digest = _digest(result.batch_id, result.request_id)
+    """One line of the output file, under the user's custom_id (the request id without its batch scope);
+    ``request_id`` is the provider's response id when it has one."""
+    custom_id = custom_id_of(result.request_id, result.batch_id)
+    digest = _digest(result.batch_id, custom_id)
     body: Any
     try:
         body = json.loads(result.response_json)
@@ -38,7 +42,7 @@ def output_line(result: InferenceResult) -> dict[str, Any]:
     provider_id = body.get("id") if isinstance(body, dict) else None
     return {
         "id": f"batch_req_{digest}",
-        "custom_id": result.request_id,
+        "custom_id": custom_id,
         "response": {
             "status_code": 200,
             "request_id": provider_id if isinstance(provider_id, str) and provider_id else f"req_{digest}",
@@ -75,7 +79,11 @@ def error_line(failure: FailureEvent) -> dict[str, Any]:
     ``response`` is set only when the provider answered with an error status; its body is rebuilt in
     OpenAI's error shape from our classification (the provider's own body is not kept on the failure).
     """
-    return _error_line(failure.request.request_id, _Failure.of(failure))
+    return _error_line(_custom_id(failure), _Failure.of(failure))
+
+
+def _custom_id(failure: FailureEvent) -> str:
+    return custom_id_of(failure.request.request_id, failure.request.batch_id)
 
 
 def _error_line(custom_id: str, failure: _Failure) -> dict[str, Any]:
@@ -138,7 +146,7 @@ class ExportDeduper:
 
     def add_result(self, result: InferenceResult) -> dict[str, Any] | None:
         """The output line to write for ``result``, or None for a duplicate."""
-        custom_id = result.request_id
+        custom_id = custom_id_of(result.request_id, result.batch_id)
         if custom_id in self._answered:
             self.counts.duplicate_results += 1
             return None
@@ -149,7 +157,7 @@ class ExportDeduper:
         return output_line(result)
 
     def add_failure(self, failure: FailureEvent) -> None:
-        custom_id = failure.request.request_id
+        custom_id = _custom_id(failure)
         if not failure.terminal:
             self.counts.non_terminal += 1
         elif custom_id in self._answered:

@@ -18,6 +18,7 @@ from streamproc import codec
 from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.manifest import BatchManifest, encode_manifest
+from streamproc.core.identity import batch_id_problem
 from streamproc.errors import UserFacingError
 from streamproc.ops.input_file import iter_requests, validate_file
 from streamproc.ops.input_lines import BatchLimits, LineError
@@ -56,8 +57,10 @@ def limits_of(settings: Settings) -> BatchLimits:
 
 async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_invalid: bool = False,
                       progress: Progress | None = None) -> SubmitReport:
-    """Validate ``path``, send its requests keyed by ``custom_id``, then write the batch manifest."""
+    """Validate ``path``, send its requests keyed by (batch, custom_id), then write the batch manifest."""
     started = time.monotonic()
+    if (problem := batch_id_problem(batch_id)) is not None:
+        raise SubmitError(f"--batch-id {batch_id!r}: {problem}")
     limits = limits_of(settings)
     report = await asyncio.to_thread(validate_file, path, limits, batch_id)
     if report.error_count and not skip_invalid:

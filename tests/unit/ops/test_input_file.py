@@ -62,7 +62,7 @@ def test_bom_and_crlf_are_accepted(tmp_path: Path) -> None:
                  newline=b"\r\n")
     report = validate_file(path, LIMITS, "b")
     assert report == ValidationReport(valid=2, errors=[], error_count=0, lines=3)
-    assert [r.request_id for r in iter_requests(path, LIMITS, "b", 0, skip_invalid=False)] == ["a", "b"]
+    assert [r.request_id for r in iter_requests(path, LIMITS, "b", 0, skip_invalid=False)] == ["b/a", "b/b"]
 
 
 def test_crlf_is_not_part_of_the_line_a_reason_describes(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_iter_requests_skips_invalid_and_duplicate_lines(tmp_path: Path) -> None
     path = write(tmp_path / "in.jsonl", batch_line("a"), "oops", '{"id": "b", "prompt": "p"}', batch_line("a"),
                  batch_line("c"))
     requests = list(iter_requests(path, LIMITS, "batch-9", 42, skip_invalid=True))
-    assert [r.request_id for r in requests] == ["a", "b", "c"]
+    assert [r.request_id for r in requests] == ["batch-9/a", "batch-9/b", "batch-9/c"]
     assert all(r.batch_id == "batch-9" and r.submitted_ms == 42 for r in requests)
     assert len(requests) == validate_file(path, LIMITS, "batch-9").valid
 
@@ -121,7 +121,7 @@ def test_iter_requests_without_skip_raises_at_the_first_invalid_line_after_strea
 ) -> None:
     path = write(tmp_path / "in.jsonl", batch_line("a"), batch_line("b"), batch_line("a"), "oops")
     stream = iter_requests(path, LIMITS, "b", 0, skip_invalid=False)
-    assert [next(stream).request_id, next(stream).request_id] == ["a", "b"]
+    assert [next(stream).request_id, next(stream).request_id] == ["b/a", "b/b"]
     with pytest.raises(BatchFileError) as raised:
         next(stream)
     assert raised.value.error == LineError(3, "a", "duplicate custom_id 'a' (first on line 1)")

@@ -26,8 +26,9 @@ def parse(text: str, limits: BatchLimits = LIMITS) -> InferenceRequest | LineErr
 
 
 def sent(custom_id: str, body_json: str) -> InferenceRequest:
-    """The request ``parse`` makes of a valid line with this id and body."""
-    return InferenceRequest(custom_id, body_json, url=CHAT, batch_id="batch-1", submitted_ms=1_700_000_000_000)
+    """The request ``parse`` makes of a valid line with this id and body: keyed by (batch, custom_id)."""
+    return InferenceRequest(f"batch-1/{custom_id}", body_json, url=CHAT, batch_id="batch-1",
+                            submitted_ms=1_700_000_000_000)
 
 
 # --- the OpenAI batch form ---------------------------------------------------------------------------------

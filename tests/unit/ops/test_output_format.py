@@ -227,3 +227,24 @@ def test_any_interleaving_of_the_topics_gives_the_same_lines() -> None:
         assert dedupe.counts == ExportCounts(results=2, duplicate_results=1, failures_after_success=2,
                                              superseded_failures=1)
     assert len(seen) == 1
+
+
+# --- batch-scoped request ids ------------------------------------------------------------------------------
+
+
+def test_lines_carry_the_users_custom_id_not_the_batch_scoped_request_id() -> None:
+    scoped = output_line(result("batch-1/req-1"))
+    assert scoped == output_line(result("req-1"))  # the same line as an id written before ids were scoped
+    assert scoped["custom_id"] == "req-1"
+    assert error_line(failure("batch-1/req-1"))["custom_id"] == "req-1"
+    assert error_line(failure("batch-1/req-1"))["id"] == error_line(failure("req-1"))["id"]
+
+
+def test_deduper_settles_a_scoped_and_an_unscoped_id_of_one_custom_id_on_one_line() -> None:
+    deduper = ExportDeduper()
+    deduper.add_failure(failure("batch-1/req-1"))
+    assert deduper.add_result(result("req-1")) is not None
+    assert deduper.add_result(result("batch-1/req-1")) is None
+    assert list(deduper.error_lines()) == []
+    counts = deduper.counts
+    assert (counts.results, counts.duplicate_results, counts.failures_after_success) == (1, 1, 1)
