@@ -47,11 +47,27 @@ class Caller(Protocol):
 
 
 def request_body(request: InferenceRequest) -> dict[str, Any]:
-    """The JSON body to send: the request's own, plus the repair turns on a repair attempt."""
-    body: Any = json.loads(request.body_json)
+    """The JSON body to send: the request's own, plus the repair turns on a repair attempt; ValueError when it
+    is not a JSON object that can be sent (NaN, Infinity or 1e400 in it: httpx refuses to write those; nested
+    deeper than the parser follows)."""
+    try:
+        body: Any = json.loads(request.body_json, parse_constant=_not_json, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("the request body nests deeper than the JSON parser follows") from None
     if not isinstance(body, dict):
         raise ValueError("the request body is not a JSON object")
     return repair_messages(body, request.repair) if request.repair is not None else body
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"the request body holds {name}, which is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the request body holds the number {text[:40]}, too large for a float")
+    return value
 
 
 # OpenAI's header for a caller's own correlation id (ASCII, at most 512 characters). Not ``x-request-id``: servers

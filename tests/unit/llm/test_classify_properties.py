@@ -7,6 +7,8 @@
 * ``check_completion`` never raises for any JSON answer and any request body, including arbitrary and
   unresolvable JSON Schemas, and never reaches for the network to resolve one (a ``$ref`` to a URL).
 * ``classify_exception`` is total: any exception, any cause chain (cycles included) is a transport failure.
+* ``request_body`` gives a JSON object httpx can write, or a ValueError (the handler's ``malformed_body``):
+  never NaN, Infinity or a number that overflows a float, which httpx refuses (a transport error, retried).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import httpx
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from streamproc.core.events import InferenceRequest
+from streamproc.core.events import InferenceRequest, RepairContext
 from streamproc.core.outcome import MAX_MESSAGE_CHARS, ConfigurationProblem, Failure, Outcome, Success
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.llm.client import LLMClient
+from streamproc.llm.client import LLMClient, request_body
 from streamproc.llm.completion import check_completion
 from streamproc.llm.transport_errors import classify_exception
 from streamproc.settings import Settings
@@ -282,3 +284,29 @@ def test_any_exception_is_a_transport_failure(exc: BaseException) -> None:
     failure = classify_exception(exc)
     _check(failure)
     assert failure.layer is FailureLayer.TRANSPORT and failure.http_status is None
+
+
+# -- the body sent: what the handler asks for is what httpx can write ---------------------------------------------
+
+_body_texts = st.one_of(
+    _json.map(json.dumps),
+    st.builds(lambda body: json.dumps(body), st.fixed_dictionaries({"model": _text, "messages": _json})),
+    st.sampled_from(['{"model": "m", "temperature": NaN}', '{"model": "m", "temperature": Infinity}',
+                     '{"model": "m", "temperature": -1e400}', '{"model": "m", "n": 1e308}', "[]", "", "{",
+                     "[" * 5000 + "]" * 5000]),
+    st.text(max_size=30),
+)
+
+
+@PROPERTY
+@given(_body_texts, st.none() | st.builds(RepairContext, _text, _text))
+@example('{"model": "m", "messages": [], "temperature": 1e400}', None)
+def test_a_request_body_is_a_json_object_httpx_can_send_or_a_value_error(
+        body_json: str, repair: RepairContext | None) -> None:
+    request = InferenceRequest("r-1", body_json, repair=repair)
+    try:
+        body = request_body(request)
+    except ValueError:  # the handler's malformed_body: a business failure, no call
+        return
+    assert isinstance(body, dict)
+    json.dumps(body, allow_nan=False)  # as httpx writes a json= body: an error here would be a transport retry
