@@ -12,7 +12,15 @@ Vegas's minimum RTT) and moves the limit by their ratio, the gradient:
 Against a server with one slot the limit settles at a few calls (the fixed point of ``L = L/2 + sqrt(L)``
 is 4), so no call waits behind a long queue the client itself made; against a server whose latency does
 not grow with load the gradient stays 1 and the limit grows to its ceiling (x4 per window while latency
-stays where it was, as TCP's slow start with HyStart's delay exit, then by ``sqrt`` per window).
+stays where it was, as TCP's slow start, then by ``sqrt`` per window).
+
+Slow start ends as HyStart++ (RFC 9406) ends it: a window clearly slower than the one before (x1.25, and
+by more than ``min_rise_s``) starts a *conservative* phase that grows by a quarter of the slow-start rate.
+If latency comes back to its level before the rise, the rise was noise (a burst of slow answers, a
+connection warming up) and slow start resumes; after five conservative windows still above it, or as
+soon as the gradient drops below 1 (a queue measured against the best call), growth goes on by ``sqrt``
+only. Ending slow start on the first slow window stranded the limit at a tenth of a fast server's ceiling
+for minutes after one early burst of slow answers.
 
 Latency is compared per completion token when the answers say how many they produced: an LLM's latency is
 mostly its output length, and a batch mixing 5-token labels with 500-token summaries must not read as a
@@ -34,7 +42,9 @@ from dataclasses import dataclass
 
 MIN_GRADIENT = 0.5  # at most halve per window: one slow window must not collapse the limit
 SLOW_START_GROWTH = 4  # per window while nothing queues: 16 -> 256 in two round trips
-SLOW_START_RISE = 1.25  # slow start ends once a window is this much slower than the one before (as HyStart)
+SLOW_START_RISE = 1.25  # a window this much slower than the one before ends slow start (as HyStart)
+CONSERVATIVE_GROWTH = 1 + (SLOW_START_GROWTH - 1) / 4  # HyStart++'s conservative slow start: a quarter of the rate
+CONSERVATIVE_WINDOWS = 5  # windows of conservative growth before growth is by sqrt only (RFC 9406's CSS_ROUNDS)
 BASELINE_RELAX = 0.002  # per window, the fraction of the gap to the window's best call the baseline moves up
 
 
@@ -89,6 +99,7 @@ class GradientLimit:
         self._min_rise_s = min_rise_s
         self._value = float(initial if initial is not None else minimum)
         self._slow_start = True
+        self._conservative: tuple[float, int] | None = None  # (latency level before the rise, windows spent)
         self._previous_recent: float | None = None  # the last window's mean latency per token
         self._window = _Window()
         self._baseline: float | None = None  # the best call's latency per token
@@ -126,6 +137,7 @@ class GradientLimit:
             return
         self._last_cut = now
         self._slow_start = False
+        self._conservative = None
         self._set(max(float(self._minimum), self._value * self._backoff), now)
 
     def _close(self, window: _Window, now: float) -> None:
@@ -144,15 +156,36 @@ class GradientLimit:
         if gradient >= 1.0 and self._slow_start:
             if previous is None:
                 return  # the first window only sets the level that growth is judged by
-            if recent <= SLOW_START_RISE * previous or recent_raw - self._baseline_raw <= self._min_rise_s:
-                self._set(min(float(self._maximum), self._value * SLOW_START_GROWTH), now)
+            growth = self._slow_start_growth(recent, recent_raw, previous)
+            if growth is not None:
+                self._set(min(float(self._maximum), self._value * growth), now)
                 return
-            self._slow_start = False  # latency rose with the last growth: a queue is starting
         if gradient < 1.0:
             self._slow_start = False
+            self._conservative = None
         target = self._value * gradient + math.sqrt(self._value)
         smoothed = self._value + self._smoothing * (target - self._value)
         self._set(min(float(self._maximum), max(float(self._minimum), smoothed)), now)
+
+    def _slow_start_growth(self, recent: float, recent_raw: float, previous: float) -> float | None:
+        """The factor slow start grows by after this window, or None once it is over (HyStart++)."""
+        assert self._baseline_raw is not None
+        risen = recent_raw - self._baseline_raw > self._min_rise_s
+        if self._conservative is None:
+            if recent <= SLOW_START_RISE * previous or not risen:
+                return SLOW_START_GROWTH
+            self._conservative = (previous, 0)  # latency rose with the last growth: a queue, or noise?
+            return CONSERVATIVE_GROWTH
+        level, spent = self._conservative
+        if recent <= SLOW_START_RISE * level or not risen:
+            self._conservative = None  # back to where it was: the rise was noise
+            return SLOW_START_GROWTH
+        if spent + 1 >= CONSERVATIVE_WINDOWS:
+            self._slow_start = False
+            self._conservative = None
+            return None
+        self._conservative = (level, spent + 1)
+        return CONSERVATIVE_GROWTH
 
     def _gradient(self, recent: float, recent_raw: float) -> float:
         assert self._baseline is not None and self._baseline_raw is not None
