@@ -325,7 +325,7 @@ def lag(groups: tuple[str, ...], all_groups: bool, as_json: bool, max_lag: int |
     bootstrap = _bootstrap_of(settings)
     wanted = None if all_groups else list(groups) or [settings.app_id]
     topology = settings.topology()  # the workers' inputs are listed even before their first commit
-    inputs = {settings.app_id: [topology.requests, *(topology.retry(tier) for tier in topology.tiers)]}
+    inputs = {settings.app_id: topology.inputs}
     try:
         if no_rate:
             report = asyncio.run(read_lag(bootstrap, wanted, inputs))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from streamproc.core.topology import Topology, parse_tiers
+from streamproc.core.topology import DEFAULT_PREFIX, Topology, default_app_id, parse_tiers
 
 DEFAULT_KAFKA_VERSION = "3.9.2"
 
@@ -25,7 +26,8 @@ class Settings(BaseSettings):
         default=None, description="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1."
     )
     llm_api_key: SecretStr | None = Field(default=None, description="Bearer key sent to the LLM endpoint.")
-    topic_prefix: str = Field(default="llm", pattern=r"^[A-Za-z0-9._-]+$")
+    topic_prefix: str = Field(default=DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9._-]+$",
+                              description="The deployment's namespace: its topics, and its app id when that is unset.")
     data_dir: Path = Field(
         default=Path.home() / ".local" / "share" / "streamproc",
         description="Where RocksDB tables and the local broker's data live.",
@@ -46,8 +48,9 @@ class Settings(BaseSettings):
         description="How long the group waits for a silent worker before handing its partitions over.",
     )
 
-    app_id: str = Field(default="streamproc", pattern=r"^[A-Za-z0-9._-]+$",
-                        description="Consumer group and state-table namespace of the workers.")
+    app_id: str = Field(default=default_app_id(DEFAULT_PREFIX), pattern=r"^[A-Za-z0-9._-]+$",
+                        description="Consumer group and state-table namespace of the workers; unset or empty: "
+                        "derived from the topic prefix (<prefix>.streamproc; streamproc for the prefix llm).")
     partitions: int = Field(default=8, ge=1, description="Partition count of every request-carrying topic.")
     in_flight: int = Field(default=256, ge=1, description="LLM calls one worker keeps in flight.")
     retry_tiers: str = Field(
@@ -98,6 +101,15 @@ class Settings(BaseSettings):
     worker_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off.")
     worker_metrics_host: str = Field(default="127.0.0.1", min_length=1,
                                      description="Address /metrics listens on (0.0.0.0 in a container).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _app_id_from_prefix(cls, values: Any) -> Any:
+        """An app id that is not set lives in the topic prefix's namespace (design §3)."""
+        if isinstance(values, dict) and not values.get("app_id"):
+            prefix = values.get("topic_prefix") or DEFAULT_PREFIX
+            return {**values, "app_id": default_app_id(prefix) if isinstance(prefix, str) else None}
+        return values
 
     @property
     def local_kafka_dir(self) -> Path:

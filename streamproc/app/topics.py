@@ -14,6 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt, wait_fixed
 
+from streamproc.app.namespace import refuse_legacy_takeover
 from streamproc.core.topology import Topology
 from streamproc.errors import UserFacingError
 
@@ -87,7 +88,9 @@ async def ensure_pipeline_topics(bootstrap: str, topology: Topology) -> None:
     The state table's changelog is created here too, before any worker starts: when faust creates it
     itself, its consumer can cache metadata taken while the new topic has no partitions yet, and then
     refuses every table write (``PartitionsMismatch``) until the next metadata refresh (seen in tests).
+    A namespace that would take over the work of the legacy shared group is refused first (app/namespace).
     """
+    await refuse_legacy_takeover(bootstrap, topology)
     compacted = {"cleanup.policy": "compact"}
     await ensure_topics(bootstrap, {**topology.all_topics(), topology.state_changelog: topology.partitions,
                                     topology.batches: 1},

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from streamproc.core.durations import parse_duration_ms
 from streamproc.core.retry_policy import Tier
 from streamproc.core.vocabulary import FailureLayer
+
+DEFAULT_PREFIX: Final = "llm"
+LEGACY_APP_ID: Final = "streamproc"
+"""The app id every deployment had before it was derived from the prefix; the default prefix keeps it."""
+
+
+def default_app_id(prefix: str) -> str:
+    """The consumer group and state namespace of a deployment that sets no app id: under its topic prefix.
+
+    Two deployments with different prefixes then share nothing on a cluster: not their topics, not their group,
+    not the state changelog (``<app_id>-request_state-changelog``), nor faust's own topics (design §3). The
+    default prefix keeps the app id it always had, so the default deployment keeps its offsets and state.
+    """
+    return LEGACY_APP_ID if prefix == DEFAULT_PREFIX else f"{prefix}.{LEGACY_APP_ID}"
 
 
 @dataclass(frozen=True)
@@ -16,7 +31,7 @@ class Topology:
     prefix: str
     partitions: int
     tiers: tuple[Tier, ...]
-    app_id: str = "streamproc"
+    app_id: str = LEGACY_APP_ID
 
     @property
     def requests(self) -> str:
@@ -35,6 +50,11 @@ class Topology:
     def batches(self) -> str:
         """Batch manifests (compacted, one partition): see :mod:`streamproc.codec.manifest`."""
         return f"{self.prefix}.batches"
+
+    @property
+    def inputs(self) -> list[str]:
+        """The topics the workers' group consumes: new requests and every retry tier."""
+        return [self.requests, *(self.retry(tier) for tier in self.tiers)]
 
     @property
     def state_changelog(self) -> str:

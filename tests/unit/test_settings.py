@@ -35,3 +35,19 @@ def test_rejects_invalid_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAMPROC_LOCAL_KAFKA_PORT", "70000")
     with pytest.raises(ValidationError, match="local_kafka_port"):
         Settings()
+
+
+def test_the_app_id_lives_in_the_topic_prefixs_namespace_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STREAMPROC_APP_ID", raising=False)
+    monkeypatch.delenv("STREAMPROC_TOPIC_PREFIX", raising=False)
+    assert Settings().app_id == "streamproc"  # the default deployment keeps its group and state
+    monkeypatch.setenv("STREAMPROC_TOPIC_PREFIX", "team-a")
+    topology = Settings().topology()
+    assert topology.app_id == "team-a.streamproc"
+    assert topology.state_changelog == "team-a.streamproc-request_state-changelog"
+    assert Settings(topic_prefix="team-b").app_id == "team-b.streamproc"
+    monkeypatch.setenv("STREAMPROC_APP_ID", "")  # empty: unset
+    assert Settings().app_id == "team-a.streamproc"
+    monkeypatch.setenv("STREAMPROC_APP_ID", "mine")
+    assert Settings().app_id == "mine"
+    assert Settings(app_id="given").app_id == "given"
