@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import click
 
 from streamproc.app.bootstrap import resolve_bootstrap
-from streamproc.core.batch_status import format_status
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import LocalBroker
 from streamproc.devstack.real_llm import RealLLM
@@ -163,6 +162,9 @@ def submit(file: Path, batch_id: str, skip_invalid: bool) -> None:
 def status(batch_id: str, as_json: bool) -> None:
     """Counts of a batch: submitted, succeeded, failed per layer, retrying, in flight, pending, converged.
 
+    When no request of the batch ended for STREAMPROC_STALL_AFTER_S (120 s) although some have not, it also
+    says how many wait and why (no worker consuming, an open breaker, a paused model, skipped duplicates...).
+
     \b
     Example:
       streamproc status --batch-id labels-2026-11 --json
@@ -172,7 +174,7 @@ def status(batch_id: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(current.as_json()))
         return
-    click.echo(format_status(current))
+    click.echo(current.format())
 
 
 @cli.command("results")
@@ -215,9 +217,13 @@ def run(file: Path, output: Path, errors: Path | None, batch_id: str | None, tim
       streamproc run requests.jsonl --output out.jsonl --errors errors.jsonl
     """
     batch_id = batch_id or f"{file.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    report = run_batch(Settings(), file, output, errors, batch_id, timeout, mock_profile, workers)
+    report = run_batch(Settings(), file, output, errors, batch_id, timeout, mock_profile, workers, _warn)
     click.echo(f"batch {batch_id} converged")
     click.echo(format_outcome(report))
+
+
+def _warn(text: str) -> None:
+    click.secho(text, err=True, fg="yellow")
 
 
 @cli.command("backfill")

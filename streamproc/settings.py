@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streamproc.core.retry_policy import RetryPolicy
 from streamproc.core.topology import DEFAULT_PREFIX, Topology, default_app_id, parse_tiers
 
 DEFAULT_KAFKA_VERSION = "3.9.2"
@@ -58,11 +59,17 @@ class Settings(BaseSettings):
         description="Delays of the retry tier topics, shortest first.",
     )
     llm_timeout_s: float = Field(default=60.0, gt=0, description="Read timeout of one LLM call.")
+    retry_base_delay_s: float = Field(
+        default=1.0, ge=0, description="Base of the retry backoff: the n-th retry waits the server's hint plus "
+        "uniform(0, base x 2^(n-1)) seconds (full jitter; OpenAI's client starts at 0.5 s).")
     reconcile_interval_s: float = Field(
         default=30.0, ge=0, description="How often a worker looks for stranded requests (its record handled, its "
         "state still waiting) and sends their record again; 0 turns the reconciler off.")
     reconcile_grace_s: float = Field(
         default=60.0, ge=0, description="How long a state must have been unchanged before it counts as stranded.")
+    stall_after_s: float = Field(
+        default=120.0, gt=0, description="How long no request of a batch may end, while some have not, before "
+        "status and run say the batch is not moving, how many of its requests wait and why.")
     llm_connect_timeout_s: float = Field(default=5.0, gt=0)
     default_model: str = Field(default="mock-small", description="Model of simple-form input lines without one.")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body submit accepts.")
@@ -123,3 +130,7 @@ class Settings(BaseSettings):
     def topology(self) -> Topology:
         """Every topic name and size, derived from these settings in one place."""
         return Topology(self.topic_prefix, self.partitions, parse_tiers(self.retry_tiers), self.app_id)
+
+    def retry_policy(self) -> RetryPolicy:
+        """The retry policy the workers apply: the tiers and the backoff base."""
+        return RetryPolicy(tiers=self.topology().tiers, base_delay_ms=round(self.retry_base_delay_s * 1000))

@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from streamproc.core.events import RequestState
+from streamproc.core.request_state import DEFERRAL_CODES
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
+
+_ENDED = (RequestStatus.SUCCEEDED, RequestStatus.FAILED)
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,14 @@ class BatchStatus:
     retrying: int
     in_flight: int
     pending: int
+    parked: dict[str, int] = field(default_factory=dict)
+    """Of ``retrying``, the requests parked by a guard, by code (``circuit_open``, ``model_paused``)."""
+    last_progress_ms: int = 0
+    """When a request of the batch last ended, or the batch started when none has: how long it has not moved."""
+
+    @property
+    def ended(self) -> int:
+        return self.succeeded + self.terminal_failures
 
     @property
     def terminal_failures(self) -> int:
@@ -35,7 +46,7 @@ class BatchStatus:
     @property
     def converged(self) -> bool:
         """Every submitted request ended: a result or a terminal failure."""
-        return self.submitted > 0 and self.succeeded + self.terminal_failures == self.submitted
+        return self.submitted > 0 and self.ended == self.submitted
 
     def as_json(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "submitted": self.submitted, "succeeded": self.succeeded,
@@ -59,34 +70,52 @@ def format_status(status: BatchStatus) -> str:
     return "\n".join(f"{name:<10} {value}" for name, value in rows)
 
 
+class _Entry(NamedTuple):
+    """What the status needs of a request's latest state."""
+
+    status: RequestStatus
+    layer: FailureLayer | None
+    code: str | None
+    created_ms: int
+    updated_ms: int
+
+
 @dataclass
 class StatusFold:
     """The latest status per request id of one batch; ``apply`` takes changelog values in log order."""
 
     batch_id: str
-    _latest: dict[str, tuple[RequestStatus, FailureLayer | None]] = field(default_factory=dict)
+    _latest: dict[str, _Entry] = field(default_factory=dict)
 
     def apply(self, states: Iterable[RequestState]) -> None:
         for state in states:
             if state.batch_id == self.batch_id:
-                self._latest[state.request_id] = (state.status, state.last_layer)
+                self._latest[state.request_id] = _Entry(state.status, state.last_layer, state.last_error_code,
+                                                        state.created_ms, state.updated_ms)
 
-    def status(self, submitted: int) -> BatchStatus:
+    def status(self, submitted: int, started_ms: int = 0) -> BatchStatus:
         """Counts that always add up to ``submitted``: ids not seen by a worker yet are pending.
 
         Ids the state knows beyond ``submitted`` (a manifest not written yet, or a foreign producer) raise
-        ``submitted`` rather than break the sum.
+        ``submitted`` rather than break the sum. ``started_ms`` is when the batch was submitted (its
+        manifest), where its progress is measured from until a request ended.
         """
         by_status: Counter[RequestStatus] = Counter()
         failed = dict.fromkeys((layer.value for layer in FailureLayer), 0)
-        for status, layer in self._latest.values():
-            by_status[status] += 1
-            if status is RequestStatus.FAILED:
-                failed[(layer or FailureLayer.BUSINESS).value] += 1
+        parked: Counter[str] = Counter()
+        progress_ms = started_ms or min((entry.created_ms for entry in self._latest.values()), default=0)
+        for entry in self._latest.values():
+            by_status[entry.status] += 1
+            if entry.status is RequestStatus.FAILED:
+                failed[(entry.layer or FailureLayer.BUSINESS).value] += 1
+            if entry.status in _ENDED:
+                progress_ms = max(progress_ms, entry.updated_ms)
+            elif entry.status is RequestStatus.RETRYING and entry.code is not None and entry.code in DEFERRAL_CODES:
+                parked[entry.code] += 1
         seen = len(self._latest) - by_status[RequestStatus.PENDING]
         total = max(submitted, seen)
         return BatchStatus(
             batch_id=self.batch_id, submitted=total, succeeded=by_status[RequestStatus.SUCCEEDED], failed=failed,
             retrying=by_status[RequestStatus.RETRYING], in_flight=by_status[RequestStatus.IN_FLIGHT],
-            pending=total - seen,
+            pending=total - seen, parked=dict(parked), last_progress_ms=progress_ms,
         )

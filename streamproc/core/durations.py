@@ -33,6 +33,20 @@ def parse_duration_ms(text: str) -> int | None:
         end = match.end()
     return ceil_ms(total) if end and end == len(text) else None
 
+def format_duration(seconds: float | None) -> str:
+    """For people: ``-`` (unknown), ``0s``, ``42s``, ``3m05s``, ``2h07m``, ``3d04h``."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    total = math.ceil(seconds)
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m{total % 60:02d}s"
+    if total < 86400:
+        return f"{total // 3600}h{total % 3600 // 60:02d}m"
+    return f"{total // 86400}d{total % 86400 // 3600:02d}h"
+
+
 def parse_number(value: str | None) -> float | None:
     """A finite number written as text (a header value), or None for anything else."""
     if value is None:

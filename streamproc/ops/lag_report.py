@@ -11,26 +11,12 @@ Conventions of the table (the same as ``kafka-consumer-groups --describe`` unles
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
+from streamproc.core.durations import format_duration
 from streamproc.core.lag import GroupLag, LagReport
 
 COLUMNS = ("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "RATE/s", "ETA")
-
-
-def format_duration(seconds: float | None) -> str:
-    """``-`` (unknown), ``0s``, ``42s``, ``3m05s``, ``2h07m``, ``3d04h``."""
-    if seconds is None or math.isnan(seconds):
-        return "-"
-    total = math.ceil(seconds)
-    if total < 60:
-        return f"{total}s"
-    if total < 3600:
-        return f"{total // 60}m{total % 60:02d}s"
-    if total < 86400:
-        return f"{total // 3600}h{total % 3600 // 60:02d}m"
-    return f"{total // 86400}d{total % 86400 // 3600:02d}h"
 
 
 def _format_rate(rate: float | None) -> str:

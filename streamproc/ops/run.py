@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.core.batch_stall import BatchStall
 from streamproc.core.batch_status import BatchStatus
 from streamproc.devstack.stack import LocalStack
 from streamproc.errors import UserFacingError
@@ -35,15 +37,21 @@ class RunReport:
     llm_calls: int | None  # known when the mock server answered
 
 
+Notify = Callable[[str], None]
+"""Where ``run`` says what people should know while it waits (a batch that stopped moving)."""
+
+
 async def follow_until_converged(settings: Settings, batch_id: str, timeout_s: float, stack: LocalStack | None,
-                                 progress: Progress | None) -> BatchStatus:
-    """Poll the batch's status (incrementally) until every request ended."""
+                                 progress: Progress | None, notify: Notify | None = None) -> BatchStatus:
+    """Poll the batch's status (incrementally) until every request ended; say so, and why, whenever the batch
+    stops moving (``STREAMPROC_STALL_AFTER_S``) or waits for another reason than before."""
     deadline = time.monotonic() + timeout_s
     async with BatchStatusReader(resolve_bootstrap(settings), settings.topology(), batch_id) as reader:
         done = 0
+        told: dict[str, int] | None = None
         while True:
             status = await reader.refresh()
-            ended = status.succeeded + status.terminal_failures
+            ended = status.ended
             if progress is not None:
                 progress.start(status.submitted)
                 progress.advance(ended - done)
@@ -52,20 +60,32 @@ async def follow_until_converged(settings: Settings, batch_id: str, timeout_s: f
                 return status
             if stack is not None and not stack.workers_alive():
                 raise RunError(f"the worker stopped before the batch converged; see {stack.worker_log(0)}")
+            stall = await reader.stall(status, settings.stall_after_s)
             if time.monotonic() > deadline:
-                raise RunError(f"batch {batch_id} did not converge within {timeout_s:.0f}s: {status.as_json()}")
+                why = f"; {stall.describe()}" if stall is not None else ""
+                raise RunError(f"batch {batch_id} did not converge within {timeout_s:.0f}s: {status.as_json()}{why}")
+            if notify is not None and _news(stall, told):
+                notify(stall.describe() if stall is not None else f"batch {batch_id} is moving again")
+            told = None if stall is None else stall.reasons
             await asyncio.sleep(1.0)
 
 
+def _news(stall: BatchStall | None, told: dict[str, int] | None) -> bool:
+    """A stall begins or ends, or its reasons change (not merely their counts)."""
+    if stall is None or told is None:
+        return (stall is None) != (told is None)
+    return set(stall.reasons) != set(told)
+
+
 def run_batch(settings: Settings, file: Path, output: Path, errors: Path | None, batch_id: str,
-              timeout_s: float, mock_profile: str, workers: int | None) -> RunReport:
+              timeout_s: float, mock_profile: str, workers: int | None, notify: Notify | None = None) -> RunReport:
     started = time.monotonic()
     with LocalStack(settings, mock_profile=mock_profile, workers=workers) as stack:
         effective = stack.settings
         with Progress(f"submitting {file.name}") as bar:
             submitted = asyncio.run(submit_file(effective, file, batch_id, progress=bar))
         with Progress("processing") as bar:
-            status = asyncio.run(follow_until_converged(effective, batch_id, timeout_s, stack, bar))
+            status = asyncio.run(follow_until_converged(effective, batch_id, timeout_s, stack, bar, notify))
         exported = export_results(effective, batch_id, output, errors)
         calls = int(stack.mock.stats()["calls"]) if stack.mock is not None else None
     return RunReport(submitted, status, exported, time.monotonic() - started, calls)

@@ -1,41 +1,69 @@
-"""``status`` against Kafka: the batch manifest plus the request-state changelog, folded incrementally."""
+"""``status`` against Kafka: the batch manifest plus the request-state changelog, folded incrementally, and,
+once the batch has not moved for a while, the workers' consumer group, to say why (core.batch_stall)."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from streamproc import codec
 from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.lag_reader import GroupNotFound, LagError, read_lag
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest, decode_manifest
-from streamproc.core.batch_status import BatchStatus, StatusFold
+from streamproc.core.batch_stall import BatchStall, GroupView, diagnose, needs_group
+from streamproc.core.batch_status import BatchStatus, StatusFold, format_status
 from streamproc.core.events import RequestState
 from streamproc.core.topology import Topology
 from streamproc.errors import UserFacingError
 from streamproc.settings import Settings
+
+GROUP_REFRESH_S = 10.0  # a stalled batch is polled every second by `run`; its group need not be
 
 
 class UnknownBatchError(UserFacingError):
     """Neither a manifest nor any request state names this batch."""
 
 
-async def read_status(settings: Settings, batch_id: str) -> BatchStatus:
-    """One consistent snapshot of a batch's counts."""
+@dataclass(frozen=True)
+class StatusReport:
+    """A batch's counts, and why it waits when it has not moved for ``STREAMPROC_STALL_AFTER_S``."""
+
+    status: BatchStatus
+    stall: BatchStall | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """``status --json``: the counts' keys, plus ``stalled`` (null while the batch moves or ended)."""
+        return {**self.status.as_json(), "stalled": None if self.stall is None else self.stall.as_json()}
+
+    def format(self) -> str:
+        text = format_status(self.status)
+        return text if self.stall is None else f"{text}\n{'stalled':<10} {self.stall.describe()}"
+
+
+async def read_status(settings: Settings, batch_id: str) -> StatusReport:
+    """One consistent snapshot of a batch's counts, with the stall diagnosis when it has stopped moving."""
     async with BatchStatusReader(resolve_bootstrap(settings), settings.topology(), batch_id) as reader:
         current = await reader.refresh()
+        stall = await reader.stall(current, settings.stall_after_s)
     if reader.manifest is None and current.submitted == 0:
         raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {settings.topology().batches} and "
                                 "no request state names it)")
-    return current
+    return StatusReport(current, stall)
 
 
 class BatchStatusReader:
     """Keeps a reader open so that each ``refresh`` reads only the changes since the previous one."""
 
     def __init__(self, bootstrap: str, topology: Topology, batch_id: str) -> None:
+        self._bootstrap = bootstrap
         self._topology = topology
         self._reader = TopicReader(bootstrap, [topology.state_changelog, topology.batches])
         self._fold = StatusFold(batch_id)
+        self._group: GroupView | None = None
+        self._group_read_at = -GROUP_REFRESH_S
         self.manifest: BatchManifest | None = None
 
     async def __aenter__(self) -> BatchStatusReader:
@@ -62,4 +90,29 @@ class BatchStatusReader:
                 except codec.CodecError:
                     continue  # not ours to judge: the worker reports undecodable state itself
         self._fold.apply(states)
-        return self._fold.status(self.manifest.submitted if self.manifest else 0)
+        if self.manifest is None:
+            return self._fold.status(0)
+        return self._fold.status(self.manifest.submitted, self.manifest.created_ms)
+
+    async def stall(self, status: BatchStatus, stall_after_s: float) -> BatchStall | None:
+        """Why the batch waits, once no request ended for ``stall_after_s``; None while it moves."""
+        now_ms, after_ms = int(time.time() * 1000), int(stall_after_s * 1000)
+        if not needs_group(status, now_ms, after_ms):
+            return None
+        if time.monotonic() - self._group_read_at >= GROUP_REFRESH_S:
+            self._group = await _group_view(self._bootstrap, self._topology)
+            self._group_read_at = time.monotonic()
+        return diagnose(status, now_ms, after_ms, self._group)
+
+
+async def _group_view(bootstrap: str, topology: Topology) -> GroupView | None:
+    """The workers' group: its members and the lag of its inputs; None when the broker did not say."""
+    group = topology.app_id
+    try:
+        report = await read_lag(bootstrap, [group], {group: topology.inputs})
+    except GroupNotFound:
+        return GroupView(group, 0, None)  # no worker ever joined
+    except LagError:
+        return None
+    found = report.group(group)
+    return GroupView(group, found.members, found.lag)

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from streamproc.core.durations import format_duration
 from streamproc.core.lag import GroupLag, LagReport, PartitionLag
-from streamproc.ops.lag_report import COLUMNS, format_duration, format_table, to_json
+from streamproc.ops.lag_report import COLUMNS, format_table, to_json
 from tests.unit.core.test_lag_model import CHANGELOG, REQ, G, part
 
 
