@@ -28,14 +28,17 @@ async def refuse_legacy_takeover(bootstrap: str, topology: Topology) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        legacy = await admin.list_consumer_group_offsets(LEGACY_APP_ID)
-        if not any(tp.topic in inputs for tp in legacy):
+        # only groups that exist are asked (a fresh cluster has no group coordinator until a group is used)
+        groups = {entry[0] for entry in await admin.list_consumer_groups()}
+        if LEGACY_APP_ID not in groups:
             return
-        own = await admin.list_consumer_group_offsets(topology.app_id)
+        if not any(tp.topic in inputs for tp in await admin.list_consumer_group_offsets(LEGACY_APP_ID)):
+            return
+        if topology.app_id in groups and any(
+                tp.topic in inputs for tp in await admin.list_consumer_group_offsets(topology.app_id)):
+            return  # this namespace has consumed already: it was started on purpose
     finally:
         await admin.close()
-    if any(tp.topic in inputs for tp in own):
-        return  # this namespace has consumed already: it was started on purpose
     raise LegacyNamespaceError(
         f"the topics {topology.prefix}.* were consumed by the shared consumer group {LEGACY_APP_ID!r} of earlier "
         f"versions, and their request state is in {LEGACY_APP_ID}-request_state-changelog; this version would use "

@@ -115,8 +115,9 @@ def test_submit_status_results_end_to_end(settings: Settings, tmp_path: Path) ->
     assert polls[-1]["succeeded"] == 120 and polls[-1]["submitted"] == 120
     # a duplicate result on the topic (as a crash between result and state can leave) is exported once
     assert settings.kafka_bootstrap is not None
-    duplicate = InferenceResult("c-1", "e2e", "mock-small", "{}", "dup", 1, 1, 1, "h")
-    asyncio.run(produce(settings.kafka_bootstrap, settings.topology().results, [(b"c-1", codec.encode(duplicate))]))
+    duplicate = InferenceResult("e2e/c-1", "e2e", "mock-small", "{}", "dup", 1, 1, 1, "h")  # keyed (batch, custom_id)
+    asyncio.run(produce(settings.kafka_bootstrap, settings.topology().results,
+                        [(b"e2e/c-1", codec.encode(duplicate))]))
     exported = cli(settings, "results", "--batch-id", "e2e", "--output", str(tmp_path / "out.jsonl"),
                    "--errors", str(tmp_path / "err.jsonl"))
     assert exported.returncode == 0, exported.stderr
