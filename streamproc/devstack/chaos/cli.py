@@ -34,8 +34,11 @@ _DEFAULTS = ChaosConfig()
               type=click.IntRange(min=1), help="Hostile records of each kind, per poison wave (two waves).")
 @click.option("--big-body-bytes", default=_DEFAULTS.big_body_bytes, show_default=True, type=click.IntRange(min=1),
               help="Size of the big-body poison; smaller sizes follow until the broker takes one.")
-@click.option("--rpm", "mock_rpm", default=_DEFAULTS.mock_rpm, show_default=True, type=click.IntRange(min=1),
-              help="The mock's requests/min: paces the batch so that every fault lands while it runs.")
+@click.option("--rpm", "mock_rpm", type=click.IntRange(min=1),
+              help="The mock's requests/min [default: the profile's]: a lower rate makes a small batch last until "
+                   "every fault has landed.")
+@click.option("--in-flight", type=click.IntRange(min=1),
+              help="The workers' STREAMPROC_IN_FLIGHT [default: theirs, 256].")
 @click.option("--profile", "mock_profile", default=_DEFAULTS.mock_profile, show_default=True,
               help="The mock's fault profile.")
 @click.option("--seed", default=_DEFAULTS.seed, show_default=True, type=int)
@@ -46,7 +49,8 @@ _DEFAULTS = ChaosConfig()
               help="Where broker data and logs go [default: a temporary dir, removed after a passing run].")
 @click.option("--keep", is_flag=True, help="Keep the temporary work dir after a passing run.")
 def chaos(requests: int, workers: int, kills: int, kill_pause: float, broker_restarts: int, broker_down: float,
-          outage: float, poison_per_kind: int, big_body_bytes: int, mock_rpm: int, mock_profile: str, seed: int,
+          outage: float, poison_per_kind: int, big_body_bytes: int, mock_rpm: int | None, in_flight: int | None,
+          mock_profile: str, seed: int,
           retry_tiers: str, timeout_s: float, work_dir: Path | None, keep: bool) -> None:
     """Prove that nothing is lost or stalled under faults: a batch through 2 workers on a private broker
     while workers are SIGKILLed, the broker restarts, the LLM goes down and poison records arrive.
@@ -60,6 +64,7 @@ def chaos(requests: int, workers: int, kills: int, kill_pause: float, broker_res
         config = ChaosConfig(requests=requests, workers=workers, kills=kills, kill_pause_s=kill_pause,
                              broker_restarts=broker_restarts, broker_down_s=broker_down, outage_s=outage,
                              poison_per_kind=poison_per_kind, big_body_bytes=big_body_bytes, mock_rpm=mock_rpm,
+                             in_flight=in_flight,
                              mock_profile=mock_profile, seed=seed, retry_tiers=retry_tiers, timeout_s=timeout_s,
                              work_dir=work_dir, keep_work_dir=keep)
     except ValueError as exc:

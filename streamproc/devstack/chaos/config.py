@@ -1,8 +1,9 @@
 """The knobs of one chaos run: how big the batch is and how hard the faults hit.
 
-The defaults are the full run of ``scripts/chaos``; the integration test passes a smaller set. The mock's
-request rate is part of the plan, not of realism alone: paced, the batch lasts long enough for every
-planned fault to land while requests are still moving.
+The defaults are the full run of ``scripts/chaos``; the integration test passes a smaller set. A small batch
+needs the mock's request rate lowered (``mock_rpm``) so that it lasts long enough for every planned fault to
+land while requests are still moving; then fewer records in flight per worker (``in_flight``) keep a
+rebalance, which waits for every record in flight, from lasting as long as the paced backlog takes.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ class ChaosConfig:
     big_body_bytes: int = 10 * 1024 * 1024
     deep_json_depth: int = 10_000
     mock_profile: str = "realistic"
-    mock_rpm: int = 1200
+    mock_rpm: int | None = None  # None: the profile's own limit (realistic: 6,000 RPM)
+    in_flight: int | None = None  # the workers' STREAMPROC_IN_FLIGHT; None: their default (256)
     seed: int = 1
     partitions: int = 8
     retry_tiers: str = "2s,5s,15s,30s"
-    llm_timeout_s: float = 10.0
+    llm_timeout_s: float | None = None  # None: the workers' default (60 s); part of their stall threshold
     session_timeout_s: float = 10.0
     timeout_s: float = 1200.0
     max_fault_gap_s: float = 60.0

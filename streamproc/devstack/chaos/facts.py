@@ -8,6 +8,7 @@ and the state changelog gives progress and, at a timeout, each unfinished reques
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -32,6 +33,15 @@ CONFLICTING_DUPLICATE = "conflicting_duplicate"
 def sha(data: bytes | str) -> str:
     """Short content hash: dead letters and duplicate bodies are matched by it, not held in memory."""
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:20]
+
+
+def body_digest(body_json: str) -> str:
+    """Hash of a request body as JSON, whatever its key order and spacing (submit re-serialises bodies)."""
+    try:
+        canonical = json.dumps(json.loads(body_json), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        canonical = body_json
+    return sha(canonical)
 
 
 class TopicTail:
@@ -93,6 +103,8 @@ class TopicTail:
                 batches = await self._consumer.getmany(*behind, timeout_ms=1000, max_records=20_000)
                 for tp, messages in batches.items():
                     records.extend(m for m in messages if m.offset < ends[tp])
+                    if messages and messages[-1].offset >= ends[tp]:
+                        self._consumer.seek(tp, ends[tp])  # what lies beyond belongs to the next read
         except KafkaError as exc:  # the broker is restarting: what was read so far stands
             log.info("reading %s paused: %r", ",".join(self._topics), exc)
         return records
@@ -147,7 +159,7 @@ class Outcomes:
         if event.terminal:
             entry.terminal_codes.append(event.error_code)
             if event.error_code == CONFLICTING_DUPLICATE:
-                entry.conflict_bodies.add(sha(event.request.body_json))
+                entry.conflict_bodies.add(body_digest(event.request.body_json))
 
     def add_dead_letter(self, value: bytes | None) -> None:
         key = sha(value or b"")
@@ -222,23 +234,27 @@ class StateFollower:
 
 
 async def trace_ids(bootstrap: str, topology: Topology, request_ids: Iterable[str]) -> list[str]:
-    """Where the given ids appear on every topic (partition, offset, attempt, error code), and the group's
-    committed offsets of those partitions: the report of requests that never ended."""
+    """Where the given ids appear on the pipeline's topics (partition@offset, attempt, error code), one line per
+    id, and the group's committed offsets of those partitions: the report of requests that never ended."""
     wanted = {request_id.encode() for request_id in request_ids}
-    topics = [*topology.all_topics(), topology.state_changelog]
-    tail = TopicTail(bootstrap, topics)
+    tail = TopicTail(bootstrap, list(topology.all_topics()))
     await tail.start()
-    lines: list[str] = []
+    places: dict[str, list[str]] = {}
     partitions: set[tuple[str, int]] = set()
     try:
         for record in await tail.read():
             if record.key in wanted:
-                hop = {k: bytes(v).decode("utf-8", "replace") for k, v in record.headers
-                       if k in ("x-attempt", "x-error-code", "x-due-ts", "x-deferred")}
-                lines.append(f"{record.key.decode()}: {record.topic}[{record.partition}]@{record.offset} {hop}")
+                hop = {k: bytes(v).decode("utf-8", "replace") for k, v in record.headers}
+                extra = " ".join(v for v in (f"a{hop['x-attempt']}" if "x-attempt" in hop else "",
+                                             hop.get("x-error-code", ""), "deferred" if "x-deferred" in hop else "")
+                                 if v)
+                topic = record.topic.removeprefix(f"{topology.prefix}.")
+                places.setdefault(record.key.decode(errors="replace"), []).append(
+                    f"{topic}[{record.partition}]@{record.offset}" + (f" ({extra})" if extra else ""))
                 partitions.add((record.topic, record.partition))
     finally:
         await tail.stop()
+    lines = [f"{request_id}: " + "; ".join(where) for request_id, where in sorted(places.items())]
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -248,6 +264,8 @@ async def trace_ids(bootstrap: str, topology: Topology, request_ids: Iterable[st
         committed = {}
     finally:
         await admin.close()
-    lines += [f"committed {tp.topic}[{tp.partition}] = {meta.offset}" for tp, meta in sorted(committed.items())
-              if (tp.topic, tp.partition) in partitions]
-    return sorted(lines)
+    shown = [f"{tp.topic.removeprefix(topology.prefix + '.')}[{tp.partition}]={meta.offset}"
+             for tp, meta in sorted(committed.items()) if (tp.topic, tp.partition) in partitions]
+    if shown:
+        lines.append("group's committed offsets there: " + ", ".join(shown))
+    return lines

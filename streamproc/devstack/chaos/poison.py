@@ -21,10 +21,11 @@ from aiokafka.errors import MessageSizeTooLargeError
 from streamproc import codec
 from streamproc.core import headers
 from streamproc.core.events import InferenceRequest
+from streamproc.core.identity import request_id_for
 from streamproc.core.topology import Topology
 from streamproc.devstack.chaos.batch import batch_line, ticket_body, ticket_id
 from streamproc.devstack.chaos.config import RunNames
-from streamproc.devstack.chaos.facts import sha
+from streamproc.devstack.chaos.facts import body_digest, sha
 from streamproc.devstack.chaos.proxy import DEEP_BODY_MARKER, DEEP_CONTENT_MARKER
 
 YEAR_MS = 365 * 86_400_000
@@ -41,7 +42,8 @@ class PoisonKind(StrEnum):
     TIER_FAR_FUTURE = "retry tier, x-due-ts a year ahead"
     TIER_NEGATIVE_DUE = "retry tier, negative x-due-ts"
     DUPLICATE_PRODUCED = "duplicate id, other body (produced)"
-    DUPLICATE_SUBMITTED = "duplicate id, other body (submit)"
+    DUPLICATE_IN_FILE = "duplicate custom_id in one file (submit)"
+    REUSED_CUSTOM_ID = "batch's custom_id, other body, new batch (submit)"
     BIG_BODY = "big body"
     DEEP_BODY = "answer body 10,000-deep JSON"
     DEEP_CONTENT = "answer content 10,000-deep JSON"
@@ -66,6 +68,7 @@ class Poison:
     value_sha: str | None = None  # DEAD_LETTER: the value the dead letter must carry
     body_sha: str | None = None  # CONFLICT: the body its conflicting_duplicate failure must carry
     note: str = ""
+    refused_as_it_must: bool = True  # REFUSED: whether the refusal came, and for the right reason
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ def _framing_poison(kind: PoisonKind, request_id: str, keyed: bool, value: bytes
 def build_direct(topology: Topology, names: RunNames, wave: int, per_kind: int, duplicate_of: Sequence[int],
                  rng: random.Random, now_ms: int) -> list[DirectRecord]:
     """The produced poison of one wave, ``per_kind`` of each kind; ``duplicate_of`` are ticket numbers of the
-    measured batch that get a second record with another body (same id, poison batch)."""
+    measured batch that get a second record with another body (the same request id, a poison batch id)."""
     records: list[DirectRecord] = []
     prefix = f"{names.run_id}-w{wave}"
     for i in range(per_kind):
@@ -122,11 +125,11 @@ def build_direct(topology: Topology, names: RunNames, wave: int, per_kind: int, 
                             note=f"{topology.retry(tier)}, x-due-ts {due_ms}")))
     for j, ticket in enumerate(duplicate_of):
         body = ticket_body(ticket, note=f" (duplicate {wave}-{j}, another body)")
-        request_id = ticket_id(ticket)
+        request_id = request_id_for(names.batch_id, ticket_id(ticket))
         request = _request(request_id, names, body)
         records.append(DirectRecord(topology.requests, request_id.encode(), codec.encode(request), (),
                                     Poison(PoisonKind.DUPLICATE_PRODUCED, Expect.CONFLICT, request_id,
-                                           request_id=request_id, body_sha=sha(request.body_json))))
+                                           request_id=request_id, body_sha=body_digest(request.body_json))))
     return records
 
 
@@ -147,29 +150,44 @@ def big_body_candidates(topology: Topology, names: RunNames, wave: int, asked_by
     return candidates
 
 
-def build_submitted(names: RunNames, wave: int, per_kind: int, duplicate_of: Sequence[int]) -> tuple[list[str],
-                                                                                                    list[Poison]]:
-    """Lines for ``streamproc submit``: requests the proxy answers with deep JSON, and second bodies for ids
-    of the measured batch (a batch of their own, so submit takes them)."""
+@dataclass(frozen=True)
+class SubmittedPoison:
+    """A poison file for ``streamproc submit``. It holds one custom_id twice, so submit must refuse it
+    whole; sent again with ``--skip-invalid``, the rest goes in (the first of the two lines included)."""
+
+    batch_id: str
+    lines: list[str]
+    poison: list[Poison]  # what must become of the lines that go in
+    duplicated_custom_id: str
+
+
+def build_submitted(names: RunNames, wave: int, per_kind: int, reuse: Sequence[int]) -> SubmittedPoison:
+    """Requests the proxy answers with deep JSON, custom_ids of the measured batch with other bodies (in a
+    new batch they are requests of their own), and one custom_id twice in the file."""
+    batch_id = names.submitted_poison_batch_id(wave)
     lines: list[str] = []
     poisons: list[Poison] = []
-    prefix = f"{names.run_id}-w{wave}"
+    prefix = f"w{wave}"
     for i in range(per_kind):
         for kind, marker, fmt in ((PoisonKind.DEEP_BODY, DEEP_BODY_MARKER, None),
                                   (PoisonKind.DEEP_CONTENT, DEEP_CONTENT_MARKER, {"type": "json_object"})):
-            request_id = f"{prefix}-{'deep-body' if kind is PoisonKind.DEEP_BODY else 'deep-content'}-{i}"
+            custom_id = f"{prefix}-{'deep-body' if kind is PoisonKind.DEEP_BODY else 'deep-content'}-{i}"
             body: dict[str, Any] = {"model": "mock-small", "max_tokens": 64, "messages": [
                 {"role": "user", "content": f"Describe item {i} as JSON. {marker}"}]}
             if fmt is not None:
                 body["response_format"] = fmt
-            lines.append(batch_line(request_id, body))
+            lines.append(batch_line(custom_id, body))
+            request_id = request_id_for(batch_id, custom_id)
             poisons.append(Poison(kind, Expect.ENDED, request_id, request_id=request_id))
-    for j, ticket in enumerate(duplicate_of):
-        body = ticket_body(ticket, note=f" (submitted duplicate {wave}-{j}, another body)")
+    for j, ticket in enumerate(reuse):
+        body = ticket_body(ticket, note=f" (reused custom_id {wave}-{j}, another body)")
         lines.append(batch_line(ticket_id(ticket), body))
-        poisons.append(Poison(PoisonKind.DUPLICATE_SUBMITTED, Expect.CONFLICT, ticket_id(ticket),
-                              request_id=ticket_id(ticket), body_sha=sha(json.dumps(body))))
-    return lines, poisons
+        request_id = request_id_for(batch_id, ticket_id(ticket))
+        poisons.append(Poison(PoisonKind.REUSED_CUSTOM_ID, Expect.ENDED, request_id, request_id=request_id))
+    twice = f"{prefix}-twice"
+    lines.append(batch_line(twice, ticket_body(wave, note=" (first of two lines with one custom_id)")))
+    lines.append(batch_line(twice, ticket_body(wave, note=" (second line, another body)")))
+    return SubmittedPoison(batch_id, lines, poisons, twice)
 
 
 async def inject(bootstrap: str, records: Sequence[DirectRecord], big: Sequence[DirectRecord]) -> list[Poison]:

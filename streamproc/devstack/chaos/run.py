@@ -23,16 +23,26 @@ from typing import Any
 
 import httpx
 
+from streamproc.core.identity import request_id_for
 from streamproc.core.topology import Topology, parse_tiers
 from streamproc.core.vocabulary import RequestStatus
 from streamproc.devstack.chaos.batch import write_batch
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames
 from streamproc.devstack.chaos.facts import OutcomeReader, StateFollower, trace_ids
 from streamproc.devstack.chaos.faults import Fault, FaultKind, FiredFault, due, plan_faults
-from streamproc.devstack.chaos.poison import Poison, big_body_candidates, build_direct, build_submitted, inject
+from streamproc.devstack.chaos.poison import (
+    Expect,
+    Poison,
+    PoisonKind,
+    big_body_candidates,
+    build_direct,
+    build_submitted,
+    inject,
+)
 from streamproc.devstack.chaos.stack import ChaosStack, WorkerSlot
 from streamproc.devstack.chaos.tally import ChaosFacts, Tally, WorkerExit, explained, lost_ids, tally
 from streamproc.devstack.chaos.worker_metrics import MetricsLedger, scrape
+from streamproc.settings import Settings
 
 Say = Callable[[str], None]
 POLL_S = 1.0
@@ -92,7 +102,8 @@ class ChaosRun:
     # -- the run -----------------------------------------------------------------------------------------
     async def execute(self) -> ChaosFacts:
         path = self.work_dir / "batch.jsonl"
-        self.submitted = write_batch(path, self.config.requests)
+        self.submitted = [request_id_for(self.names.batch_id, custom_id)
+                          for custom_id in write_batch(path, self.config.requests)]
         self.submitted_at_s = self.now()
         await self._submit(path, self.names.batch_id)
         self.say(f"[{self.now():5.0f}s] submitted {len(self.submitted)} requests as batch {self.names.batch_id}")
@@ -117,8 +128,8 @@ class ChaosRun:
             await self.outcomes.stop()
             await self._http.aclose()
 
-    async def _submit(self, path: Path, batch_id: str) -> None:
-        code, out = await self.stack.cli("submit", str(path), "--batch-id", batch_id)
+    async def _submit(self, path: Path, batch_id: str, *extra: str) -> None:
+        code, out = await self.stack.cli("submit", str(path), "--batch-id", batch_id, *extra)
         if code != 0:
             raise ChaosError(f"streamproc submit {path.name} exited with {code}: {out.strip()[-2000:]}")
 
@@ -172,7 +183,7 @@ class ChaosRun:
             if slot.alive():
                 reading = await scrape(self._http, slot.metrics_port)
                 if reading is not None:
-                    self.metrics.add(slot.index, slot.incarnation, reading)
+                    self.metrics.add(slot.index, slot.incarnation, reading, self.now())
 
     async def _supervise(self) -> None:
         """Restart a worker that exited on its own, with a growing pause if it keeps exiting."""
@@ -186,7 +197,7 @@ class ChaosRun:
                         continue
                     code = slot.process.returncode
                     slot.exits.append(code)
-                    self.exits.append(WorkerExit(slot.index, code, self.now(), slot.log_tail(15)))
+                    self.exits.append(WorkerExit(slot.index, code, self.now(), slot.last_words()))
                     pause = backoff[slot.index] = min(10.0, backoff.get(slot.index, 1.0) * 2)
                     self.say(f"[{self.now():5.0f}s] worker {slot.index} exited on its own with {code}; "
                              f"restarting it in {pause:g}s")
@@ -226,7 +237,7 @@ class ChaosRun:
             assert fault.worker is not None
             slot = self.stack.workers[fault.worker]
             gauge = await self._ready_to_kill(slot)
-            at = self.now()
+            at, progress = self.now(), self.progress.fraction
             slot.killing = True
             try:
                 await asyncio.to_thread(slot.kill)
@@ -268,12 +279,22 @@ class ChaosRun:
                               tickets[:config.poison_per_kind], rng, int(time.time() * 1000))
         big = big_body_candidates(self.topology, self.names, wave, config.big_body_bytes)
         sent = await inject(self.stack.bootstrap, direct, big)
-        lines, submitted = build_submitted(self.names, wave, config.poison_per_kind, tickets[config.poison_per_kind:])
+        submitted = build_submitted(self.names, wave, config.poison_per_kind, tickets[config.poison_per_kind:])
         path = self.work_dir / f"poison-{wave}.jsonl"
-        path.write_text("".join(line + "\n" for line in lines))
-        await self._submit(path, self.names.submitted_poison_batch_id(wave))
-        self.poison += sent + submitted
-        self.say(f"[{self.now():5.0f}s] poison wave {wave}: {len(sent) + len(submitted)} records")
+        path.write_text("".join(line + "\n" for line in submitted.lines))
+        code, out = await self.stack.cli("submit", str(path), "--batch-id", submitted.batch_id)
+        refused = code != 0 and repr(submitted.duplicated_custom_id) in out
+        first_line = next((line.strip() for line in out.splitlines() if line.strip()), "")
+        sent.append(Poison(PoisonKind.DUPLICATE_IN_FILE, Expect.REFUSED,
+                           f"{submitted.batch_id}: {submitted.duplicated_custom_id}",
+                           note=f"submit exited {code}: {first_line[:80]}", refused_as_it_must=refused))
+        if code != 0:  # as it must: then the valid lines, the first of the two included
+            await self._submit(path, submitted.batch_id, "--skip-invalid")
+        twice = request_id_for(submitted.batch_id, submitted.duplicated_custom_id)
+        sent += [*submitted.poison, Poison(PoisonKind.DUPLICATE_IN_FILE, Expect.ENDED, twice, request_id=twice,
+                                           note="the first of the two lines")]
+        self.poison += sent
+        self.say(f"[{self.now():5.0f}s] poison wave {wave}: {len(sent)} records")
 
     # -- the facts ---------------------------------------------------------------------------------------
     async def _collect(self) -> ChaosFacts:
@@ -300,11 +321,16 @@ class ChaosRun:
             batch_id=self.names.batch_id, submitted=self.submitted, outcomes=outcomes, llm_calls=calls,
             export_ids=exported, planned=self.plan, fired=self.fired,
             call_drops_s=[t - self.t0 for t in ledger.drops],
-            stalled_seen=frozenset(self.metrics.stalled_seen), stalled_at_end=stalled_at_end,
+            stalls=self.metrics.stalls, stall_threshold_s=self._stall_threshold_s(), stalled_at_end=stalled_at_end,
             redriven=self.metrics.redriven_total if self.metrics.redriven_exported else None,
             converged_at_s=self.progress.converged_at_s, submitted_at_s=self.submitted_at_s, wall_s=self.now(),
             poison=self.poison, unplanned_exits=self.exits, unfinished_states=described, trace=trace,
             status_json=status_json)
+
+    def _stall_threshold_s(self) -> float:
+        """The workers' watchdog threshold, as they compute it: slowest retry tier plus the LLM timeout."""
+        timeout = self.config.llm_timeout_s or float(Settings.model_fields["llm_timeout_s"].default)
+        return self.topology.tiers[-1].delay_ms / 1000 + timeout
 
     def _describe_state(self, request_id: str) -> str:
         entry = self.states.latest.get(request_id)
@@ -365,7 +391,8 @@ async def run_chaos(config: ChaosConfig, say: Say = print) -> ChaosReport:
         say(f"broker at {stack.bootstrap} ({time.monotonic() - began:.0f}s)")
         await asyncio.to_thread(stack.start_llm)
         assert stack.mock is not None and stack.proxy is not None
-        say(f"mock LLM ({config.mock_profile}, {config.mock_rpm} RPM) at {stack.mock.url}, proxy at {stack.proxy.url}")
+        rpm = f", {config.mock_rpm} RPM" if config.mock_rpm else ""
+        say(f"mock LLM ({config.mock_profile}{rpm}) at {stack.mock.url}, proxy at {stack.proxy.url}")
         await asyncio.to_thread(stack.start_workers)
         say(f"{config.workers} workers starting (logs: {work_dir}/worker-*.log)")
         run = ChaosRun(config, names, stack, work_dir, say)

@@ -74,12 +74,16 @@ class WorkerSlot:
         with open(self.log_path, "ab") as log:
             log.write(f"==== chaos: worker {self.index} SIGKILLed at {time.strftime('%X')} ====\n".encode())
 
-    def log_tail(self, lines: int = 30) -> str:
+    def last_words(self, lines: int = 8) -> str:
+        """What the latest incarnation said before it ended: its CRITICAL lines and exception messages."""
         try:
             text = self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
-        return "\n".join(text.splitlines()[-lines:])
+        last = text.rsplit("==== chaos: worker", 1)[-1].splitlines()
+        said = [line for line in last if "CRITICAL" in line or line.startswith(("faust.", "aiokafka.", "kafka."))
+                or (line[:1].isalpha() and "Error" in line.split(":", 1)[0])]
+        return "\n".join(line[:300] for line in (said or last)[-lines:])
 
 
 class ChaosStack:
@@ -109,8 +113,9 @@ class ChaosStack:
 
     def start_llm(self) -> None:
         config = self.config
-        self.mock = MockLLMProcess.start("--profile", config.mock_profile, "--seed", str(config.seed),
-                                         "--rpm", str(config.mock_rpm), env=clean_env())
+        rpm = ("--rpm", str(config.mock_rpm)) if config.mock_rpm else ()
+        self.mock = MockLLMProcess.start("--profile", config.mock_profile, "--seed", str(config.seed), *rpm,
+                                         env=clean_env())
         self.proxy = LLMProxy(self.mock.root, config.deep_json_depth).start()
 
     def start_workers(self) -> None:
@@ -118,11 +123,14 @@ class ChaosStack:
         assert self.proxy is not None
         env.update({
             "STREAMPROC_LLM_BASE_URL": self.proxy.url,
-            "STREAMPROC_LLM_TIMEOUT_S": f"{self.config.llm_timeout_s:g}",
             "STREAMPROC_KAFKA_SESSION_TIMEOUT_S": f"{self.config.session_timeout_s:g}",
             # the rate limits are the account's: each worker paces to its share of them
             "STREAMPROC_LLM_LIMIT_SHARE": f"{1 / self.config.workers:.4f}",
         })
+        if self.config.llm_timeout_s:
+            env["STREAMPROC_LLM_TIMEOUT_S"] = f"{self.config.llm_timeout_s:g}"
+        if self.config.in_flight:
+            env["STREAMPROC_IN_FLIGHT"] = str(self.config.in_flight)
         for index in range(self.config.workers):
             slot = WorkerSlot(index, env, self.work_dir / f"worker-{index}", self.work_dir / f"worker-{index}.log")
             self.workers.append(slot)

@@ -6,15 +6,20 @@ duplicated call, as an explained poison record) is unit-tested on its own.
 
 from __future__ import annotations
 
+import re
+import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from streamproc.core.identity import custom_id_of
 from streamproc.devstack.chaos.facts import IdOutcome, Outcomes
 from streamproc.devstack.chaos.faults import Fault, FaultKind, FiredFault
 from streamproc.devstack.chaos.poison import Expect, Poison, PoisonKind
+from streamproc.devstack.chaos.worker_metrics import StallReading
 
 KILL_DROP_WINDOW_S = 2.0  # an LLM call the client dropped this soon after a kill was cut by the kill
+DETAIL_WIDTH = 110
 
 
 @dataclass(frozen=True)
@@ -32,14 +37,15 @@ class ChaosFacts:
     """Everything the verdict is computed from. Times are seconds since the run started."""
 
     batch_id: str
-    submitted: Sequence[str]
+    submitted: Sequence[str]  # request ids (submit scopes each custom_id by the batch)
     outcomes: Outcomes
     llm_calls: Mapping[str, int]  # LLM calls per request id, as the mock counted them
     export_ids: Sequence[str]  # custom_id of every line of the results export (output and errors files)
     planned: Sequence[Fault]
     fired: Sequence[FiredFault]
     call_drops_s: Sequence[float]  # when a client dropped an open LLM call
-    stalled_seen: frozenset[tuple[int, str, int]]  # (worker, topic, partition) any reading showed stalled
+    stalls: Sequence[StallReading]  # every reading that showed a partition stalled
+    stall_threshold_s: float  # the workers' watchdog threshold: slowest retry tier + LLM timeout
     stalled_at_end: frozenset[tuple[int, str, int]]
     redriven: float | None  # None: no worker exported the counter
     converged_at_s: float | None
@@ -99,10 +105,40 @@ def calls_cut(kill_at_s: float, drops_s: Sequence[float], window_s: float = KILL
     return sum(1 for t in drops_s if kill_at_s <= t <= kill_at_s + window_s)
 
 
+@dataclass(frozen=True)
+class Stall:
+    """One partition the workers' watchdog reported stalled: when first and last, by whom."""
+
+    topic: str
+    partition: int
+    first_s: float
+    last_s: float
+    workers: frozenset[int]
+    readings: int
+
+
+def stalls_by_partition(readings: Sequence[StallReading]) -> list[Stall]:
+    """Every reading counts (a stall that cleared by itself was still one); grouped per partition."""
+    grouped: dict[tuple[str, int], list[StallReading]] = {}
+    for reading in readings:
+        grouped.setdefault((reading.topic, reading.partition), []).append(reading)
+    return [Stall(topic, partition, min(r.at_s for r in rs), max(r.at_s for r in rs),
+                  frozenset(r.worker for r in rs), len(rs)) for (topic, partition), rs in sorted(grouped.items())]
+
+
+def fault_before(at_s: float, fired: Sequence[FiredFault]) -> str:
+    """The last fault fired before ``at_s``, for the reader of a stall report."""
+    earlier = [f for f in fired if f.at_s <= at_s]
+    if not earlier:
+        return "before any fault"
+    last = max(earlier, key=lambda f: f.at_s)
+    return f"{at_s - last.at_s:.0f}s after: {last.fault.describe()}"
+
+
 def explained(poison: Poison, outcomes: Outcomes) -> tuple[bool, str]:
     """Whether a poison record ended as it must, and what became of it."""
     if poison.expect is Expect.REFUSED:
-        return True, poison.note
+        return poison.refused_as_it_must, poison.note
     if poison.expect is Expect.DEAD_LETTER:
         count = outcomes.dead_letters.get(poison.value_sha or "", 0)
         return count > 0, f"{count} dead letter(s)" if count else "no dead letter"
@@ -135,6 +171,16 @@ def _fault_counts(planned: Sequence[Fault], fired: Sequence[FiredFault]) -> tupl
     return ", ".join(shown), missing
 
 
+def _grouped_exits(exits: Sequence[WorkerExit]) -> dict[tuple[int, str], list[WorkerExit]]:
+    """Exits with the same code and the same last words (timestamps, pids and generations aside) together."""
+    groups: dict[tuple[int, str], list[WorkerExit]] = {}
+    for e in exits:
+        gist = "\n".join(re.sub(r", \d+\)", ", N)", re.sub(r"^\[[^]]*\] \[\d+\] ", "", line))
+                         for line in e.log_excerpt.splitlines())
+        groups.setdefault((e.code, gist), []).append(e)
+    return groups
+
+
 def _fmt_ids(ids: Sequence[str], limit: int = 8) -> str:
     more = f" (+{len(ids) - limit} more)" if len(ids) > limit else ""
     return ", ".join(ids[:limit]) + more
@@ -156,6 +202,8 @@ def tally(facts: ChaosFacts) -> Tally:
     kills = [f for f in facts.fired if f.fault.kind is FaultKind.KILL_WORKER]
     extra, unseen = duplicated_calls(facts.batch_id, facts.submitted, facts.outcomes, facts.llm_calls)
     per_kill = f"{extra / len(kills):.1f} per kill over {len(kills)} kills" if kills else "no kills"
+    if facts.unplanned_exits:
+        per_kill += f" (and {len(facts.unplanned_exits)} unplanned exits)"
     rows.append(Row("duplicated LLM calls", str(extra), per_kill
                     + (f"; {unseen} attempt(s) never reached the LLM" if unseen else "")))
     gauges = [k.in_flight_gauge for k in kills]
@@ -173,16 +221,22 @@ def tally(facts: ChaosFacts) -> Tally:
                     f"{len(facts.export_ids)} lines; " + (_fmt_ids(sorted(repeated)) if repeated else "one per id")))
     if repeated:
         problems.append(f"{len(repeated)} id(s) on more than one export line")
-    missing_export = submitted - len(set(facts.export_ids) & set(facts.submitted))
+    custom_ids = {custom_id_of(i, facts.batch_id) for i in facts.submitted}
+    missing_export = sorted(custom_ids - set(facts.export_ids))
     if missing_export:
-        rows.append(Row("ids missing from the export", str(missing_export)))
+        rows.append(Row("ids missing from the export", str(len(missing_export)), _fmt_ids(missing_export)))
 
-    stalled = sorted(facts.stalled_seen)
-    rows.append(Row("stalled partitions", str(len({(t, p) for _, t, p in stalled})),
-                    ", ".join(f"{t}[{p}] (worker {w})" for w, t, p in stalled)
-                    + (f"; still stalled at the end: {len(facts.stalled_at_end)}" if facts.stalled_at_end else "")))
-    if stalled:
-        problems.append(f"{len(stalled)} stalled partition report(s)")
+    stalls = stalls_by_partition(facts.stalls)
+    note = f"watchdog threshold {facts.stall_threshold_s:g}s"
+    if stalls:
+        note += f"; {len(facts.stalled_at_end)} still stalled at the end"
+    rows.append(Row("stalled partitions", str(len(stalls)), note))
+    if stalls:
+        problems.append(f"{len(stalls)} stalled partition(s)")
+        details.append("stalled partitions, as the workers' /metrics reported them:")
+        details += [f"  {st.topic}[{st.partition}]: worker {','.join(map(str, sorted(st.workers)))}, "
+                    f"{st.first_s:.0f}s..{st.last_s:.0f}s ({st.readings} readings), first "
+                    f"{fault_before(st.first_s, facts.fired)}" for st in stalls]
 
     if facts.redriven is None:
         rows.append(Row("reconciler re-drives", "0", "streamproc_requests_redriven_total not exported by these "
@@ -214,8 +268,9 @@ def tally(facts: ChaosFacts) -> Tally:
     exits = Counter(e.code for e in facts.unplanned_exits)
     rows.append(Row("unplanned worker exits", str(len(facts.unplanned_exits)),
                     ", ".join(f"exit {code} x{n}" for code, n in sorted(exits.items()))))
-    for e in facts.unplanned_exits:
-        details.append(f"worker {e.worker} exited with {e.code} at {e.at_s:.0f}s:\n{e.log_excerpt}")
+    for (code, gist), seen in _grouped_exits(facts.unplanned_exits).items():
+        when = ", ".join(f"w{e.worker}@{e.at_s:.0f}s" for e in seen)
+        details.append(f"worker exit {code} x{len(seen)} ({when}); last words:\n" + textwrap.indent(gist, "    "))
 
     if facts.converged_at_s is not None:
         rows.append(Row("time to converge", f"{facts.converged_at_s - facts.submitted_at_s:.1f}s",
@@ -238,9 +293,11 @@ def tally(facts: ChaosFacts) -> Tally:
 
 def format_table(result: Tally) -> str:
     width = max(len(r.label) for r in result.rows)
-    value_width = max(len(r.value) for r in result.rows)
-    lines = [f"{r.label:<{width}}  {r.value:>{value_width}}" + (f"  {r.detail}" if r.detail else "")
-             for r in result.rows]
-    rule = "-" * min(100, max(len(line) for line in lines))
+    value_width = max(len(r.value) for r in result.rows if len(r.value) <= 16)
+    lines = []
+    for r in result.rows:
+        detail = r.detail if len(r.detail) <= DETAIL_WIDTH else r.detail[:DETAIL_WIDTH - 3] + "..."
+        lines.append(f"{r.label:<{width}}  {r.value:>{value_width}}" + (f"  {detail}" if detail else ""))
+    rule = "-" * min(120, max(len(line) for line in lines))
     verdict = "chaos run PASSED" if result.ok else "chaos run FAILED: " + "; ".join(result.problems)
     return "\n".join([rule, *lines, rule, verdict])

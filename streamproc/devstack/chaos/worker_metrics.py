@@ -1,8 +1,9 @@
 """What the workers' ``/metrics`` say during a run: in flight, stalled partitions, reconciler re-drives.
 
 A worker's counters start again at zero when it restarts, so readings are kept per incarnation (each
-start of a worker process) and the re-drive total sums the last reading of every incarnation. A stalled
-partition counts once it was reported by any reading: a stall that cleared itself was still a stall.
+start of a worker process) and the re-drive total sums the last reading of every incarnation. Every
+reading that reports a stalled partition is kept with its time: a stall that cleared itself was still a
+stall, and the verdict needs to know whether the broker was down in the window the stall looked back on.
 """
 
 from __future__ import annotations
@@ -50,18 +51,28 @@ async def scrape(client: httpx.AsyncClient, port: int) -> WorkerReading | None:
     return parse_metrics(response.text)
 
 
+@dataclass(frozen=True)
+class StallReading:
+    """One reading in which a worker reported a partition stalled (seconds since the run started)."""
+
+    at_s: float
+    worker: int
+    topic: str
+    partition: int
+
+
 @dataclass
 class MetricsLedger:
     """Every reading of every worker incarnation, folded into what the report needs."""
 
-    stalled_seen: set[tuple[int, str, int]] = field(default_factory=set)  # (worker, topic, partition)
+    stalls: list[StallReading] = field(default_factory=list)
     stalled_now: dict[int, frozenset[tuple[str, int]]] = field(default_factory=dict)
     redriven: dict[tuple[int, int], float] = field(default_factory=dict)  # (worker, incarnation) -> last value
     readings: int = 0
 
-    def add(self, worker: int, incarnation: int, reading: WorkerReading) -> None:
+    def add(self, worker: int, incarnation: int, reading: WorkerReading, at_s: float) -> None:
         self.readings += 1
-        self.stalled_seen.update((worker, topic, partition) for topic, partition in reading.stalled)
+        self.stalls += [StallReading(at_s, worker, topic, partition) for topic, partition in sorted(reading.stalled)]
         self.stalled_now[worker] = reading.stalled
         if reading.redriven is not None:
             self.redriven[(worker, incarnation)] = max(reading.redriven, self.redriven.get((worker, incarnation), 0))
