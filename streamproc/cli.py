@@ -21,6 +21,7 @@ from streamproc.devstack.real_llm import RealLLM
 from streamproc.errors import UserFacingError
 from streamproc.mockllm.cli import mock_llm
 from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
+from streamproc.ops.batches import format_batches, list_batches
 from streamproc.ops.progress import Progress
 from streamproc.ops.results import export_results
 from streamproc.ops.run import format_outcome, run_batch
@@ -175,6 +176,29 @@ def status(batch_id: str, as_json: bool) -> None:
         click.echo(json.dumps(current.as_json()))
         return
     click.echo(current.format())
+
+
+@cli.command("batches")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=0),
+              help="Show the newest N batches; 0: all.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print OpenAI's list shape: {\"object\": \"list\", \"data\": [batch, ...]}.")
+def batches(limit: int, as_json: bool) -> None:
+    """The batches of this deployment, newest first: id, created, status, total, succeeded, failed, waiting.
+
+    Status is OpenAI's: completed once every request ended (converged), else in_progress.
+
+    \b
+    Example:
+      streamproc batches --limit 5
+    """
+    entries = _run(list_batches(Settings()))
+    shown = entries[:limit] if limit else entries
+    if as_json:
+        click.echo(json.dumps({"object": "list", "data": [entry.as_json() for entry in shown],
+                               "has_more": len(shown) < len(entries)}))
+        return
+    click.echo(format_batches(shown))
 
 
 @cli.command("results")

@@ -93,6 +93,11 @@ class StatusFold:
                 self._latest[state.request_id] = _Entry(state.status, state.last_layer, state.last_error_code,
                                                         state.created_ms, state.updated_ms)
 
+    @property
+    def first_created_ms(self) -> int:
+        """When a worker first saw a request of the batch (0: none yet): its start when it has no manifest."""
+        return min((entry.created_ms for entry in self._latest.values()), default=0)
+
     def status(self, submitted: int, started_ms: int = 0) -> BatchStatus:
         """Counts that always add up to ``submitted``: ids not seen by a worker yet are pending.
 
@@ -103,7 +108,7 @@ class StatusFold:
         by_status: Counter[RequestStatus] = Counter()
         failed = dict.fromkeys((layer.value for layer in FailureLayer), 0)
         parked: Counter[str] = Counter()
-        progress_ms = started_ms or min((entry.created_ms for entry in self._latest.values()), default=0)
+        progress_ms = started_ms or self.first_created_ms
         for entry in self._latest.values():
             by_status[entry.status] += 1
             if entry.status is RequestStatus.FAILED:
@@ -119,3 +124,18 @@ class StatusFold:
             retrying=by_status[RequestStatus.RETRYING], in_flight=by_status[RequestStatus.IN_FLIGHT],
             pending=total - seen, parked=dict(parked), last_progress_ms=progress_ms,
         )
+
+
+@dataclass
+class BatchesFold:
+    """One :class:`StatusFold` per batch the changelog names, for the list of batches."""
+
+    folds: dict[str, StatusFold] = field(default_factory=dict)
+
+    def apply(self, states: Iterable[RequestState]) -> None:
+        for state in states:
+            if state.batch_id is not None:
+                self.folds.setdefault(state.batch_id, StatusFold(state.batch_id)).apply([state])
+
+    def status(self, batch_id: str, submitted: int, started_ms: int = 0) -> BatchStatus:
+        return self.folds.get(batch_id, StatusFold(batch_id)).status(submitted, started_ms)

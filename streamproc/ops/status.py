@@ -4,9 +4,12 @@ once the batch has not moved for a while, the workers' consumer group, to say wh
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
+
+from aiokafka.structs import ConsumerRecord
 
 from streamproc import codec
 from streamproc.app.bootstrap import resolve_bootstrap
@@ -75,20 +78,10 @@ class BatchStatusReader:
         await self._reader.__aexit__(exc_type, exc, tb)
 
     async def refresh(self) -> BatchStatus:
-        states: list[RequestState] = []
-        for record in await self._reader.read_to_end():
-            if record.topic == self._topology.batches:
-                try:
-                    manifest = decode_manifest(record.value)
-                except ValueError:
-                    continue
-                if manifest.batch_id == self._fold.batch_id:
-                    self.manifest = manifest
-            elif record.value:
-                try:
-                    states.append(codec.decode(record.value, RequestState))
-                except codec.CodecError:
-                    continue  # not ours to judge: the worker reports undecodable state itself
+        manifests, states = decode_records(await self._reader.read_to_end(), self._topology)
+        for manifest in manifests:
+            if manifest.batch_id == self._fold.batch_id:
+                self.manifest = manifest
         self._fold.apply(states)
         if self.manifest is None:
             return self._fold.status(0)
@@ -103,6 +96,26 @@ class BatchStatusReader:
             self._group = await _group_view(self._bootstrap, self._topology)
             self._group_read_at = time.monotonic()
         return diagnose(status, now_ms, after_ms, self._group)
+
+
+def decode_records(records: Iterable[ConsumerRecord[Any, Any]],
+                   topology: Topology) -> tuple[list[BatchManifest], list[RequestState]]:
+    """The manifests and request states among records of the manifests topic and the state changelog, in
+    log order; anything else is skipped (the worker reports undecodable state itself)."""
+    manifests: list[BatchManifest] = []
+    states: list[RequestState] = []
+    for record in records:
+        if record.topic == topology.batches:
+            try:
+                manifests.append(decode_manifest(record.value))
+            except ValueError:
+                continue
+        elif record.value:
+            try:
+                states.append(codec.decode(record.value, RequestState))
+            except codec.CodecError:
+                continue
+    return manifests, states
 
 
 async def _group_view(bootstrap: str, topology: Topology) -> GroupView | None:

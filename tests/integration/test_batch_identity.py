@@ -119,6 +119,16 @@ def test_batches_reusing_custom_ids_converge_one_after_the_other_and_at_the_same
         uncalled = [c for c in CUSTOM_IDS if calls.get(f"{batch_id}/{c}", {}).get("calls", 0) < 1]
         assert not uncalled, (batch_id, uncalled)
     assert len(line_ids) == 3 * COUNT  # a line id names (batch, custom_id)
+    listed = run(env, "batches", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["id"]: row for row in json.loads(listed.stdout)["data"]}
+    assert sorted(rows) == ["first", "second", "third"]
+    assert all(row["status"] == "completed" and row["request_counts"] == {"total": COUNT, "completed": COUNT,
+                                                                          "failed": 0} for row in rows.values())
+    assert rows["first"]["created_at"] <= rows["second"]["created_at"]
+    table = run(env, "batches").stdout.splitlines()
+    assert table[0].split() == ["BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING"]
+    assert len(table) == 4
 
 
 def test_ids_without_batch_scope_still_read_and_their_skipped_duplicates_are_named(

@@ -1,0 +1,82 @@
+"""``batches``: every batch of this deployment with its counts and state, newest first, like OpenAI's batch list.
+
+Batches come from their manifests (``submit`` writes one per batch) and from the request states (a batch
+produced without ``submit`` has none); counts are folded from the state changelog as ``status`` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.topic_reader import TopicReader
+from streamproc.codec.manifest import BatchManifest
+from streamproc.core.batch_status import BatchesFold, BatchStatus
+from streamproc.ops.status import decode_records
+from streamproc.settings import Settings
+
+COLUMNS = ("BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING")
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One row of the list: the batch's counts and when it was created (its manifest, else its first state)."""
+
+    status: BatchStatus
+    created_ms: int
+    manifest: BatchManifest | None
+
+    @property
+    def state(self) -> str:
+        """OpenAI's batch status vocabulary: ``completed`` once every request ended, else ``in_progress``."""
+        return "completed" if self.status.converged else "in_progress"
+
+    def as_json(self) -> dict[str, Any]:
+        """OpenAI's batch object's keys (``id``, ``created_at`` in seconds, ``status``, ``request_counts``), plus
+        our counts as ``status --json`` has them."""
+        status = self.status
+        return {"id": status.batch_id, "object": "batch", "created_at": self.created_ms // 1000, "status": self.state,
+                "request_counts": {"total": status.submitted, "completed": status.succeeded,
+                                   "failed": status.terminal_failures},
+                "source": None if self.manifest is None else self.manifest.source,
+                "counts": status.as_json()}
+
+
+async def list_batches(settings: Settings) -> list[BatchEntry]:
+    """Every batch of this deployment, newest first."""
+    topology = settings.topology()
+    fold = BatchesFold()
+    manifests: dict[str, BatchManifest] = {}
+    async with TopicReader(resolve_bootstrap(settings), [topology.state_changelog, topology.batches]) as reader:
+        async for chunk in reader.chunks_to_end():
+            found, states = decode_records(chunk, topology)
+            manifests.update((manifest.batch_id, manifest) for manifest in found)
+            fold.apply(states)
+    entries = []
+    for batch_id in manifests.keys() | fold.folds.keys():
+        manifest = manifests.get(batch_id)
+        if manifest is None:
+            entries.append(BatchEntry(fold.status(batch_id, 0), fold.folds[batch_id].first_created_ms, None))
+        else:
+            entries.append(BatchEntry(fold.status(batch_id, manifest.submitted, manifest.created_ms),
+                                      manifest.created_ms, manifest))
+    return sorted(entries, key=lambda entry: (entry.created_ms, entry.status.batch_id), reverse=True)
+
+
+def format_batches(entries: list[BatchEntry]) -> str:
+    """An aligned table for people; ``--json`` is the form for scripts."""
+    rows = [COLUMNS] + [
+        (entry.status.batch_id, _created(entry.created_ms), entry.state, str(entry.status.submitted),
+         str(entry.status.succeeded), str(entry.status.terminal_failures),
+         str(entry.status.submitted - entry.status.ended))
+        for entry in entries]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(width) if column < 3 else cell.rjust(width)
+                               for column, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
+                     for row in rows)
+
+
+def _created(created_ms: int) -> str:
+    return "-" if created_ms <= 0 else datetime.fromtimestamp(created_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")

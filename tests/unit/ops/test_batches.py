@@ -1,0 +1,44 @@
+"""The list of batches: one row per batch with its counts, OpenAI's batch object shape in JSON."""
+
+from __future__ import annotations
+
+from streamproc.codec.manifest import BatchManifest
+from streamproc.core.batch_status import BatchesFold
+from streamproc.core.events import RequestState
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.ops.batches import BatchEntry, format_batches
+
+
+def state(request_id: str, batch_id: str | None, status: RequestStatus, created_ms: int = 5_000) -> RequestState:
+    layer = FailureLayer.BUSINESS if status is RequestStatus.FAILED else None
+    return RequestState(request_id, status, "h", batch_id=batch_id, last_layer=layer, created_ms=created_ms)
+
+
+def test_each_batch_is_folded_on_its_own() -> None:
+    fold = BatchesFold()
+    fold.apply([state("a/1", "a", RequestStatus.SUCCEEDED), state("b/1", "b", RequestStatus.IN_FLIGHT),
+                state("a/2", "a", RequestStatus.FAILED), state("x", None, RequestStatus.SUCCEEDED)])
+    assert sorted(fold.folds) == ["a", "b"]
+    assert fold.status("a", 2).converged
+    assert fold.status("b", 3).pending == 2
+    assert fold.status("unknown", 4).pending == 4
+    assert fold.folds["b"].first_created_ms == 5_000
+
+
+def test_entry_has_openais_batch_keys_and_the_table_lines_up() -> None:
+    fold = BatchesFold()
+    fold.apply([state("a/1", "a", RequestStatus.SUCCEEDED), state("a/2", "a", RequestStatus.FAILED)])
+    done = BatchEntry(fold.status("a", 2, 1_700_000_000_000), 1_700_000_000_000,
+                      BatchManifest("a", 2, 1_700_000_000_000, "in.jsonl"))
+    running = BatchEntry(fold.status("labels-2026-11", 3), 0, None)
+    document = done.as_json()
+    assert {key: document[key] for key in ("id", "object", "created_at", "status", "request_counts", "source")} == {
+        "id": "a", "object": "batch", "created_at": 1_700_000_000, "status": "completed",
+        "request_counts": {"total": 2, "completed": 1, "failed": 1}, "source": "in.jsonl"}
+    assert document["counts"]["converged"] is True
+    assert running.state == "in_progress"
+    assert format_batches([done, running]).splitlines() == [
+        "BATCH           CREATED              STATUS       TOTAL  SUCCEEDED  FAILED  WAITING",
+        "a               2023-11-14 22:13:20  completed        2          1       1        0",
+        "labels-2026-11  -                    in_progress      3          0       0        3",
+    ]
