@@ -60,14 +60,22 @@ def as_mapping(raw: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | None) ->
     return {name: bytes(value) for name, value in pairs if value is not None}
 
 
-def _int(headers: Mapping[str, bytes], name: str) -> int | None:
+# What the events these numbers go into can carry (Avro): an attempt is an int, a timestamp a long. A value
+# beyond is unreadable, not an event that can never be written (a record whose failure event cannot be sent
+# is held, and stops the worker).
+_INT_MAX = 2**31 - 1
+_LONG_MAX = 2**63 - 1
+
+
+def _int(headers: Mapping[str, bytes], name: str, limit: int = _LONG_MAX) -> int | None:
     value = headers.get(name)
     if value is None:
         return None
     try:
-        return int(value.decode("utf-8", "replace"))
+        number = int(value.decode("utf-8", "replace"))
     except ValueError:
         return None
+    return number if -limit - 1 <= number <= limit else None
 
 
 def read_hop(headers: Mapping[str, bytes]) -> Hop:
@@ -77,7 +85,7 @@ def read_hop(headers: Mapping[str, bytes]) -> Hop:
     origin = (Origin(topic.decode("utf-8", "replace"), partition, offset)
               if topic is not None and partition is not None and offset is not None else None)
     return Hop(
-        attempt=max(1, _int(headers, ATTEMPT) or 1),
+        attempt=max(1, _int(headers, ATTEMPT, _INT_MAX) or 1),
         due_ms=_int(headers, DUE_TS),
         first_failure_ms=_int(headers, FIRST_FAILURE_TS),
         origin=origin,
