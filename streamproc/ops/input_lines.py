@@ -17,6 +17,7 @@ Unknown top-level fields are an error (a misspelt ``custom-id`` should not pass 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -122,9 +123,18 @@ def _reject_constant(name: str) -> Any:
     raise _Invalid(f"invalid JSON: {name} is not a JSON value")
 
 
+def _finite_float(text: str) -> float:
+    """A number a float holds: 1e400 reads as infinity, which the body would carry on as ``Infinity`` (not
+    JSON: the worker could never send it)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Invalid(f"invalid JSON: the number {text[:40]} is too large for a float")
+    return value
+
+
 def _loads(text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise _Invalid(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
     except RecursionError:
