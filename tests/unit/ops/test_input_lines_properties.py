@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from streamproc.core.events import InferenceRequest
+from streamproc.core.identity import custom_id_of
 from streamproc.ops.input_file import BatchFileError, iter_requests, validate_file
 from streamproc.ops.input_lines import BatchLimits, LineError, parse_line
 
@@ -134,12 +135,8 @@ def _strict_json(text: str) -> Any:
 
 
 def _custom_id(request: InferenceRequest) -> str:
-    """The line's own id: the request id without its batch scope, once ids are scoped (core.identity)."""
-    try:
-        from streamproc.core import identity
-    except ImportError:  # ids not scoped: the request id is the custom_id
-        return request.request_id
-    return identity.custom_id_of(request.request_id, request.batch_id)
+    """The line's own id: the request id without its batch scope (core.identity)."""
+    return custom_id_of(request.request_id, request.batch_id)
 
 
 def _check_request(request: InferenceRequest, limits: BatchLimits) -> None:
