@@ -36,7 +36,7 @@ def parse_metrics(text: str) -> WorkerReading:
                 in_flight = float(sample.value)
             elif sample.name == STALLED and sample.value >= 1:
                 stalled.add((sample.labels.get("topic", "?"), int(sample.labels.get("partition", "-1"))))
-            elif family.name == REDRIVEN and sample.name == f"{REDRIVEN}_total":
+            elif sample.name == f"{REDRIVEN}_total":  # the family is named with or without _total
                 redriven = (redriven or 0.0) + float(sample.value)
     return WorkerReading(in_flight, frozenset(stalled), redriven)
 
