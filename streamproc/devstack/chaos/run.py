@@ -30,6 +30,7 @@ from streamproc.devstack.chaos.batch import write_batch
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames
 from streamproc.devstack.chaos.facts import OutcomeReader, StateFollower, trace_ids
 from streamproc.devstack.chaos.faults import Fault, FaultKind, FiredFault, due, plan_faults
+from streamproc.devstack.chaos.group_watch import GroupStallWatch
 from streamproc.devstack.chaos.poison import (
     Expect,
     Poison,
@@ -47,6 +48,7 @@ from streamproc.settings import Settings
 Say = Callable[[str], None]
 POLL_S = 1.0
 SCRAPE_S = 2.0
+GROUP_WATCH_S = 5.0
 PROGRESS_EVERY_S = 15.0
 KILL_READY_WAIT_S = 30.0  # how long a kill waits for its worker to have work in flight
 
@@ -91,6 +93,9 @@ class ChaosRun:
         self.progress = _Progress()
         self.states = StateFollower(stack.bootstrap, self.topology, names.batch_id)
         self.outcomes = OutcomeReader(stack.bootstrap, self.topology)
+        self.group_watch = GroupStallWatch(stack.bootstrap, names.app_id,
+                                           [self.topology.requests, *map(self.topology.retry, self.topology.tiers)],
+                                           config.partitions, self._stall_threshold_s())
         self.submitted: list[str] = []
         self.submitted_at_s = 0.0
         self._http = httpx.AsyncClient()
@@ -109,9 +114,11 @@ class ChaosRun:
         self.say(f"[{self.now():5.0f}s] submitted {len(self.submitted)} requests as batch {self.names.batch_id}")
         await self.states.start()
         await self.outcomes.start()
+        await self.group_watch.start()
         try:
             await self._poison_wave(1)
-            tasks = [asyncio.create_task(coro) for coro in (self._follow(), self._scrape_loop(), self._supervise())]
+            tasks = [asyncio.create_task(coro) for coro in (self._follow(), self._scrape_loop(), self._supervise(),
+                                                            self._watch_group())]
             faults = asyncio.create_task(self._run_faults())
             try:
                 await self._wait_settled()
@@ -126,6 +133,7 @@ class ChaosRun:
         finally:
             await self.states.stop()
             await self.outcomes.stop()
+            await self.group_watch.stop()
             await self._http.aclose()
 
     async def _submit(self, path: Path, batch_id: str, *extra: str) -> None:
@@ -172,6 +180,11 @@ class ChaosRun:
                 self.progress.converged_at_s = self.now()
                 self.say(f"[{self.now():5.0f}s] batch converged: {json.dumps(status.as_json())}")
             await asyncio.sleep(POLL_S)
+
+    async def _watch_group(self) -> None:
+        while True:
+            await self.group_watch.observe(self.now())
+            await asyncio.sleep(GROUP_WATCH_S)
 
     async def _scrape_loop(self) -> None:
         while True:
@@ -299,6 +312,7 @@ class ChaosRun:
     # -- the facts ---------------------------------------------------------------------------------------
     async def _collect(self) -> ChaosFacts:
         await self._scrape_all()
+        await self.group_watch.observe(self.now())
         stalled_at_end = frozenset((w, t, p) for w, parts in self.metrics.stalled_now.items() for t, p in parts)
         for _ in range(3):  # late duplicates
             await self.outcomes.poll()
@@ -321,7 +335,8 @@ class ChaosRun:
             batch_id=self.names.batch_id, submitted=self.submitted, outcomes=outcomes, llm_calls=calls,
             export_ids=exported, planned=self.plan, fired=self.fired,
             call_drops_s=[t - self.t0 for t in ledger.drops],
-            stalls=self.metrics.stalls, stall_threshold_s=self._stall_threshold_s(), stalled_at_end=stalled_at_end,
+            stalls=self.metrics.stalls, group_stalls=self.group_watch.readings,
+            stall_threshold_s=self._stall_threshold_s(), stalled_at_end=stalled_at_end,
             redriven=self.metrics.redriven_total if self.metrics.redriven_exported else None,
             converged_at_s=self.progress.converged_at_s, submitted_at_s=self.submitted_at_s, wall_s=self.now(),
             poison=self.poison, unplanned_exits=self.exits, unfinished_states=described, trace=trace,

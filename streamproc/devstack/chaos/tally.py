@@ -44,7 +44,8 @@ class ChaosFacts:
     planned: Sequence[Fault]
     fired: Sequence[FiredFault]
     call_drops_s: Sequence[float]  # when a client dropped an open LLM call
-    stalls: Sequence[StallReading]  # every reading that showed a partition stalled
+    stalls: Sequence[StallReading]  # every /metrics reading that showed a partition stalled
+    group_stalls: Sequence[StallReading]  # the same rule applied from outside, to the group's committed offsets
     stall_threshold_s: float  # the workers' watchdog threshold: slowest retry tier + LLM timeout
     stalled_at_end: frozenset[tuple[int, str, int]]
     redriven: float | None  # None: no worker exported the counter
@@ -226,17 +227,21 @@ def tally(facts: ChaosFacts) -> Tally:
     if missing_export:
         rows.append(Row("ids missing from the export", str(len(missing_export)), _fmt_ids(missing_export)))
 
-    stalls = stalls_by_partition(facts.stalls)
-    note = f"watchdog threshold {facts.stall_threshold_s:g}s"
-    if stalls:
-        note += f"; {len(facts.stalled_at_end)} still stalled at the end"
-    rows.append(Row("stalled partitions", str(len(stalls)), note))
-    if stalls:
-        problems.append(f"{len(stalls)} stalled partition(s)")
-        details.append("stalled partitions, as the workers' /metrics reported them:")
-        details += [f"  {st.topic}[{st.partition}]: worker {','.join(map(str, sorted(st.workers)))}, "
-                    f"{st.first_s:.0f}s..{st.last_s:.0f}s ({st.readings} readings), first "
-                    f"{fault_before(st.first_s, facts.fired)}" for st in stalls]
+    for label, readings, source in (
+            ("stalled partitions", facts.stalls, "the workers' /metrics"),
+            ("  seen in the group's offsets", facts.group_stalls, "the group's committed offsets, across restarts")):
+        stalls = stalls_by_partition(readings)
+        note = f"{source}; threshold {facts.stall_threshold_s:g}s"
+        if stalls and readings is facts.stalls:
+            note += f"; {len(facts.stalled_at_end)} still stalled at the end"
+        rows.append(Row(label, str(len(stalls)), note))
+        if stalls:
+            problems.append(f"{len(stalls)} stalled partition(s) by {source}")
+            details.append(f"stalled partitions by {source}:")
+            details += [f"  {st.topic}[{st.partition}]: "
+                        + (f"worker {','.join(map(str, sorted(st.workers)))}, " if min(st.workers) >= 0 else "")
+                        + f"{st.first_s:.0f}s..{st.last_s:.0f}s ({st.readings} readings), first "
+                        f"{fault_before(st.first_s, facts.fired)}" for st in stalls]
 
     if facts.redriven is None:
         rows.append(Row("reconciler re-drives", "0", "streamproc_requests_redriven_total not exported by these "

@@ -60,8 +60,8 @@ def facts(**changes: object) -> ChaosFacts:
                              failure(f"{BATCH}/r2", 1, terminal=True, code="content_policy_violation")),
         llm_calls={f"{BATCH}/r0": 1, f"{BATCH}/r1": 2, f"{BATCH}/r2": 1}, export_ids=["r0", "r1", "r2"],
         planned=[Fault(FaultKind.KILL_WORKER, 0.1, worker=0, seconds=5)], fired=[kill(10.0, 12.0)],
-        call_drops_s=[10.5], stalls=[], stall_threshold_s=90.0, stalled_at_end=frozenset(), redriven=None,
-        converged_at_s=60.0, submitted_at_s=5.0, wall_s=70.0, poison=[])
+        call_drops_s=[10.5], stalls=[], group_stalls=[], stall_threshold_s=90.0, stalled_at_end=frozenset(),
+        redriven=None, converged_at_s=60.0, submitted_at_s=5.0, wall_s=70.0, poison=[])
     base.update(changes)
     return ChaosFacts(**base)  # type: ignore[arg-type]
 
@@ -136,9 +136,18 @@ def test_every_stall_reading_counts_grouped_per_partition() -> None:
         ("t.requests", 0, 44.0, 44.0, 1), ("t.retry.10s", 3, 40.0, 42.0, 2)]
     outcome = tally(facts(stalls=readings))
     assert {row.label: row for row in outcome.rows}["stalled partitions"].value == "2"
-    assert "2 stalled partition(s)" in outcome.problems
+    assert "2 stalled partition(s) by the workers' /metrics" in outcome.problems
     assert any("t.retry.10s[3]: worker 1, 40s..42s" in line and "30s after: SIGKILL worker 0" in line
                for line in outcome.details)
+
+
+def test_stalls_seen_in_the_group_offsets_count_too() -> None:
+    outcome = tally(facts(group_stalls=[StallReading(200.0, -1, "t.requests", 2)]))
+    rows = {row.label: row for row in outcome.rows}
+    assert rows["stalled partitions"].value == "0"
+    assert rows["  seen in the group's offsets"].value == "1"
+    assert not outcome.ok
+    assert any(line.startswith("  t.requests[2]: 200s..200s") for line in outcome.details)
 
 
 def test_fault_before_names_the_latest_fault_fired_earlier() -> None:
