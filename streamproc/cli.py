@@ -17,6 +17,7 @@ import click
 from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import LocalBroker
+from streamproc.devstack.chaos.cli import chaos
 from streamproc.devstack.real_llm import RealLLM
 from streamproc.errors import UserFacingError
 from streamproc.mockllm.cli import mock_llm
@@ -135,6 +136,7 @@ def roundtrip(records: int, log_path: str | None) -> None:
 
 
 cli.add_command(mock_llm)
+cli.add_command(chaos)
 
 
 @cli.command("submit")
