@@ -10,8 +10,10 @@ from pathlib import Path
 import click
 
 from streamproc.devstack.chaos.config import ChaosConfig
-from streamproc.devstack.chaos.run import ChaosError, run_chaos
+from streamproc.devstack.chaos.run import run_chaos
+from streamproc.devstack.chaos.stack import ChaosError
 from streamproc.devstack.chaos.tally import format_table
+from streamproc.errors import UserFacingError
 
 _DEFAULTS = ChaosConfig()
 
@@ -75,10 +77,10 @@ def chaos(requests: int, workers: int, kills: int, kill_pause: float, broker_res
 
     try:
         report = asyncio.run(run_chaos(config, say))
-    except ChaosError as exc:
+    except (ChaosError, UserFacingError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (run_chaos cancels itself)
         click.echo("interrupted; everything the run started was stopped", err=True)
         sys.exit(130)
     click.echo(format_table(report.result))

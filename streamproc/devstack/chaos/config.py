@@ -36,7 +36,7 @@ class ChaosConfig:
     retry_tiers: str = "2s,5s,15s,30s"
     llm_timeout_s: float | None = None  # None: the workers' default (60 s); part of their stall threshold
     session_timeout_s: float = 10.0
-    timeout_s: float = 1200.0
+    timeout_s: float = 600.0
     max_fault_gap_s: float = 60.0
     work_dir: Path | None = None
     keep_work_dir: bool = False

@@ -32,6 +32,7 @@ from streamproc.devstack.chaos.facts import OutcomeReader, StateFollower, trace_
 from streamproc.devstack.chaos.faults import Fault, FaultKind, FiredFault, due, plan_faults
 from streamproc.devstack.chaos.group_watch import GroupStallWatch
 from streamproc.devstack.chaos.poison import (
+    DirectRecord,
     Expect,
     Poison,
     PoisonKind,
@@ -40,7 +41,7 @@ from streamproc.devstack.chaos.poison import (
     build_submitted,
     inject,
 )
-from streamproc.devstack.chaos.stack import ChaosStack, WorkerSlot
+from streamproc.devstack.chaos.stack import ChaosError, ChaosStack, WorkerSlot
 from streamproc.devstack.chaos.tally import ChaosFacts, Tally, WorkerExit, explained, lost_ids, tally
 from streamproc.devstack.chaos.worker_metrics import MetricsLedger, scrape
 from streamproc.settings import Settings
@@ -51,10 +52,6 @@ SCRAPE_S = 2.0
 GROUP_WATCH_S = 5.0
 PROGRESS_EVERY_S = 15.0
 KILL_READY_WAIT_S = 30.0  # how long a kill waits for its worker to have work in flight
-
-
-class ChaosError(RuntimeError):
-    """The run itself could not go on (a command it needs failed); the message says which and why."""
 
 
 @dataclass
@@ -109,14 +106,17 @@ class ChaosRun:
         path = self.work_dir / "batch.jsonl"
         self.submitted = [request_id_for(self.names.batch_id, custom_id)
                           for custom_id in write_batch(path, self.config.requests)]
-        self.submitted_at_s = self.now()
-        await self._submit(path, self.names.batch_id)
-        self.say(f"[{self.now():5.0f}s] submitted {len(self.submitted)} requests as batch {self.names.batch_id}")
+        await self.stack.wait_for_topics([*self.topology.all_topics(), self.topology.state_changelog])
         await self.states.start()
         await self.outcomes.start()
         await self.group_watch.start()
         try:
-            await self._poison_wave(1)
+            # the first wave goes in ahead of the batch, so that real work waits behind it on its partitions
+            await self._poison_wave(1, duplicates=False)
+            self.submitted_at_s = self.now()
+            await self._submit(path, self.names.batch_id)
+            self.say(f"[{self.now():5.0f}s] submitted {len(self.submitted)} requests as batch {self.names.batch_id}")
+            self.poison += await inject(self.stack.bootstrap, self._duplicates(1), [])
             tasks = [asyncio.create_task(coro) for coro in (self._follow(), self._scrape_loop(), self._supervise(),
                                                             self._watch_group())]
             faults = asyncio.create_task(self._run_faults())
@@ -284,15 +284,24 @@ class ChaosRun:
             await asyncio.sleep(0.25)
         return value
 
-    async def _poison_wave(self, wave: int) -> None:
+    def _tickets(self, wave: int) -> tuple[list[int], list[int]]:
+        """Tickets of the batch whose ids poison reuses in this wave: produced duplicates, custom_ids reused."""
+        per_kind = self.config.poison_per_kind
+        tickets = random.Random(self.config.seed * 1000 + wave).sample(range(self.config.requests), 2 * per_kind)
+        return tickets[:per_kind], tickets[per_kind:]
+
+    def _duplicates(self, wave: int) -> list[DirectRecord]:
+        """Second records, other bodies, for ids of the batch (only once the batch is on the broker)."""
+        return build_direct(self.topology, self.names, wave, 0, self._tickets(wave)[0], random.Random(wave), 0)
+
+    async def _poison_wave(self, wave: int, *, duplicates: bool = True) -> None:
         config = self.config
         rng = random.Random(config.seed * 1000 + wave)
-        tickets = rng.sample(range(config.requests), 2 * config.poison_per_kind)
-        direct = build_direct(self.topology, self.names, wave, config.poison_per_kind,
-                              tickets[:config.poison_per_kind], rng, int(time.time() * 1000))
+        direct = build_direct(self.topology, self.names, wave, config.poison_per_kind, [], rng,
+                              int(time.time() * 1000))
         big = big_body_candidates(self.topology, self.names, wave, config.big_body_bytes)
-        sent = await inject(self.stack.bootstrap, direct, big)
-        submitted = build_submitted(self.names, wave, config.poison_per_kind, tickets[config.poison_per_kind:])
+        sent = await inject(self.stack.bootstrap, [*direct, *(self._duplicates(wave) if duplicates else [])], big)
+        submitted = build_submitted(self.names, wave, config.poison_per_kind, self._tickets(wave)[1])
         path = self.work_dir / f"poison-{wave}.jsonl"
         path.write_text("".join(line + "\n" for line in submitted.lines))
         code, out = await self.stack.cli("submit", str(path), "--batch-id", submitted.batch_id)

@@ -18,12 +18,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
 from streamproc.devstack.broker import LocalBroker, free_port
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames
 from streamproc.devstack.chaos.proxy import LLMProxy
 from streamproc.mockllm.runner import MockLLMProcess
 from streamproc.processes import stop_processes
 from streamproc.settings import Settings
+
+
+class ChaosError(RuntimeError):
+    """The run itself could not go on (a command it needs failed); the message says which and why."""
 
 
 def clean_env() -> dict[str, str]:
@@ -109,7 +116,7 @@ class ChaosStack:
         self._broker_started = True
         status = self.broker.start()
         if status.bootstrap != self.bootstrap:
-            raise RuntimeError(f"the broker came up at {status.bootstrap}, not {self.bootstrap}")
+            raise ChaosError(f"the broker came up at {status.bootstrap}, not {self.bootstrap}")
 
     def start_llm(self) -> None:
         config = self.config
@@ -152,6 +159,25 @@ class ChaosStack:
         if self._broker_started:
             with contextlib.suppress(Exception):
                 self.broker.stop(grace=30.0)
+
+    async def wait_for_topics(self, topics: list[str], timeout_s: float = 180.0) -> None:
+        """Until the workers created every topic (they do at start-up; poison is produced straight to them)."""
+        deadline = time.monotonic() + timeout_s
+        missing = set(topics)
+        while True:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=10_000)
+            try:
+                await admin.start()
+                missing = set(topics) - set(await admin.list_topics())
+            except KafkaError:
+                pass
+            finally:
+                await admin.close()
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise ChaosError(f"the workers did not create {sorted(missing)} within {timeout_s:.0f}s")
+            await asyncio.sleep(1.0)
 
     # -- faults ------------------------------------------------------------------------------------------
     def restart_broker(self, down_s: float) -> float:
