@@ -242,6 +242,7 @@ class Outcomes:
     results: dict[str, list[InferenceResult]] = field(default_factory=dict)
     terminal: dict[str, list[FailureEvent]] = field(default_factory=dict)
     retried: Counter[tuple[str, str]] = field(default_factory=Counter)  # non-terminal failures, (layer, code)
+    failed_at: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # id -> (wall time, code) each
     earliest_failure_ms: int | None = None  # any failure event: its call started at or before this
     strangers: int = 0  # outcomes for ids not in this run (none expected)
     converged_at: float | None = None  # wall time the reader had an outcome for every request
@@ -265,6 +266,15 @@ class Outcomes:
             self.terminal.setdefault(request_id, []).append(event)
         else:
             self.retried[(event.layer.value, event.error_code)] += 1
+            self.failed_at.setdefault(request_id, []).append((event.last_failure_ms / 1000, event.error_code))
+
+    def timeline(self, request_id: str, since: float) -> str:
+        """When each attempt of a request failed and when its result came, seconds after ``since``: where a
+        slow tail spent its time."""
+        steps = [f"{code} +{at - since:.1f}s" for at, code in sorted(self.failed_at.get(request_id, ()))]
+        steps += [f"result called +{(r.completed_ms - r.latency_ms) / 1000 - since:.1f}s, "
+                  f"answered +{r.completed_ms / 1000 - since:.1f}s" for r in self.results.get(request_id, ())[:1]]
+        return f"{request_id.rsplit('-', 1)[-1]}: {'; '.join(steps)}"
 
     @property
     def done(self) -> int:

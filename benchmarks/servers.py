@@ -565,8 +565,11 @@ class ServersBench:
         def counts(counter: Counter[tuple[str, str]]) -> str:
             return ", ".join(f"{layer}/{code} {n}" for (layer, code), n in counter.most_common(8)) or "none"
 
-        notes = (f"terminal failures: {counts(outcomes.terminal_by_code())}",
-                 f"retried failures: {counts(outcomes.retried)}")
+        notes: tuple[str, ...] = (f"terminal failures: {counts(outcomes.terminal_by_code())}",
+                                  f"retried failures: {counts(outcomes.retried)}")
+        if first is not None:
+            notes += ("the last to finish: " + " | ".join(
+                outcomes.timeline(rid, first) for rid in sorted(finished, key=finished.__getitem__)[-3:]),)
         return self.strict_run("strict, worker", outcomes.expected, frozenset(outcomes.results), first,
                                finished, stats, cores, notes)
 

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
         description="Delays of the retry tier topics, shortest first.",
     )
     llm_timeout_s: float = Field(default=60.0, gt=0, description="Read timeout of one LLM call.")
+    llm_hedge_ratio: float = Field(
+        default=0.03, ge=0, le=1, description="Hedged calls, at most this share of calls: a call slower than its "
+        "model's p99 is sent once more and the first answer wins (a hang costs the p99, not the timeout); 0: off.")
     retry_base_delay_s: float = Field(
         default=1.0, ge=0, description="Base of the retry backoff: the n-th retry waits the server's hint plus "
         "uniform(0, base x 2^(n-1)) seconds (full jitter; OpenAI's client starts at 0.5 s).")

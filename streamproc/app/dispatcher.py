@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 class Dispatcher:
     """Runs handler calls concurrently (at most ``limit``) and releases their acks in offset order."""
 
-    def __init__(self, limit: int, on_stuck: OnStuck | None = None) -> None:
+    def __init__(self, limit: int, on_stuck: OnStuck | None = None, waiting_room: int | None = None) -> None:
         self._slots = asyncio.Semaphore(limit)
+        self._waiting_room = asyncio.Semaphore(waiting_room if waiting_room is not None else 4 * limit)
+        self._waiting = 0
         self._on_stuck = on_stuck
         self._acker: OrderedAcker[Ack] = OrderedAcker()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -38,23 +40,34 @@ class Dispatcher:
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        """Records being handled (not those still waiting for their due time)."""
+        return len(self._tasks) - self._waiting
 
     async def submit(self, lane: Hashable, offset: int, work: Callable[[], Awaitable[Disposition]],
-                     ack: Ack) -> None:
+                     ack: Ack, wait: Callable[[], Awaitable[object]] | None = None) -> None:
         """Wait for a free slot, then start ``work``; ``ack`` runs once it and every lower offset are done.
 
         ``lane`` is the partition (with the consumer generation, so a partition handed back after a
         rebalance starts a fresh lane). The task copies the caller's context, so faust's current event
         (a contextvar) stays the one being handled, which table writes need.
+
+        With ``wait`` (a retry-tier record not yet due), the record takes a place in the waiting room instead
+        of a slot: it awaits ``wait()`` there, then a slot, then runs ``work``. So records sleep side by side
+        without holding call slots, and one record due later never holds up the records behind it (sleeping
+        in the agent's loop did, for every partition of the tier); the waiting room's size bounds them.
         """
-        await self._slots.acquire()
+        room = self._slots if wait is None else self._waiting_room
+        await room.acquire()
         try:
             self._acker.track(lane, offset, ack)
         except BaseException:
-            self._slots.release()  # a rejected event must not keep its slot
+            room.release()  # a rejected event must not keep its place
             raise
-        task = asyncio.create_task(self._run(lane, offset, work))
+        if wait is None:
+            task = asyncio.create_task(self._run(lane, offset, work))
+        else:
+            self._waiting += 1
+            task = asyncio.create_task(self._run_when(lane, offset, wait, work))
         self._tasks.add(task)
         self._idle.clear()
         task.add_done_callback(self._finished)
@@ -63,6 +76,18 @@ class Dispatcher:
         self._tasks.discard(task)
         if not self._tasks:
             self._idle.set()
+
+    async def _run_when(self, lane: Hashable, offset: int, wait: Callable[[], Awaitable[object]],
+                        work: Callable[[], Awaitable[Disposition]]) -> None:
+        try:
+            await wait()
+        except Exception:  # a broken wait must not lose the record: it runs now, and its work decides
+            log.exception("waiting for the record at offset %d of %s failed; handling it now", offset, lane)
+        finally:
+            self._waiting -= 1
+            self._waiting_room.release()
+        await self._slots.acquire()
+        await self._run(lane, offset, work)
 
     async def _run(self, lane: Hashable, offset: int, work: Callable[[], Awaitable[Disposition]]) -> None:
         why = "its handler holds it"

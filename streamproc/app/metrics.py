@@ -19,7 +19,7 @@ Every series is prefixed ``streamproc_``:
 * guards: ``circuit_breaker_state{model}`` (0 closed, 1 half-open, 2 open), ``model_paused{model}``,
   ``adaptive_in_flight_limit``,
   ``rate_limit_rpm{model}`` / ``rate_limit_tpm{model}``, ``fallbacks_total{model,fallback,reason}``,
-  ``retry_budget_exhausted_total``, ``token_estimate_ratio``.
+  ``retry_budget_exhausted_total``, ``token_estimate_ratio``; ``hedged_calls_total`` (the client's hedges).
 """
 
 from __future__ import annotations
@@ -123,6 +123,12 @@ class WorkerMetrics:
         """The guards' state, read at every scrape (see :class:`GuardsCollector`)."""
         self.registry.register(GuardsCollector(guards))
 
+    def track_hedges(self, count: Callable[[], int]) -> None:
+        """``hedged_calls_total`` reads ``count()`` at every scrape."""
+        self.registry.register(_ReadCounter("hedged_calls", "Calls sent a second time because they ran longer "
+                                            "than their model's p99 (hedged requests; the first answer wins).",
+                                            count))
+
     def set_lag(self, rows: Iterable[PartitionLag], now: float) -> None:
         """Replace the ``consumer_lag`` series: partitions no longer listed (revoked) disappear."""
         labels = set()
@@ -150,6 +156,16 @@ class WorkerMetrics:
 
 
 _BREAKER_CODES = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 1.0, BreakerState.OPEN: 2.0}
+
+
+class _ReadCounter(Collector):
+    """A counter whose value is read from a plain integer at scrape time."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], int]) -> None:
+        self._name, self._documentation, self._read = f"{NAMESPACE}_{name}", documentation, read
+
+    def collect(self) -> Iterable[Metric]:
+        yield CounterMetricFamily(self._name, self._documentation, value=self._read())
 
 
 class GuardsCollector(Collector):

@@ -44,7 +44,7 @@ from streamproc.core import headers
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.core.outcome import ConfigurationProblem
 from streamproc.core.request_state import RecordRef
-from streamproc.core.retry_policy import RetryPolicy, Tier, due_within_tier
+from streamproc.core.retry_policy import Tier, due_within_tier
 from streamproc.core.topology import Topology
 from streamproc.llm.client import LLMClient
 from streamproc.llm.guarded import Guards, adaptive_bounds
@@ -131,14 +131,15 @@ class WorkerRuntime:
         untyped_table: Any = self.table  # TableT does not declare the serializer attributes
         untyped_table.key_serializer = untyped_table.value_serializer = "raw"
         self.sink = FaustSink(self.app, self.topology)
-        self.dispatcher = Dispatcher(settings.in_flight, on_stuck=self._on_stuck)
+        self.dispatcher = Dispatcher(settings.in_flight, on_stuck=self._on_stuck,
+                                     waiting_room=self.app.conf.stream_buffer_maxsize)
         self.llm = LLMClient(settings)
         self.batch_sizes = batch_sizes or BatchSizes()
         self.guards = Guards.from_settings(settings, self.llm, self._expected_first_attempts)
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
-        self.handler = Handler(self.guards, self.sink, TableStore(self.table), RetryPolicy(tiers=self.topology.tiers),
+        self.handler = Handler(self.guards, self.sink, TableStore(self.table), settings.retry_policy(),
                                self._on_configuration_problem, rng=random.Random(), observer=observer)
         self._register_agents()
 
@@ -175,14 +176,15 @@ class WorkerRuntime:
             def ack(event: Any = event) -> Any:
                 return manual.ack(event)
 
-            work = functools.partial(self.handler.handle, record)
-            if delayed and not await self._wait_until_due(record, message.timestamp):
-                # a rebalance or stop must not wait for a sleeping tier: put the record back at the tail
-                # of its topic; its ack still goes through the ordered lane like any other
-                work = functools.partial(self._requeue, record)
             lane = (message.tp, message.generation_id)
             self._open_lane(lane)
-            await self.dispatcher.submit(lane, message.offset, work, ack)
+            if not delayed:
+                await self.dispatcher.submit(lane, message.offset, functools.partial(self.handler.handle, record),
+                                             ack)
+                continue
+            due_ms = self._due_ms(record, message.timestamp)
+            await self.dispatcher.submit(lane, message.offset, functools.partial(self._when_due, record, due_ms),
+                                         ack, wait=functools.partial(self._sleep_until, due_ms))
 
     def _open_lane(self, lane: tuple[Any, int]) -> None:
         """A record of a newer consumer generation means a rebalance happened: the older lanes get no more
@@ -203,16 +205,25 @@ class WorkerRuntime:
                 await self.sink.requeue(record)
         return Disposition.ACK
 
-    async def _wait_until_due(self, record: Record, produced_s: float | None) -> bool:
-        """Sleep until the record's ``x-due-ts`` (at most its tier's delay after it was written, ``produced_s``:
-        its Kafka timestamp); False if a rebalance or shutdown started meanwhile."""
+    def _due_ms(self, record: Record, produced_s: float | None) -> int:
+        """The record's ``x-due-ts``, at most its tier's delay after it was written (``produced_s``: its Kafka
+        timestamp)."""
         produced_ms = round((produced_s or time.time()) * 1000)
-        due_ms = due_within_tier(headers.read_hop(record.headers).due_ms, produced_ms, self._tiers[record.topic])
+        return due_within_tier(headers.read_hop(record.headers).due_ms, produced_ms, self._tiers[record.topic])
+
+    async def _sleep_until(self, due_ms: int) -> None:
+        """Sleep until ``due_ms``, or until a rebalance or shutdown starts (it must not wait for sleepers)."""
         while (wait_s := (due_ms - time.time() * 1000) / 1000) > 0:
             if not self.app.flow_control.is_active() or self.app.should_stop:
-                return False
+                return
             await asyncio.sleep(min(wait_s, _REBALANCE_POLL_S))
-        return True
+
+    async def _when_due(self, record: Record, due_ms: int) -> Disposition:
+        """Handle a tier record once due; woken early by a rebalance or stop, put it back at the tail of its
+        topic instead (its ack still goes through the ordered lane like any other)."""
+        if time.time() * 1000 < due_ms:
+            return await self._requeue(record)
+        return await self.handler.handle(record)
 
     # -- configuration problems --------------------------------------------------------------------------
     def _on_configuration_problem(self, problem: ConfigurationProblem) -> None:
@@ -308,6 +319,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     runtime.app.task(follow_batch_sizes)
     if metrics is not None:
         metrics.track_guards(runtime.guards)
+        metrics.track_hedges(lambda: runtime.llm.hedged)
         watch_worker(metrics, runtime.app, bootstrap, settings.app_id,
                      [topology.requests, *(topology.retry(tier) for tier in topology.tiers)],
                      in_flight=lambda: runtime.dispatcher.in_flight,

@@ -3,7 +3,8 @@
 The connection pools (several small ones, see ``POOL_SHARD_SIZE``) are sized to the in-flight limit in total,
 so a worker's concurrency is bounded in one place, and the read timeout stays well below the consumer's
 rebalance timeout (design §5). The read timeout adapts per model (:mod:`streamproc.core.guards.timeouts`):
-``STREAMPROC_LLM_TIMEOUT_S`` is its ceiling, a few times the model's p99 latency its value once known.
+``STREAMPROC_LLM_TIMEOUT_S`` is its ceiling, a few times the model's p99 latency its value once known. A call
+slower than that p99 is hedged (:mod:`streamproc.core.guards.hedging`): sent once more, the first answer wins.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -20,6 +21,7 @@ from urllib.parse import quote
 import httpx
 
 from streamproc.core.events import InferenceRequest
+from streamproc.core.guards.hedging import HedgeBudget, hedge_after_s
 from streamproc.core.guards.timeouts import AdaptiveTimeout
 from streamproc.core.outcome import Outcome, Success
 from streamproc.core.verdict import classify_http_error
@@ -130,50 +132,71 @@ class LLMClient:
         # client always has a free connection (shards * per_shard >= in_flight), so no call waits for one
         self._connect_timeout_s = settings.llm_connect_timeout_s
         self.timeouts = AdaptiveTimeout(settings.llm_timeout_s)  # per model; the setting is the ceiling
+        self._hedges = HedgeBudget(settings.llm_hedge_ratio)
+        self.hedged = 0  # hedges sent (read by the metrics)
 
     async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:
         """POST the body; every outcome, exceptions included, comes back classified."""
         path = request.url.removeprefix("/v1")
-        shard = min(range(len(self._busy)), key=self._busy.__getitem__)
-        self._busy[shard] += 1
         model = body.get("model")
         model = model if isinstance(model, str) else ""
         budget = completion_budget(body)
-        timeout = httpx.Timeout(self.timeouts.timeout_s(model, budget), connect=self._connect_timeout_s)
+        limits = httpx.Timeout(self.timeouts.timeout_s(model, budget), connect=self._connect_timeout_s)
+        headers = correlation_headers(request)
+        self._hedges.on_call()
         started = time.monotonic()
         try:
-            response = await self._in_time(self._clients[shard].post(
-                path, json=body, headers=correlation_headers(request), timeout=timeout), model, budget, started)
+            response, answered_after = await self._first_answer(lambda: self._post(path, body, headers, limits),
+                                                                model, budget, started)
             content = response.content
         except Exception as exc:
             return CallResult(classify_exception(exc), b"", _ms_since(started))
-        finally:
-            self._busy[shard] -= 1
         latency = _ms_since(started)
         if response.status_code == 200:
             outcome = check_completion(content, body)
-            if isinstance(outcome, Success):
-                self.timeouts.observe(model, latency / 1000, budget)
+            if isinstance(outcome, Success):  # the latency of the copy that answered: a hedge's starts later
+                self.timeouts.observe(model, answered_after, budget)
             return CallResult(outcome, content, latency, response.headers)
         return CallResult(classify_http_error(response.status_code, response.headers, content), content, latency,
                           response.headers)
 
-    async def _in_time(self, post: Awaitable[httpx.Response], model: str, budget: int | None,
-                       started: float) -> httpx.Response:
-        """The answer, or ReadTimeout once the call has run longer than the model's adaptive timeout *now*: a
-        call that started while the timeout was still its ceiling (the model's first calls) is cut as soon as
-        the answers of others teach a shorter one, so an early hang costs seconds, not the ceiling."""
-        task = asyncio.ensure_future(post)
+    async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str],
+                    limits: httpx.Timeout) -> httpx.Response:
+        """One POST on the least busy pool."""
+        shard = min(range(len(self._busy)), key=self._busy.__getitem__)
+        self._busy[shard] += 1
+        try:
+            return await self._clients[shard].post(path, json=body, headers=headers, timeout=limits)
+        finally:
+            self._busy[shard] -= 1
+
+    async def _first_answer(self, post: Callable[[], Awaitable[httpx.Response]], model: str, budget: int | None,
+                            started: float) -> tuple[httpx.Response, float]:
+        """The first answer of the call or of its hedge (core.guards.hedging); ReadTimeout once the call has run
+        longer than the model's adaptive timeout *now*: a call that started while the timeout was still its
+        ceiling (the model's first calls) is cut as soon as the answers of others teach a shorter one, so an
+        early hang costs seconds, not the ceiling. A copy that fails while the other runs is not the answer.
+        Returns the answer and how long the copy that gave it took (seconds)."""
+        running = {asyncio.ensure_future(post()): started}  # each copy and when it was sent
+        hedged = False
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=TIMEOUT_CHECK_S)
-                if done:
-                    return task.result()
+                done, _ = await asyncio.wait(running, timeout=TIMEOUT_CHECK_S, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    sent = running.pop(task)
+                    if task.exception() is None or not running:
+                        return task.result(), time.monotonic() - sent
+                elapsed = time.monotonic() - started
                 limit = self.timeouts.timeout_s(model, budget)
-                if time.monotonic() - started > limit:
+                if elapsed > limit:
                     raise httpx.ReadTimeout(f"no answer within the adaptive timeout of {limit:.1f} s")
+                after = hedge_after_s(self.timeouts.tail_s(model, budget))
+                if not hedged and after is not None and elapsed > after and self._hedges.take():
+                    hedged = True
+                    self.hedged += 1
+                    running[asyncio.ensure_future(post())] = time.monotonic()
         finally:
-            if not task.done():
+            for task in running:
                 task.cancel()
                 task.add_done_callback(_consume)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from streamproc.core.events import InferenceRequest
+from streamproc.core.identity import request_id_for
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,
@@ -31,9 +32,11 @@ async def test_outage_opens_the_breaker_then_recovers_with_nothing_lost(settings
     end of the outage, the breaker closes, and every request ends in exactly one result."""
     mock = start_mock("clean", 5, "--latency", "0.2")
     # the calls in flight when the outage starts fail before the breaker opens, this early in the batch more
-    # than 20 % of the first attempts so far: a larger retry budget keeps this test about the breaker
+    # than 20 % of the first attempts so far: a larger retry budget keeps this test about the breaker; and no
+    # hedged calls, since it counts every call
     worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", in_flight="32", breaker_open_s="2",
-                                      breaker_window_s="5", breaker_min_calls="5", retry_budget_min="200"),
+                                      breaker_window_s="5", breaker_min_calls="5", retry_budget_min="200",
+                                      llm_hedge_ratio="0"),
                            tmp_path / "worker.log")
     worker.start()
     requests = [chat_request(f"o-{i}", i) for i in range(800)]
@@ -87,7 +90,7 @@ async def test_context_length_goes_to_the_fallback_model(settings: Settings, tmp
     """Inputs over mock-small's window are answered by mock-large: before any call when the windows are
     configured (pre-check), after the provider's context_length_exceeded answer when they are not."""
     mock = start_mock("clean", 4)
-    extra = {"context_fallbacks": json.dumps({"mock-small": "mock-large"})}
+    extra = {"context_fallbacks": json.dumps({"mock-small": "mock-large"}), "llm_hedge_ratio": "0"}  # counts calls
     if windows_known:
         extra["context_windows"] = json.dumps({"mock-small": 4096, "mock-large": 32768})
     worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **extra), tmp_path / "worker.log")
@@ -164,7 +167,7 @@ def test_retry_budget_is_measured_against_the_submitted_batch(settings: Settings
         worker.stop()
         mock.stop()
     assert (final["succeeded"], final["failed"]["service"]) == (10, 10), (final, worker.log_tail())
-    ids = [f"b-{i}" for i in range(20)]
+    ids = [request_id_for("budget", f"b-{i}") for i in range(20)]  # submit scopes ids to their batch
     outcomes = asyncio.run(_outcomes(settings, ids))
     codes = Counter(f.error_code for i in ids for f in outcomes.terminal(i))
     assert codes == {"retry_budget_exhausted": 10}, codes

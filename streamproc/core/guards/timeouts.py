@@ -41,12 +41,20 @@ class AdaptiveTimeout:
                 self._budgets.setdefault(model, deque(maxlen=self._window)).append(max_tokens)
 
     def timeout_s(self, model: str, max_tokens: int | None = None) -> float:
+        tail = self.tail_s(model, max_tokens)
+        if tail is None:
+            return self._ceiling
+        return min(self._ceiling, max(self._floor, self._multiplier * tail))
+
+    def tail_s(self, model: str, max_tokens: int | None = None) -> float | None:
+        """The ``quantile`` of the model's recent successes, scaled by the call's completion budget; None until
+        ``min_samples`` are known (a call slower than this is in the tail: see hedging)."""
         samples = self._latencies.get(model)
         if samples is None or len(samples) < self._min_samples:
-            return self._ceiling
+            return None
         ordered = sorted(samples)
         high = ordered[min(len(ordered) - 1, math.ceil(self._quantile * len(ordered)) - 1)]
-        return min(self._ceiling, max(self._floor, self._multiplier * high * self._budget_ratio(model, max_tokens)))
+        return high * self._budget_ratio(model, max_tokens)
 
     def _budget_ratio(self, model: str, max_tokens: int | None) -> float:
         budgets = self._budgets.get(model)

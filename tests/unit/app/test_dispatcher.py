@@ -241,3 +241,42 @@ async def test_a_retired_lane_is_forgotten_after_its_acks() -> None:
         await asyncio.sleep(0)
     assert works.acked_offsets(("t", 1)) == [0]
     assert dispatcher.lanes == 1
+
+
+async def test_a_record_waiting_for_its_due_time_holds_no_slot_nor_the_records_behind_it() -> None:
+    dispatcher, works = Dispatcher(1, waiting_room=2), Works()
+    due = asyncio.Event()
+    await dispatcher.submit("t0", 0, works.work("t0", 0), works.ack("t0", 0), wait=due.wait)
+    await asyncio.wait_for(works.submit(dispatcher, "t1", 0), 1)  # the only slot is free: it runs at once
+    await settle()
+    assert works.started == [("t1", 0)] and dispatcher.in_flight == 1  # the sleeper is not "in flight"
+    works.finish("t1", 0)
+    due.set()
+    await settle()
+    assert works.started == [("t1", 0), ("t0", 0)]  # due: it takes the slot and runs
+    works.finish("t0", 0)
+    await settle()
+    assert works.acked == [("t1", 0), ("t0", 0)]
+
+
+async def test_the_waiting_room_is_bounded_and_acks_stay_in_offset_order() -> None:
+    dispatcher, works = Dispatcher(4, waiting_room=2), Works()
+    later, sooner = asyncio.Event(), asyncio.Event()
+    await dispatcher.submit("p", 0, works.work("p", 0), works.ack("p", 0), wait=later.wait)
+    await dispatcher.submit("p", 1, works.work("p", 1), works.ack("p", 1), wait=sooner.wait)
+    third = asyncio.create_task(dispatcher.submit("p", 2, works.work("p", 2), works.ack("p", 2),
+                                                  wait=sooner.wait))
+    await settle()
+    assert not third.done()  # the room is full: the agent loop waits (backpressure)
+    sooner.set()
+    await settle()
+    assert third.done() and ("p", 1) in works.started and ("p", 0) not in works.started  # 1 is not held up by 0
+    works.finish("p", 1)
+    works.finish("p", 2)
+    await settle()
+    assert works.acked == []  # offset 0 still sleeps: nothing behind it is acked
+    later.set()
+    await settle()
+    works.finish("p", 0)
+    await settle()
+    assert works.acked_offsets("p") == [0, 1, 2]

@@ -202,3 +202,11 @@ def test_guarded_defaults_to_a_no_op() -> None:
     assert isinstance(observer, NullObserver)
     observer.on_failure("transport", "timeout", True)
     assert guarded(observer) is observer
+
+
+def test_hedged_calls_are_read_from_the_client_at_scrape() -> None:
+    metrics = WorkerMetrics(CollectorRegistry())
+    hedged = [0]
+    metrics.track_hedges(lambda: hedged[0])
+    hedged[0] = 3
+    assert metrics.registry.get_sample_value("streamproc_hedged_calls_total") == 3
