@@ -36,6 +36,7 @@ from streamproc.core.request_state import (
     on_retry_scheduled,
     on_success,
     on_terminal_failure,
+    superseded,
 )
 from streamproc.core.retry_policy import Retry, RetryPolicy, Tier, spends_budget
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
@@ -185,8 +186,8 @@ class Handler:
                 max_tokens=max_tokens))
             self._observer.on_retry(decision.tier.name)
             await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin)
-            self._store.put(on_retry_scheduled(state, failure.layer, failure.code, now, written,
-                                               spent_budget=spends_budget(failure)))
+            self._put_unless_superseded(state, on_retry_scheduled(state, failure.layer, failure.code, now, written,
+                                                                  spent_budget=spends_budget(failure)))
             return
         failure = decision.failure or failure  # a spent retry budget restates it as retry_budget_exhausted
         await self._terminal(request, failure, hop.attempt, first_failure, origin, state)
@@ -203,7 +204,7 @@ class Handler:
         written = await self._sink.retry(tier, request, headers.hop_headers(
             request.request_id, hop.attempt, origin, reason, hop.first_failure_ms, due_ms=due, replay=hop.replay,
             deferred=True, max_tokens=hop.max_tokens))
-        self._store.put(on_deferred(state, now, deferred.code, written))
+        self._put_unless_superseded(state, on_deferred(state, now, deferred.code, written))
         self._observer.on_deferred(tier.name)
 
     async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,
@@ -211,11 +212,22 @@ class Handler:
         await self._emit_failure(request, failure, attempt, True, first_failure_ms, origin)
         now = self._clock_ms()
         if state is not None:
-            self._store.put(on_terminal_failure(state, failure.layer, failure.code, now))
+            self._put_unless_superseded(state, on_terminal_failure(state, failure.layer, failure.code, now))
         elif self._store.get(request.request_id) is None:  # a record rejected before admission
             self._store.put(RequestState(request.request_id, RequestStatus.FAILED, input_hash(request),
                                          attempts=attempt, batch_id=request.batch_id, last_layer=failure.layer,
                                          last_error_code=failure.code, created_ms=now, updated_ms=now))
+
+    def _put_unless_superseded(self, started: RequestState, after: RequestState) -> None:
+        """Write the state after a failure or deferral, unless a newer attempt (or an end) has taken the request
+        over since this one was admitted (see :func:`streamproc.core.request_state.superseded`)."""
+        current = self._store.get(started.request_id)
+        if superseded(current, started):
+            log.info("request %s: attempt %d ended (%s) after the table moved on (%s, attempt %s); its state is "
+                     "left as it is", started.request_id, started.attempts, after.last_error_code,
+                     current.status if current else None, current.attempts if current else None)
+            return
+        self._store.put(after)
 
     async def _emit_failure(self, request: InferenceRequest, failure: Failure, attempt: int, terminal: bool,
                             first_failure_ms: int, origin: headers.Origin) -> None:

@@ -86,11 +86,12 @@ Admission = Start | Skip | Conflict
 def input_hash(request: InferenceRequest) -> str:
     """A stable fingerprint of what is asked: url plus canonical body JSON (key order and spacing ignored).
 
-    A body that is not JSON is hashed as sent, so the hash is defined for every record.
+    A body that is not JSON (or nests deeper than the parser follows) is hashed as sent, so the hash is defined
+    for every record.
     """
     try:
         canonical = json.dumps(json.loads(request.body_json), sort_keys=True, separators=(",", ":"))
-    except ValueError:
+    except (ValueError, RecursionError):
         canonical = request.body_json
     return hashlib.sha256(f"{request.url}\n{canonical}".encode()).hexdigest()[:32]
 
@@ -196,6 +197,19 @@ def _in_flight(
         next_topic=None,
         next_offset=None,
     )
+
+
+def superseded(current: RequestState | None, started: RequestState) -> bool:
+    """Whether the attempt admitted as ``started`` no longer owns the request: the table now shows another
+    attempt, or an end. Then only a success may still write its state (a result is a result); a failure,
+    deferral or terminal failure of a superseded attempt must not overwrite the newer state. This happens after
+    a crash, when the redelivered record reruns attempt n beside its own retry record's attempt n+1 (rules 2
+    and 9 of ``admit``): without the check, the rerun's late failure turned a success back into ``retrying``
+    and the request was called again."""
+    if current is None:
+        return False
+    return not (current.status is RequestStatus.IN_FLIGHT and current.attempts == started.attempts
+                and (current.source_topic, current.source_offset) == (started.source_topic, started.source_offset))
 
 
 def on_success(state: RequestState, now_ms: int) -> RequestState:

@@ -2,7 +2,10 @@
 
 Unlike a try-and-retry bucket, reserving lets the level go negative (debt). A caller that finds the bucket
 empty still reserves, so callers are served in the order they reserved (FIFO, no starvation of big costs by
-small ones), and a cost larger than the capacity is admitted, paid for at the long-run rate.
+small ones), and a cost larger than the capacity is admitted, paid for at the long-run rate. One reservation
+costs at most a minute of that rate: a request asking for a billion completion tokens would otherwise put
+the bucket hours into debt and stall every later call of its model (a provider refuses a call larger than
+its per-minute limit anyway; found by the handler's property tests).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import math
 
 _EPSILON = 1e-9  # waits below a nanosecond are float noise, not a reason to sleep
+LONGEST_DEBT_S = 60.0  # one reservation costs at most this many seconds of the rate
 
 
 class TokenBucket:
@@ -44,7 +48,7 @@ class TokenBucket:
         if cost < 0 or not math.isfinite(cost):
             raise ValueError(f"cost must be a finite number >= 0, got {cost}")
         self._refill(now)
-        self._level -= cost
+        self._level -= min(cost, self._rate * LONGEST_DEBT_S)
         return self._wait()
 
     def pause_until(self, until: float, now: float) -> None:

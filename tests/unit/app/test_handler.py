@@ -10,7 +10,7 @@ import base64
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -783,3 +783,23 @@ async def test_a_repair_hop_that_cannot_be_built_still_ends_the_request_as_faile
     rig.caller.replies.append(answer('{"label": "spam"}'))
     assert await rig.handle(submission(fixed, offset=900, hdrs={headers.REPLAY: b"1"})) is Disposition.ACK
     assert len(rig.sink.results) == 1 and rig.state().status is RequestStatus.SUCCEEDED
+
+
+async def test_a_late_failure_of_a_superseded_attempt_does_not_undo_a_newer_success() -> None:
+    """After a crash, the redelivered submission reruns attempt 1 beside its own retry record's attempt 2. Here
+    attempt 2 succeeds while attempt 1's call is still running; attempt 1 then fails: its retry record is
+    harmless (the state says succeeded: it will be skipped), but it must not write 'retrying' over the success."""
+    request = make_request()
+    rig: Rig
+
+    def newer_attempt_succeeds_meanwhile(body: dict[str, Any]) -> CallResult:
+        admitted = rig.store.get(request.request_id)
+        assert admitted is not None
+        rig.store.put(replace(admitted, status=RequestStatus.SUCCEEDED, attempts=2, source_topic=None,
+                              source_offset=None))
+        return http_error(500, {"error": {"message": "boom", "type": "server_error"}})(body)
+
+    rig = Rig([newer_attempt_succeeds_meanwhile])
+    assert await rig.handle(submission(request)) is Disposition.ACK
+    assert len(rig.sink.retries) == 1  # its outcome is still written: an outcome is never lost
+    assert (rig.state().status, rig.state().attempts) == (RequestStatus.SUCCEEDED, 2)

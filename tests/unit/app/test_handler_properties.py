@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -381,10 +380,6 @@ def test_any_record_and_answer_end_in_exactly_one_documented_outcome(case: Case)
             assert case.prior is not None and list(store.states.values()) == [case.prior], sink.log
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug in streamproc/core/request_state.py input_hash (called by admit): a body nested deeper than json "
-    "follows raises RecursionError, so the handler ends the record as a business internal_error (a bug, says "
-    "its code) instead of a malformed_body"))
 def test_a_body_nested_deeper_than_json_follows_is_a_malformed_body() -> None:
     request = InferenceRequest(REQUEST_ID, "[" * 100_000 + "]" * 100_000)
     handled = _handle(Case(Record("llm.requests", 0, 0, REQUEST_ID.encode(), codec.encode(request), {}),

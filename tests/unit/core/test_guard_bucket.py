@@ -141,3 +141,10 @@ def test_invalid_costs_are_rejected(cost: float) -> None:
     with pytest.raises(ValueError):
         bucket.reserve(cost, 0.0)
     assert bucket.level(0.0) == 1  # and nothing was taken
+
+
+def test_one_huge_reservation_owes_at_most_a_minute_of_the_rate() -> None:
+    """max_tokens of 10^9 against 2M TPM used to owe ~8 hours and stall every later call of the model."""
+    bucket = TokenBucket(rate_per_s=2_000_000 / 60, capacity=2_000_000 / 60, now=0.0)
+    assert bucket.reserve(1e9, 0.0) == pytest.approx(59.0)  # a full bucket, then 59 s of debt
+    assert bucket.reserve(100, 0.0) == pytest.approx(59.003)
