@@ -78,6 +78,7 @@ from streamproc.settings import DEFAULT_KAFKA_VERSION
 
 TARGET_WALL_RATIO = 1.10
 TARGET_UNRECOVERED = 0
+TARGET_PACE_429_SHARE = 0.02  # 429s from the server's rate limiter: what the client's pace caused
 TARGET_SLOT_TIMEOUTS = 0
 TARGET_SLOT_FRACTION = 0.90
 FALLBACK_RPM = 3000  # the strict profile's, for the stand-in used while this mock has no strict profile
@@ -185,6 +186,15 @@ class StrictRun:
         return self.answered_429 / self.calls if self.calls else 0.0
 
     @property
+    def paced_429(self) -> int:
+        """429s from the server's rate limiter (not the profile's injected ones): the client's pace caused them."""
+        return self.by_outcome.get(RATE_LIMITED, 0)
+
+    @property
+    def share_paced_429(self) -> float:
+        return self.paced_429 / self.calls if self.calls else 0.0
+
+    @property
     def needed(self) -> int:
         return admitted_calls(self.calls, self.by_outcome)
 
@@ -210,7 +220,8 @@ class StrictRun:
     def ok(self) -> dict[str, bool]:
         ratio = self.ratio
         return {"ratio": self.converged and ratio is not None and ratio <= TARGET_WALL_RATIO,
-                "unrecovered": len(self.unrecovered) <= TARGET_UNRECOVERED}
+                "unrecovered": len(self.unrecovered) <= TARGET_UNRECOVERED,
+                "paced_429": self.share_paced_429 <= TARGET_PACE_429_SHARE}
 
 
 @dataclass(frozen=True)
@@ -276,6 +287,9 @@ def strict_rows(run: StrictRun) -> list[tuple[str, str, str, str]]:
         ("  first call -> 95 % of the requests' outcomes", _seconds(run.until_s(0.95)), "(info)", ""),
         ("  calls made (mock) / of which 429",
          f"{run.calls:,} / {run.answered_429:,} = {run.share_429:.1%}", "(info)", ""),
+        ("  429 from the server's rate limiter (the pace; the rest are the profile's injected faults)",
+         f"{run.paced_429:,} = {run.share_paced_429:.2%}", f"<= {TARGET_PACE_429_SHARE:.0%}",
+         _mark(ok["paced_429"])),
         (f"  calls needed (admitted) / ideal at {run.rpm:,} RPM", f"{run.needed:,} -> {run.ideal_s:.1f} s",
          "(info)", ""),
         ("  wall / ideal", "n/a" if ratio is None else f"{ratio:.2f}", f"<= {TARGET_WALL_RATIO:.2f}",

@@ -101,7 +101,10 @@ def test_strict_run_figures() -> None:
     assert run.until_s(0.5) == pytest.approx(20.0)  # 2 of the 3 requests
     assert run.until_s(0.95) == pytest.approx(33.0)
     assert run.until_s(0.0) is None
-    assert run.ok() == {"ratio": True, "unrecovered": True}
+    assert run.paced_429 == 50 and run.share_paced_429 == pytest.approx(50 / 1650)  # 3 %: the pace's fault
+    assert run.ok() == {"ratio": True, "unrecovered": True, "paced_429": False}
+    injected = strict_run(by_outcome={"rate_limit": 50, "rate_limited": 3})  # the profile's own 429s are 50
+    assert (injected.paced_429, injected.ok()["paced_429"]) == (3, True)
 
 
 def test_strict_run_misses_the_ratio_when_slow_or_unfinished() -> None:
