@@ -23,6 +23,7 @@ from streamproc.errors import UserFacingError
 from streamproc.mockllm.cli import mock_llm
 from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
 from streamproc.ops.batches import format_batches, list_batches
+from streamproc.ops.cancel import cancel_batch
 from streamproc.ops.progress import Progress
 from streamproc.ops.results import export_results
 from streamproc.ops.run import format_outcome, run_batch
@@ -178,6 +179,24 @@ def status(batch_id: str, as_json: bool) -> None:
         click.echo(json.dumps(current.as_json()))
         return
     click.echo(current.format())
+
+
+@cli.command("cancel")
+@click.option("--batch-id", required=True)
+def cancel(batch_id: str) -> None:
+    """Cancel a batch: its requests not called yet end as batch_cancelled failures; calls in flight finish.
+
+    The batch then converges (status shows cancelling, then cancelled in `streamproc batches`), and
+    `results` writes the cancelled requests to the errors file, like OpenAI's cancelled batches.
+
+    \b
+    Example:
+      streamproc cancel --batch-id labels-2026-11
+    """
+    manifest = _run(cancel_batch(Settings(), batch_id))
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((manifest.cancelled_ms or 0) / 1000))
+    click.echo(f"batch {batch_id} cancelled at {when}: requests not called yet end as batch_cancelled; calls in "
+               "flight finish")
 
 
 @cli.command("batches")

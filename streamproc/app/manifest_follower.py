@@ -1,4 +1,4 @@
-"""How many requests each batch submitted, followed from the manifests topic, for the retry budget.
+"""How many requests each batch submitted, and which batches were cancelled, followed from the manifests topic.
 
 The retry budget of a batch is a fraction of its first attempts (design §5). Counting them as they happen
 makes the budget strict early in a batch and after a restart, so a worker also reads the batch manifests
@@ -24,13 +24,18 @@ FOLLOW_INTERVAL_S = 2.0
 
 
 class BatchSizes:
-    """batch id -> submitted count, from the manifests read so far."""
+    """batch id -> submitted count, and the cancelled batches, from the manifests read so far."""
 
     def __init__(self) -> None:
         self._sizes: dict[str, int] = {}
+        self._cancelled: set[str] = set()
 
     def submitted(self, batch_id: str) -> int | None:
         return self._sizes.get(batch_id)
+
+    def cancelled(self, batch_id: str | None) -> bool:
+        """Whether ``streamproc cancel`` was run for the batch (its requests not called yet end cancelled)."""
+        return batch_id is not None and batch_id in self._cancelled
 
     def apply(self, value: bytes | None) -> None:
         """Take one record of the manifests topic; anything that is not a manifest is ignored."""
@@ -42,6 +47,8 @@ class BatchSizes:
             log.debug("ignoring a record of the manifests topic: %s", exc)
             return
         self._sizes[manifest.batch_id] = manifest.submitted
+        if manifest.cancelled_ms is not None:
+            self._cancelled.add(manifest.batch_id)
 
     async def load(self, bootstrap: str, topic: str) -> None:
         """Read the manifests topic up to now (at start-up, before any request is handled)."""

@@ -140,7 +140,8 @@ class WorkerRuntime:
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
         self.handler = Handler(self.guards, self.sink, TableStore(self.table), settings.retry_policy(),
-                               self._on_configuration_problem, rng=random.Random(), observer=observer)
+                               self._on_configuration_problem, rng=random.Random(), observer=observer,
+                               cancelled=self.batch_sizes.cancelled)
         self._register_agents()
 
     def _expected_first_attempts(self, batch_id: str) -> float:

@@ -20,6 +20,7 @@ class BatchManifest:
     created_ms: int
     source: str  # the input file, for people reading the topic
     invalid_skipped: int = 0
+    cancelled_ms: int | None = None  # set by ``streamproc cancel``: requests not called yet end batch_cancelled
 
 
 def encode_manifest(manifest: BatchManifest) -> bytes:
@@ -34,6 +35,11 @@ def decode_manifest(data: bytes) -> BatchManifest:
     try:
         return BatchManifest(batch_id=str(fields["batch_id"]), submitted=int(fields["submitted"]),
                              created_ms=int(fields["created_ms"]), source=str(fields.get("source", "")),
-                             invalid_skipped=int(fields.get("invalid_skipped", 0)))
+                             invalid_skipped=int(fields.get("invalid_skipped", 0)),
+                             cancelled_ms=_optional_int(fields.get("cancelled_ms")))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not a batch manifest: {exc}") from None
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -30,7 +30,10 @@ class BatchEntry:
 
     @property
     def state(self) -> str:
-        """OpenAI's batch status vocabulary: ``completed`` once every request ended, else ``in_progress``."""
+        """OpenAI's batch status vocabulary: ``completed`` once every request ended, else ``in_progress``; a
+        cancelled batch is ``cancelling`` until its calls in flight ended, then ``cancelled``."""
+        if self.manifest is not None and self.manifest.cancelled_ms is not None:
+            return "cancelled" if self.status.converged else "cancelling"
         return "completed" if self.status.converged else "in_progress"
 
     def as_json(self) -> dict[str, Any]:

@@ -36,13 +36,19 @@ class StatusReport:
 
     status: BatchStatus
     stall: BatchStall | None = None
+    cancelled_ms: int | None = None  # when ``streamproc cancel`` ran for the batch
 
     def as_json(self) -> dict[str, Any]:
-        """``status --json``: the counts' keys, plus ``stalled`` (null while the batch moves or ended)."""
-        return {**self.status.as_json(), "stalled": None if self.stall is None else self.stall.as_json()}
+        """``status --json``: the counts' keys, plus ``stalled`` (null while the batch moves or ended) and
+        ``cancelled_at`` (Unix seconds, null unless cancelled)."""
+        return {**self.status.as_json(), "stalled": None if self.stall is None else self.stall.as_json(),
+                "cancelled_at": None if self.cancelled_ms is None else self.cancelled_ms // 1000}
 
     def format(self) -> str:
         text = format_status(self.status)
+        if self.cancelled_ms is not None:
+            at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.cancelled_ms / 1000))
+            text += f"\n{'cancelled':<10} at {at}"
         return text if self.stall is None else f"{text}\n{'stalled':<10} {self.stall.describe()}"
 
 
@@ -54,7 +60,7 @@ async def read_status(settings: Settings, batch_id: str) -> StatusReport:
     if reader.manifest is None and current.submitted == 0:
         raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {settings.topology().batches} and "
                                 "no request state names it)")
-    return StatusReport(current, stall)
+    return StatusReport(current, stall, reader.manifest.cancelled_ms if reader.manifest is not None else None)
 
 
 class BatchStatusReader:

@@ -803,3 +803,23 @@ async def test_a_late_failure_of_a_superseded_attempt_does_not_undo_a_newer_succ
     assert await rig.handle(submission(request)) is Disposition.ACK
     assert len(rig.sink.retries) == 1  # its outcome is still written: an outcome is never lost
     assert (rig.state().status, rig.state().attempts) == (RequestStatus.SUCCEEDED, 2)
+
+
+async def test_a_request_of_a_cancelled_batch_ends_batch_cancelled_without_a_call() -> None:
+    rig = Rig([])
+    rig.handler = Handler(rig.caller, rig.sink, rig.store, rig.policy, rig.problems.append, clock_ms=rig.clock,
+                          rng=random.Random(SEED), cancelled=lambda batch_id: batch_id == "batch-1")
+    request = replace(make_request(), batch_id="batch-1")
+    assert await rig.handle(submission(request)) is Disposition.ACK
+    event, _ = only_failure(rig)
+    assert (event.layer, event.error_code, event.terminal) == (FailureLayer.BUSINESS, "batch_cancelled", True)
+    assert rig.caller.calls == [] and rig.state().status is RequestStatus.FAILED
+
+
+async def test_a_replay_of_a_cancelled_batch_is_called() -> None:
+    rig = Rig([answer("ok")])
+    rig.handler = Handler(rig.caller, rig.sink, rig.store, rig.policy, rig.problems.append, clock_ms=rig.clock,
+                          rng=random.Random(SEED), cancelled=lambda batch_id: True)
+    replayed = submission(make_request(), hdrs={headers.REPLAY: b"1"})
+    assert await rig.handle(replayed) is Disposition.ACK
+    assert len(rig.sink.results) == 1  # backfill is a new decision of the user's

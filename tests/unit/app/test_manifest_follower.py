@@ -19,3 +19,14 @@ def test_records_that_are_not_manifests_are_ignored() -> None:
     for value in (None, b"", b"{not json", b"[1, 2]", b'{"batch_id": "x"}'):
         sizes.apply(value)
     assert sizes.submitted("x") is None
+
+
+def test_a_cancelled_manifest_marks_its_batch_cancelled() -> None:
+    from streamproc.codec.manifest import BatchManifest, encode_manifest
+
+    sizes = BatchSizes()
+    sizes.apply(encode_manifest(BatchManifest("b", 10, 5, "in.jsonl")))
+    assert not sizes.cancelled("b")
+    sizes.apply(encode_manifest(BatchManifest("b", 10, 5, "in.jsonl", cancelled_ms=7)))
+    assert sizes.cancelled("b") and not sizes.cancelled("other") and not sizes.cancelled(None)
+    assert sizes.submitted("b") == 10

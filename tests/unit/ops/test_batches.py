@@ -42,3 +42,12 @@ def test_entry_has_openais_batch_keys_and_the_table_lines_up() -> None:
         "a               2023-11-14 22:13:20  completed        2          1       1        0",
         "labels-2026-11  -                    in_progress      3          0       0        3",
     ]
+
+
+def test_a_cancelled_batch_is_cancelling_until_it_converges_then_cancelled() -> None:
+    fold = BatchesFold()
+    fold.apply([state("c/1", "c", RequestStatus.SUCCEEDED), state("c/2", "c", RequestStatus.IN_FLIGHT)])
+    manifest = BatchManifest("c", 2, 1_000, "in.jsonl", cancelled_ms=2_000)
+    assert BatchEntry(fold.status("c", 2), 1_000, manifest).state == "cancelling"  # a call still runs
+    fold.apply([state("c/2", "c", RequestStatus.FAILED)])
+    assert BatchEntry(fold.status("c", 2), 1_000, manifest).state == "cancelled"
