@@ -110,6 +110,8 @@ class ChaosRun:
         await self.states.start()
         await self.outcomes.start()
         await self.group_watch.start()
+        tasks = [asyncio.create_task(coro) for coro in (self._follow(), self._scrape_loop(), self._supervise(),
+                                                        self._watch_group())]
         try:
             # the first wave goes in ahead of the batch, so that real work waits behind it on its partitions
             await self._poison_wave(1, duplicates=False)
@@ -117,8 +119,6 @@ class ChaosRun:
             await self._submit(path, self.names.batch_id)
             self.say(f"[{self.now():5.0f}s] submitted {len(self.submitted)} requests as batch {self.names.batch_id}")
             self.poison += await inject(self.stack.bootstrap, self._duplicates(1), [])
-            tasks = [asyncio.create_task(coro) for coro in (self._follow(), self._scrape_loop(), self._supervise(),
-                                                            self._watch_group())]
             faults = asyncio.create_task(self._run_faults())
             try:
                 await self._wait_settled()
@@ -126,11 +126,14 @@ class ChaosRun:
                 self._stop_faults.set()
                 with contextlib.suppress(asyncio.CancelledError):
                     await faults  # a fault in progress finishes (a killed worker is started again)
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             return await self._collect()
         finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.states.stop()
             await self.outcomes.stop()
             await self.group_watch.stop()
@@ -254,7 +257,8 @@ class ChaosRun:
             slot.killing = True
             try:
                 await asyncio.to_thread(slot.kill)
-                self.say(f"[{at:5.0f}s] SIGKILL worker {slot.index} (in flight {gauge}), at {progress:.0%}")
+                shown = "?" if gauge is None else f"{gauge:g}"
+                self.say(f"[{at:5.0f}s] SIGKILL worker {slot.index} (in flight {shown}), at {progress:.0%}")
                 await asyncio.sleep(fault.seconds)
                 if not slot.alive():
                     slot.start()
