@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.core.durations import parse_duration_ms
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import LocalBroker
 from streamproc.devstack.chaos.cli import chaos
@@ -140,11 +141,23 @@ cli.add_command(mock_llm)
 cli.add_command(chaos)
 
 
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """A --completion-window such as 24h, 90m, 1h30m or bare seconds, as seconds."""
+    if value is None:
+        return None
+    ms = parse_duration_ms(value)
+    if ms is None or ms <= 0:
+        raise click.BadParameter(f"{value!r} is not a duration such as 24h, 90m or 1h30m")
+    return ms / 1000
+
+
 @cli.command("submit")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--batch-id", required=True, help="Name of the batch (status, results and backfill use it).")
 @click.option("--skip-invalid", is_flag=True, help="Send the valid lines even when some are invalid.")
-def submit(file: Path, batch_id: str, skip_invalid: bool) -> None:
+@click.option("--completion-window", "window", callback=_duration, metavar="DURATION",
+              help="e.g. 24h (OpenAI's), 90m: requests not called by then end as batch_expired. Default: none.")
+def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None) -> None:
     """Validate FILE (OpenAI Batch JSONL, or {"id", "prompt", ...} lines) and send its requests.
 
     The whole file is checked first; an invalid line (with its number and reason) means nothing is sent,
@@ -152,10 +165,11 @@ def submit(file: Path, batch_id: str, skip_invalid: bool) -> None:
 
     \b
     Example:
-      streamproc submit requests.jsonl --batch-id labels-2026-11
+      streamproc submit requests.jsonl --batch-id labels-2026-11 --completion-window 24h
     """
     with Progress(f"sending {file.name}") as bar:
-        report = _run(submit_file(Settings(), file, batch_id, skip_invalid=skip_invalid, progress=bar))
+        report = _run(submit_file(Settings(), file, batch_id, skip_invalid=skip_invalid, progress=bar,
+                                  completion_window_s=window))
     skipped = f", {report.skipped_invalid} invalid line(s) skipped" if report.skipped_invalid else ""
     click.echo(f"batch {report.batch_id}: {report.sent} requests submitted in {report.seconds:.1f}s{skipped}")
 

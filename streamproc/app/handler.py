@@ -47,8 +47,6 @@ from streamproc.llm.routed import Deferred
 
 log = logging.getLogger(__name__)
 
-BATCH_CANCELLED = "batch_cancelled"  # OpenAI's error code for a request its batch's cancel reached first
-
 
 class Disposition(Enum):
     """What the dispatcher does with the record once the handler returns."""
@@ -96,7 +94,7 @@ class Handler:
     def __init__(self, caller: Caller | Guards, sink: Sink, store: StateStore, policy: RetryPolicy,
                  on_configuration_problem: Callable[[ConfigurationProblem], None],
                  clock_ms: Callable[[], int] = _now_ms, rng: random.Random | None = None,
-                 observer: Observer | None = None, cancelled: Callable[[str | None], bool] | None = None) -> None:
+                 observer: Observer | None = None, closed: Callable[[str | None], str | None] | None = None) -> None:
         self._guards = caller if isinstance(caller, Guards) else Guards(caller)  # a bare caller: no guards
         self._sink = sink
         self._store = store
@@ -105,7 +103,7 @@ class Handler:
         self._clock_ms = clock_ms
         self._rng = rng or random.Random()
         self._observer = guarded(observer)  # metrics; never raises into the handler
-        self._cancelled = cancelled or _never  # batch id -> whether ``streamproc cancel`` ran for it
+        self._closed = closed or _never  # batch id -> why its requests are not called any more, or None
 
     async def handle(self, record: Record) -> Disposition:
         """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
@@ -136,11 +134,11 @@ class Handler:
         state = admission.state
         self._store.put(state)
 
-        if self._cancelled(request.batch_id) and not hop.replay:  # a replay is a new decision: it runs
+        if (closed := self._closed(request.batch_id)) is not None and not hop.replay:  # a replay is a new decision
+            why = "was cancelled" if closed == "batch_cancelled" else "passed its completion window"
             await self._terminal(request, Failure(
-                FailureLayer.BUSINESS, BATCH_CANCELLED,
-                f"batch {request.batch_id!r} was cancelled before request {request.request_id!r} was called"),
-                hop.attempt, hop.first_failure_ms or now, origin, state)
+                FailureLayer.BUSINESS, closed, f"batch {request.batch_id!r} {why} before request "
+                f"{request.request_id!r} was called"), hop.attempt, hop.first_failure_ms or now, origin, state)
             return Disposition.ACK
 
         try:  # after admission, so that the terminal failure below also ends the state (a repair hop can fail here)
@@ -311,8 +309,8 @@ class Handler:
             log.exception("could not mark %s failed after its internal error", request_id)
 
 
-def _never(batch_id: str | None) -> bool:
-    return False
+def _never(batch_id: str | None) -> str | None:
+    return None
 
 
 def _text(data: bytes | None) -> str | None:

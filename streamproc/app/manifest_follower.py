@@ -1,4 +1,5 @@
-"""How many requests each batch submitted, and which batches were cancelled, followed from the manifests topic.
+"""How many requests each batch submitted, and which batches are closed (cancelled, or past their completion
+window), followed from the manifests topic.
 
 The retry budget of a batch is a fraction of its first attempts (design §5). Counting them as they happen
 makes the budget strict early in a batch and after a restart, so a worker also reads the batch manifests
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_fixed
 
@@ -20,22 +23,33 @@ from streamproc.codec.manifest import decode_manifest
 
 log = logging.getLogger(__name__)
 
+BATCH_CANCELLED = "batch_cancelled"  # OpenAI's error codes of a request its batch's end reached first
+BATCH_EXPIRED = "batch_expired"
+
 FOLLOW_INTERVAL_S = 2.0
 
 
 class BatchSizes:
     """batch id -> submitted count, and the cancelled batches, from the manifests read so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
         self._sizes: dict[str, int] = {}
         self._cancelled: set[str] = set()
+        self._expires: dict[str, int] = {}
+        self._clock_ms = clock_ms
 
     def submitted(self, batch_id: str) -> int | None:
         return self._sizes.get(batch_id)
 
-    def cancelled(self, batch_id: str | None) -> bool:
-        """Whether ``streamproc cancel`` was run for the batch (its requests not called yet end cancelled)."""
-        return batch_id is not None and batch_id in self._cancelled
+    def closed(self, batch_id: str | None) -> str | None:
+        """Why a request of the batch must not be called any more (OpenAI's error codes): ``batch_cancelled``
+        once ``streamproc cancel`` ran for it, ``batch_expired`` past its completion window; else None."""
+        if batch_id is None:
+            return None
+        if batch_id in self._cancelled:
+            return BATCH_CANCELLED
+        expires = self._expires.get(batch_id)
+        return BATCH_EXPIRED if expires is not None and self._clock_ms() >= expires else None
 
     def apply(self, value: bytes | None) -> None:
         """Take one record of the manifests topic; anything that is not a manifest is ignored."""
@@ -49,6 +63,8 @@ class BatchSizes:
         self._sizes[manifest.batch_id] = manifest.submitted
         if manifest.cancelled_ms is not None:
             self._cancelled.add(manifest.batch_id)
+        if manifest.expires_ms is not None:
+            self._expires[manifest.batch_id] = manifest.expires_ms
 
     async def load(self, bootstrap: str, topic: str) -> None:
         """Read the manifests topic up to now (at start-up, before any request is handled)."""

@@ -141,7 +141,7 @@ class WorkerRuntime:
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
         self.handler = Handler(self.guards, self.sink, TableStore(self.table), settings.retry_policy(),
                                self._on_configuration_problem, rng=random.Random(), observer=observer,
-                               cancelled=self.batch_sizes.cancelled)
+                               closed=self.batch_sizes.closed)
         self._register_agents()
 
     def _expected_first_attempts(self, batch_id: str) -> float:

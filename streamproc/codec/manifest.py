@@ -21,6 +21,7 @@ class BatchManifest:
     source: str  # the input file, for people reading the topic
     invalid_skipped: int = 0
     cancelled_ms: int | None = None  # set by ``streamproc cancel``: requests not called yet end batch_cancelled
+    expires_ms: int | None = None  # ``submit --completion-window``: what is not called by then ends batch_expired
 
 
 def encode_manifest(manifest: BatchManifest) -> bytes:
@@ -36,7 +37,8 @@ def decode_manifest(data: bytes) -> BatchManifest:
         return BatchManifest(batch_id=str(fields["batch_id"]), submitted=int(fields["submitted"]),
                              created_ms=int(fields["created_ms"]), source=str(fields.get("source", "")),
                              invalid_skipped=int(fields.get("invalid_skipped", 0)),
-                             cancelled_ms=_optional_int(fields.get("cancelled_ms")))
+                             cancelled_ms=_optional_int(fields.get("cancelled_ms")),
+                             expires_ms=_optional_int(fields.get("expires_ms")))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not a batch manifest: {exc}") from None
 

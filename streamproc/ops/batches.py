@@ -31,10 +31,16 @@ class BatchEntry:
     @property
     def state(self) -> str:
         """OpenAI's batch status vocabulary: ``completed`` once every request ended, else ``in_progress``; a
-        cancelled batch is ``cancelling`` until its calls in flight ended, then ``cancelled``."""
-        if self.manifest is not None and self.manifest.cancelled_ms is not None:
-            return "cancelled" if self.status.converged else "cancelling"
-        return "completed" if self.status.converged else "in_progress"
+        cancelled batch is ``cancelling`` until its calls in flight ended, then ``cancelled``; one whose last
+        request ended after its completion window is ``expired``."""
+        manifest, status = self.manifest, self.status
+        if manifest is not None and manifest.cancelled_ms is not None:
+            return "cancelled" if status.converged else "cancelling"
+        if not status.converged:
+            return "in_progress"
+        expired = manifest is not None and manifest.expires_ms is not None and \
+            status.last_progress_ms >= manifest.expires_ms
+        return "expired" if expired else "completed"
 
     def as_json(self) -> dict[str, Any]:
         """OpenAI's batch object's keys (``id``, ``created_at`` in seconds, ``status``, ``request_counts``), plus

@@ -37,12 +37,14 @@ class StatusReport:
     status: BatchStatus
     stall: BatchStall | None = None
     cancelled_ms: int | None = None  # when ``streamproc cancel`` ran for the batch
+    expires_ms: int | None = None  # the end of its completion window
 
     def as_json(self) -> dict[str, Any]:
         """``status --json``: the counts' keys, plus ``stalled`` (null while the batch moves or ended) and
-        ``cancelled_at`` (Unix seconds, null unless cancelled)."""
+        ``cancelled_at`` and ``expires_at`` (Unix seconds, null unless cancelled or given a window)."""
         return {**self.status.as_json(), "stalled": None if self.stall is None else self.stall.as_json(),
-                "cancelled_at": None if self.cancelled_ms is None else self.cancelled_ms // 1000}
+                "cancelled_at": None if self.cancelled_ms is None else self.cancelled_ms // 1000,
+                "expires_at": None if self.expires_ms is None else self.expires_ms // 1000}
 
     def format(self) -> str:
         text = format_status(self.status)
@@ -60,7 +62,9 @@ async def read_status(settings: Settings, batch_id: str) -> StatusReport:
     if reader.manifest is None and current.submitted == 0:
         raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {settings.topology().batches} and "
                                 "no request state names it)")
-    return StatusReport(current, stall, reader.manifest.cancelled_ms if reader.manifest is not None else None)
+    manifest = reader.manifest
+    return StatusReport(current, stall, manifest.cancelled_ms if manifest else None,
+                        manifest.expires_ms if manifest else None)
 
 
 class BatchStatusReader:

@@ -56,8 +56,9 @@ def limits_of(settings: Settings) -> BatchLimits:
 
 
 async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_invalid: bool = False,
-                      progress: Progress | None = None) -> SubmitReport:
-    """Validate ``path``, send its requests keyed by (batch, custom_id), then write the batch manifest."""
+                      progress: Progress | None = None, completion_window_s: float | None = None) -> SubmitReport:
+    """Validate ``path``, send its requests keyed by (batch, custom_id), then write the batch manifest (with the
+    end of the completion window, when one is given: what is not called by then ends ``batch_expired``)."""
     started = time.monotonic()
     if (problem := batch_id_problem(batch_id)) is not None:
         raise SubmitError(f"--batch-id {batch_id!r}: {problem}")
@@ -91,7 +92,8 @@ async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_inv
             if len(pending) >= _CONFIRM_EVERY:
                 sent += await _confirm(pending, progress)
         sent += await _confirm(pending, progress)
-        manifest = BatchManifest(batch_id, sent, submitted_ms, str(path), report.error_count)
+        expires_ms = None if completion_window_s is None else submitted_ms + round(completion_window_s * 1000)
+        manifest = BatchManifest(batch_id, sent, submitted_ms, str(path), report.error_count, expires_ms=expires_ms)
         await producer.send_and_wait(topology.batches, key=batch_id.encode(), value=encode_manifest(manifest))
     finally:
         await producer.stop()

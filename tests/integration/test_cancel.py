@@ -65,3 +65,32 @@ def test_cancel_of_an_unknown_batch_is_one_clear_line(settings: Settings) -> Non
     assert result.returncode != 0
     assert "no manifest for batch 'never-submitted'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_requests_not_called_within_the_completion_window_end_batch_expired(settings: Settings,
+                                                                            tmp_path: Path) -> None:
+    path = batch_file(tmp_path / "in.jsonl", 120)
+    submitted = cli(settings, "submit", str(path), "--batch-id", "hurried", "--completion-window", "4s")
+    assert submitted.returncode == 0, submitted.stderr
+    mock = start_mock("clean", 5, "--latency", str(LATENCY_S))
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", in_flight=str(IN_FLIGHT),
+                                      adaptive_initial_in_flight=str(IN_FLIGHT), llm_hedge_ratio="0"),
+                           tmp_path / "worker.log")
+    worker.start()
+    try:
+        final = wait_converged(settings, "hurried", 120, worker)[-1]
+        calls = mock.stats()["calls"]
+        listed = json.loads(cli(settings, "batches", "--json").stdout)
+    finally:
+        worker.stop()
+        mock.stop()
+    assert final["expires_at"] is not None and final["succeeded"] == calls
+    assert final["failed"]["business"] == 120 - calls > 0, final  # 120 calls take 15 s at 8 calls/s
+    [entry] = [batch for batch in listed["data"] if batch["id"] == "hurried"]
+    assert entry["status"] == "expired"
+
+
+def test_a_completion_window_that_is_not_a_duration_is_refused(settings: Settings, tmp_path: Path) -> None:
+    path = batch_file(tmp_path / "in.jsonl", 2)
+    result = cli(settings, "submit", str(path), "--batch-id", "x", "--completion-window", "tomorrow")
+    assert result.returncode == 2 and "is not a duration such as 24h" in result.stderr

@@ -808,7 +808,8 @@ async def test_a_late_failure_of_a_superseded_attempt_does_not_undo_a_newer_succ
 async def test_a_request_of_a_cancelled_batch_ends_batch_cancelled_without_a_call() -> None:
     rig = Rig([])
     rig.handler = Handler(rig.caller, rig.sink, rig.store, rig.policy, rig.problems.append, clock_ms=rig.clock,
-                          rng=random.Random(SEED), cancelled=lambda batch_id: batch_id == "batch-1")
+                          rng=random.Random(SEED),
+                          closed=lambda batch_id: "batch_cancelled" if batch_id == "batch-1" else None)
     request = replace(make_request(), batch_id="batch-1")
     assert await rig.handle(submission(request)) is Disposition.ACK
     event, _ = only_failure(rig)
@@ -819,7 +820,7 @@ async def test_a_request_of_a_cancelled_batch_ends_batch_cancelled_without_a_cal
 async def test_a_replay_of_a_cancelled_batch_is_called() -> None:
     rig = Rig([answer("ok")])
     rig.handler = Handler(rig.caller, rig.sink, rig.store, rig.policy, rig.problems.append, clock_ms=rig.clock,
-                          rng=random.Random(SEED), cancelled=lambda batch_id: True)
+                          rng=random.Random(SEED), closed=lambda batch_id: "batch_expired")
     replayed = submission(make_request(), hdrs={headers.REPLAY: b"1"})
     assert await rig.handle(replayed) is Disposition.ACK
     assert len(rig.sink.results) == 1  # backfill is a new decision of the user's

@@ -21,12 +21,23 @@ def test_records_that_are_not_manifests_are_ignored() -> None:
     assert sizes.submitted("x") is None
 
 
-def test_a_cancelled_manifest_marks_its_batch_cancelled() -> None:
+def test_a_cancelled_manifest_closes_its_batch() -> None:
     from streamproc.codec.manifest import BatchManifest, encode_manifest
 
     sizes = BatchSizes()
     sizes.apply(encode_manifest(BatchManifest("b", 10, 5, "in.jsonl")))
-    assert not sizes.cancelled("b")
+    assert sizes.closed("b") is None
     sizes.apply(encode_manifest(BatchManifest("b", 10, 5, "in.jsonl", cancelled_ms=7)))
-    assert sizes.cancelled("b") and not sizes.cancelled("other") and not sizes.cancelled(None)
+    assert (sizes.closed("b"), sizes.closed("other"), sizes.closed(None)) == ("batch_cancelled", None, None)
     assert sizes.submitted("b") == 10
+
+
+def test_a_batch_closes_at_the_end_of_its_completion_window() -> None:
+    from streamproc.codec.manifest import BatchManifest, encode_manifest
+
+    now = [1_000]
+    sizes = BatchSizes(clock_ms=lambda: now[0])
+    sizes.apply(encode_manifest(BatchManifest("b", 10, 5, "in.jsonl", expires_ms=2_000)))
+    assert sizes.closed("b") is None
+    now[0] = 2_000
+    assert sizes.closed("b") == "batch_expired"

@@ -19,7 +19,7 @@ def test_manifest_round_trip_and_rejects_foreign_records() -> None:
 def test_a_cancelled_manifest_round_trips_and_an_old_one_reads_as_not_cancelled() -> None:
     from streamproc.codec.manifest import BatchManifest, decode_manifest, encode_manifest
 
-    cancelled = BatchManifest("b", 10, 5, "in.jsonl", 0, cancelled_ms=99)
+    cancelled = BatchManifest("b", 10, 5, "in.jsonl", 0, cancelled_ms=99, expires_ms=500)
     assert decode_manifest(encode_manifest(cancelled)) == cancelled
     old = b'{"batch_id":"b","submitted":10,"created_ms":5,"source":"in.jsonl"}'
     assert decode_manifest(old).cancelled_ms is None

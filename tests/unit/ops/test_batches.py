@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from streamproc.codec.manifest import BatchManifest
 from streamproc.core.batch_status import BatchesFold
 from streamproc.core.events import RequestState
@@ -51,3 +53,13 @@ def test_a_cancelled_batch_is_cancelling_until_it_converges_then_cancelled() -> 
     assert BatchEntry(fold.status("c", 2), 1_000, manifest).state == "cancelling"  # a call still runs
     fold.apply([state("c/2", "c", RequestStatus.FAILED)])
     assert BatchEntry(fold.status("c", 2), 1_000, manifest).state == "cancelled"
+
+
+def test_a_batch_whose_last_request_ended_after_its_window_is_expired() -> None:
+    fold = BatchesFold()
+    fold.apply([state("e/1", "e", RequestStatus.SUCCEEDED), replace(state("e/2", "e", RequestStatus.FAILED),
+                                                                    updated_ms=9_000)])
+    assert BatchEntry(fold.status("e", 2), 1_000, BatchManifest("e", 2, 1_000, "f", expires_ms=8_000)).state == \
+        "expired"
+    assert BatchEntry(fold.status("e", 2), 1_000, BatchManifest("e", 2, 1_000, "f", expires_ms=10_000)).state == \
+        "completed"
