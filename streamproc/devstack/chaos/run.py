@@ -43,7 +43,7 @@ from streamproc.devstack.chaos.poison import (
 )
 from streamproc.devstack.chaos.stack import ChaosError, ChaosStack, WorkerSlot
 from streamproc.devstack.chaos.tally import ChaosFacts, Tally, WorkerExit, explained, lost_ids, tally
-from streamproc.devstack.chaos.worker_metrics import MetricsLedger, scrape
+from streamproc.devstack.chaos.worker_metrics import HEDGED, REDRIVEN, MetricsLedger, scrape
 from streamproc.settings import Settings
 
 Say = Callable[[str], None]
@@ -350,7 +350,7 @@ class ChaosRun:
             call_drops_s=[t - self.t0 for t in ledger.drops],
             stalls=self.metrics.stalls, group_stalls=self.group_watch.readings,
             stall_threshold_s=self._stall_threshold_s(), stalled_at_end=stalled_at_end,
-            redriven=self.metrics.redriven_total if self.metrics.redriven_exported else None,
+            redriven=self.metrics.total(REDRIVEN), hedged=self.metrics.total(HEDGED),
             converged_at_s=self.progress.converged_at_s, submitted_at_s=self.submitted_at_s, wall_s=self.now(),
             poison=self.poison, unplanned_exits=self.exits, unfinished_states=described, trace=trace,
             status_json=status_json)

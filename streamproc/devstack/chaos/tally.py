@@ -49,6 +49,7 @@ class ChaosFacts:
     stall_threshold_s: float  # the workers' watchdog threshold: slowest retry tier + LLM timeout
     stalled_at_end: frozenset[tuple[int, str, int]]
     redriven: float | None  # None: no worker exported the counter
+    hedged: float | None  # hedged calls the workers sent on purpose (None: not exported)
     converged_at_s: float | None
     submitted_at_s: float
     wall_s: float
@@ -202,15 +203,20 @@ def tally(facts: ChaosFacts) -> Tally:
 
     kills = [f for f in facts.fired if f.fault.kind is FaultKind.KILL_WORKER]
     extra, unseen = duplicated_calls(facts.batch_id, facts.submitted, facts.outcomes, facts.llm_calls)
-    per_kill = f"{extra / len(kills):.1f} per kill over {len(kills)} kills" if kills else "no kills"
+    hedged = round(facts.hedged or 0)
+    redone = max(0, extra - hedged)  # hedges are second calls sent on purpose, not redone work
+    detail = f"{redone / len(kills):.1f} per kill over {len(kills)} kills" if kills else "no kills"
     if facts.unplanned_exits:
-        per_kill += f" (and {len(facts.unplanned_exits)} unplanned exits)"
-    rows.append(Row("duplicated LLM calls", str(extra), per_kill
-                    + (f"; {unseen} attempt(s) never reached the LLM" if unseen else "")))
+        detail += f" (and {len(facts.unplanned_exits)} unplanned exits)"
+    if facts.hedged is not None:
+        detail += f"; {extra} calls beyond attempts, of which {hedged} hedged on purpose (all workers)"
+    if unseen:
+        detail += f"; {unseen} attempt(s) never reached the LLM"
+    rows.append(Row("duplicated LLM calls", str(redone), detail))
     gauges = [k.in_flight_gauge for k in kills]
     known = [g for g in gauges if g is not None]
     shown = " ".join("?" if g is None else f"{g:g}" for g in gauges) or "-"
-    bound = (f"sum {sum(known):g}: duplicates {'within' if extra <= sum(known) else 'ABOVE'} it"
+    bound = (f"sum {sum(known):g}: duplicates {'within' if redone <= sum(known) else 'ABOVE'} it"
              if known and len(known) == len(gauges) else "some readings missing")
     rows.append(Row("in flight at each kill (gauge)", shown, bound))
     cuts = [calls_cut(k.at_s, facts.call_drops_s) for k in kills]
@@ -247,7 +253,8 @@ def tally(facts: ChaosFacts) -> Tally:
         rows.append(Row("reconciler re-drives", "0", "streamproc_requests_redriven_total not exported by these "
                                                       "workers (counter absent)"))
     else:
-        rows.append(Row("reconciler re-drives", f"{facts.redriven:g}", "sum over workers and restarts"))
+        rows.append(Row("reconciler re-drives", f"{facts.redriven:g}", "streamproc_requests_redriven_total, summed "
+                                                                        "over workers and restarts"))
 
     poison_explained = [(p, *explained(p, facts.outcomes)) for p in facts.poison]
     bad = [(p, how) for p, ok, how in poison_explained if not ok]

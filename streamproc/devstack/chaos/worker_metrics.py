@@ -15,30 +15,37 @@ from prometheus_client.parser import text_string_to_metric_families
 
 IN_FLIGHT = "streamproc_in_flight"
 STALLED = "streamproc_partition_stalled"
-REDRIVEN = "streamproc_requests_redriven"  # a counter: its samples are named ..._total
+REDRIVEN = "streamproc_requests_redriven"  # counters: their samples are named ..._total
+HEDGED = "streamproc_hedged_calls"
+COUNTERS = (REDRIVEN, HEDGED)
 
 
 @dataclass(frozen=True)
 class WorkerReading:
     in_flight: float | None
     stalled: frozenset[tuple[str, int]]
-    redriven: float | None  # None: this worker does not export the counter
+    counters: dict[str, float]  # of COUNTERS, the ones this worker exports (summed over labels)
+
+    @property
+    def redriven(self) -> float | None:
+        return self.counters.get(REDRIVEN)
 
 
 def parse_metrics(text: str) -> WorkerReading:
-    """The three series the run reads, from a Prometheus text exposition."""
+    """The series the run reads, from a Prometheus text exposition."""
     in_flight: float | None = None
     stalled: set[tuple[str, int]] = set()
-    redriven: float | None = None
+    counters: dict[str, float] = {}
+    wanted = {f"{name}_total": name for name in COUNTERS}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == IN_FLIGHT:
                 in_flight = float(sample.value)
             elif sample.name == STALLED and sample.value >= 1:
                 stalled.add((sample.labels.get("topic", "?"), int(sample.labels.get("partition", "-1"))))
-            elif sample.name == f"{REDRIVEN}_total":  # the family is named with or without _total
-                redriven = (redriven or 0.0) + float(sample.value)
-    return WorkerReading(in_flight, frozenset(stalled), redriven)
+            elif (name := wanted.get(sample.name)) is not None:  # the family is named with or without _total
+                counters[name] = counters.get(name, 0.0) + float(sample.value)
+    return WorkerReading(in_flight, frozenset(stalled), counters)
 
 
 async def scrape(client: httpx.AsyncClient, port: int) -> WorkerReading | None:
@@ -67,20 +74,18 @@ class MetricsLedger:
 
     stalls: list[StallReading] = field(default_factory=list)
     stalled_now: dict[int, frozenset[tuple[str, int]]] = field(default_factory=dict)
-    redriven: dict[tuple[int, int], float] = field(default_factory=dict)  # (worker, incarnation) -> last value
+    counters: dict[tuple[str, int, int], float] = field(default_factory=dict)  # (name, worker, incarnation) -> last
     readings: int = 0
 
     def add(self, worker: int, incarnation: int, reading: WorkerReading, at_s: float) -> None:
         self.readings += 1
         self.stalls += [StallReading(at_s, worker, topic, partition) for topic, partition in sorted(reading.stalled)]
         self.stalled_now[worker] = reading.stalled
-        if reading.redriven is not None:
-            self.redriven[(worker, incarnation)] = max(reading.redriven, self.redriven.get((worker, incarnation), 0))
+        for name, value in reading.counters.items():
+            key = (name, worker, incarnation)
+            self.counters[key] = max(value, self.counters.get(key, 0.0))
 
-    @property
-    def redriven_exported(self) -> bool:
-        return bool(self.redriven)
-
-    @property
-    def redriven_total(self) -> float:
-        return sum(self.redriven.values())
+    def total(self, name: str) -> float | None:
+        """A counter summed over workers and their incarnations; None if no worker exported it."""
+        values = [value for (counter, _, _), value in self.counters.items() if counter == name]
+        return sum(values) if values else None

@@ -14,7 +14,7 @@ from streamproc.devstack.chaos.config import ChaosConfig, RunNames
 from streamproc.devstack.chaos.faults import FaultKind, due, plan_faults, spread
 from streamproc.devstack.chaos.poison import Expect, PoisonKind, big_body_candidates, build_direct, build_submitted
 from streamproc.devstack.chaos.proxy import deep_body_answer, deep_content_answer
-from streamproc.devstack.chaos.worker_metrics import MetricsLedger, parse_metrics
+from streamproc.devstack.chaos.worker_metrics import HEDGED, REDRIVEN, MetricsLedger, parse_metrics
 
 NAMES = RunNames("chaos-test")
 TOPOLOGY = Topology("chaos-test", 8, parse_tiers("1s,2s,4s"), "chaos-test-app")
@@ -57,11 +57,13 @@ def test_metrics_give_in_flight_stalled_partitions_and_redrives() -> None:
         'streamproc_partition_stalled{partition="4",topic="t.requests"} 0.0',
         "# TYPE streamproc_requests_redriven counter",
         'streamproc_requests_redriven_total{topic="t.retry.1s"} 2.0',
-        'streamproc_requests_redriven_total{topic="t.retry.2s"} 1.0', ""])
+        'streamproc_requests_redriven_total{topic="t.retry.2s"} 1.0',
+        "# TYPE streamproc_hedged_calls_total counter", "streamproc_hedged_calls_total 4.0", ""])
     reading = parse_metrics(text)
     assert reading.in_flight == 17
     assert reading.stalled == {("t.requests", 3)}
     assert reading.redriven == 3
+    assert reading.counters[HEDGED] == 4
     absent = parse_metrics("# TYPE streamproc_in_flight gauge\nstreamproc_in_flight 0.0\n")
     assert absent.redriven is None and absent.stalled == frozenset()
 
@@ -69,9 +71,11 @@ def test_metrics_give_in_flight_stalled_partitions_and_redrives() -> None:
 def test_redrives_sum_the_last_reading_of_every_incarnation() -> None:
     ledger = MetricsLedger()
     text = "# TYPE streamproc_requests_redriven counter\nstreamproc_requests_redriven_total {n}\n"
+    assert ledger.total(REDRIVEN) is None
     for worker, incarnation, value in ((0, 1, 2), (0, 1, 5), (0, 2, 1), (1, 1, 4)):  # worker 0 restarted at 5
         ledger.add(worker, incarnation, parse_metrics(text.format(n=value)), 1.0)
-    assert ledger.redriven_exported and ledger.redriven_total == 10
+    assert ledger.total(REDRIVEN) == 10
+    assert ledger.total(HEDGED) is None
 
 
 def test_deep_answers_are_valid_json_nested_beyond_the_parser() -> None:

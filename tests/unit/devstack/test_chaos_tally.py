@@ -61,7 +61,7 @@ def facts(**changes: object) -> ChaosFacts:
         llm_calls={f"{BATCH}/r0": 1, f"{BATCH}/r1": 2, f"{BATCH}/r2": 1}, export_ids=["r0", "r1", "r2"],
         planned=[Fault(FaultKind.KILL_WORKER, 0.1, worker=0, seconds=5)], fired=[kill(10.0, 12.0)],
         call_drops_s=[10.5], stalls=[], group_stalls=[], stall_threshold_s=90.0, stalled_at_end=frozenset(),
-        redriven=None, converged_at_s=60.0, submitted_at_s=5.0, wall_s=70.0, poison=[])
+        redriven=None, hedged=None, converged_at_s=60.0, submitted_at_s=5.0, wall_s=70.0, poison=[])
     base.update(changes)
     return ChaosFacts(**base)  # type: ignore[arg-type]
 
@@ -204,6 +204,14 @@ def test_unplanned_exits_are_grouped_by_their_last_words() -> None:
     grouped = [line for line in outcome.details if line.startswith("worker exit")]
     assert len(grouped) == 2 and grouped[0].startswith("worker exit 4 x2 (w0@10s, w1@20s)")
     assert outcome.ok  # an exit the supervisor recovers from is reported, not failed on
+
+
+def test_hedged_calls_are_not_counted_as_duplicates() -> None:
+    outcomes = outcomes_of(result("b1/r0"), result("b1/r1"), result("b1/r2"))
+    rows = {row.label: row for row in tally(facts(outcomes=outcomes, llm_calls={"b1/r0": 3, "b1/r1": 2, "b1/r2": 1},
+                                                  hedged=2.0)).rows}
+    assert rows["duplicated LLM calls"].value == "1"
+    assert "3 calls beyond attempts, of which 2 hedged" in rows["duplicated LLM calls"].detail
 
 
 def test_the_redrive_counter_is_read_when_exported() -> None:
