@@ -171,7 +171,7 @@ class Handler:
                 input_hash=state.input_hash,
             ))
             self._observer.on_result()
-            self._store.put(on_success(state, self._clock_ms()))  # result first, then state (design §4)
+            self._store.put(on_success(state, self._clock_ms(), outcome))  # result first, then state (design §4)
             return Disposition.ACK
         await self._after_failure(request, outcome, called, body, hop, origin, state)
         return Disposition.ACK

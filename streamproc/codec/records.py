@@ -125,6 +125,9 @@ def _state_to_avro(state: RequestState) -> AvroRecord:
         "next_topic": state.next_topic,
         "next_offset": state.next_offset,
         "retries_spent": state.retries_spent,
+        "model": state.model,
+        "prompt_tokens": state.prompt_tokens,
+        "completion_tokens": state.completion_tokens,
     }
 
 
@@ -145,6 +148,9 @@ def _state_from_avro(datum: AvroRecord) -> RequestState:
         next_topic=datum["next_topic"],
         next_offset=datum["next_offset"],
         retries_spent=datum["retries_spent"],
+        model=datum["model"],
+        prompt_tokens=datum["prompt_tokens"],
+        completion_tokens=datum["completion_tokens"],
     )
 
 

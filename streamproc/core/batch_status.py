@@ -34,6 +34,8 @@ class BatchStatus:
     """Of ``retrying``, the requests parked by a guard, by code (``circuit_open``, ``model_paused``)."""
     last_progress_ms: int = 0
     """When a request of the batch last ended, or the batch started when none has: how long it has not moved."""
+    usage: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per model, (prompt, completion) tokens of the answers that became results."""
 
     @property
     def ended(self) -> int:
@@ -51,7 +53,18 @@ class BatchStatus:
     def as_json(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "submitted": self.submitted, "succeeded": self.succeeded,
                 "failed": dict(self.failed), "retrying": self.retrying, "in_flight": self.in_flight,
-                "pending": self.pending, "converged": self.converged}
+                "pending": self.pending, "converged": self.converged, "usage": self.usage_json()}
+
+    def usage_json(self) -> dict[str, Any]:
+        """OpenAI's usage keys for the batch's results, in total and per model."""
+        prompt = sum(tokens[0] for tokens in self.usage.values())
+        completion = sum(tokens[1] for tokens in self.usage.values())
+        return {**_usage(prompt, completion),
+                "by_model": {model: _usage(*tokens) for model, tokens in sorted(self.usage.items())}}
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def format_status(status: BatchStatus) -> str:
@@ -67,6 +80,10 @@ def format_status(status: BatchStatus) -> str:
         ("pending", str(status.pending)),
         ("converged", "yes" if status.converged else "no"),
     ]
+    if status.usage:
+        usage = status.usage_json()
+        rows.append(("tokens", f"{usage['total_tokens']:,} ({usage['prompt_tokens']:,} prompt, "
+                               f"{usage['completion_tokens']:,} completion)"))
     return "\n".join(f"{name:<10} {value}" for name, value in rows)
 
 
@@ -78,6 +95,9 @@ class _Entry(NamedTuple):
     code: str | None
     created_ms: int
     updated_ms: int
+    model: str | None
+    prompt_tokens: int
+    completion_tokens: int
 
 
 @dataclass
@@ -91,7 +111,8 @@ class StatusFold:
         for state in states:
             if state.batch_id == self.batch_id:
                 self._latest[state.request_id] = _Entry(state.status, state.last_layer, state.last_error_code,
-                                                        state.created_ms, state.updated_ms)
+                                                        state.created_ms, state.updated_ms, state.model,
+                                                        state.prompt_tokens, state.completion_tokens)
 
     @property
     def first_created_ms(self) -> int:
@@ -108,9 +129,13 @@ class StatusFold:
         by_status: Counter[RequestStatus] = Counter()
         failed = dict.fromkeys((layer.value for layer in FailureLayer), 0)
         parked: Counter[str] = Counter()
+        usage: dict[str, tuple[int, int]] = {}
         progress_ms = started_ms or self.first_created_ms
         for entry in self._latest.values():
             by_status[entry.status] += 1
+            if entry.status is RequestStatus.SUCCEEDED and entry.model is not None:
+                prompt, completion = usage.get(entry.model, (0, 0))
+                usage[entry.model] = (prompt + entry.prompt_tokens, completion + entry.completion_tokens)
             if entry.status is RequestStatus.FAILED:
                 failed[(entry.layer or FailureLayer.BUSINESS).value] += 1
             if entry.status in _ENDED:
@@ -122,7 +147,7 @@ class StatusFold:
         return BatchStatus(
             batch_id=self.batch_id, submitted=total, succeeded=by_status[RequestStatus.SUCCEEDED], failed=failed,
             retrying=by_status[RequestStatus.RETRYING], in_flight=by_status[RequestStatus.IN_FLIGHT],
-            pending=total - seen, parked=dict(parked), last_progress_ms=progress_ms,
+            pending=total - seen, parked=dict(parked), last_progress_ms=progress_ms, usage=usage,
         )
 
 

@@ -85,3 +85,7 @@ class RequestState:
     next_topic: str | None = None
     next_offset: int | None = None
     retries_spent: int = 0  # retries that spent the batch's retry budget (summed per batch after a restart)
+    # the usage of the answer that became the result (status sums it per batch and model)
+    model: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0

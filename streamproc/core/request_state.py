@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from streamproc.core.events import InferenceRequest, RequestState
-from streamproc.core.outcome import Failure
+from streamproc.core.outcome import Failure, Success
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 CIRCUIT_OPEN = "circuit_open"
@@ -212,9 +212,14 @@ def superseded(current: RequestState | None, started: RequestState) -> bool:
                 and (current.source_topic, current.source_offset) == (started.source_topic, started.source_offset))
 
 
-def on_success(state: RequestState, now_ms: int) -> RequestState:
-    """The result was sent (result first, then state: design §4)."""
-    return replace(state, status=RequestStatus.SUCCEEDED, updated_ms=now_ms, source_topic=None, source_offset=None)
+def on_success(state: RequestState, now_ms: int, answer: Success | None = None) -> RequestState:
+    """The result was sent (result first, then state: design §4); ``answer``'s model and usage are kept for the
+    batch's token counts."""
+    done = replace(state, status=RequestStatus.SUCCEEDED, updated_ms=now_ms, source_topic=None, source_offset=None)
+    if answer is None:
+        return done
+    return replace(done, model=answer.model, prompt_tokens=max(0, answer.prompt_tokens),
+                   completion_tokens=max(0, answer.completion_tokens))
 
 
 def on_retry_scheduled(state: RequestState, layer: FailureLayer, code: str, now_ms: int,

@@ -49,6 +49,9 @@ def test_cancel_ends_what_was_not_called_and_the_batch_converges(settings: Setti
     rate = IN_FLIGHT / LATENCY_S
     assert calls_after - calls_at_cancel <= IN_FLIGHT + rate * (FOLLOW_INTERVAL_S + 1), (calls_at_cancel, calls_after)
     assert final["succeeded"] == calls_after  # every call made was answered: a clean server
+    usage = final["usage"]  # the results' tokens, as the mock counted them
+    assert set(usage["by_model"]) == {"mock-small"} and usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     assert final["failed"]["business"] == 300 - calls_after  # the rest were never called
     [entry] = [batch for batch in listed["data"] if batch["id"] == "doomed"]
     assert entry["status"] == "cancelled"

@@ -824,3 +824,11 @@ async def test_a_replay_of_a_cancelled_batch_is_called() -> None:
     replayed = submission(make_request(), hdrs={headers.REPLAY: b"1"})
     assert await rig.handle(replayed) is Disposition.ACK
     assert len(rig.sink.results) == 1  # backfill is a new decision of the user's
+
+
+async def test_a_success_keeps_the_answers_model_and_usage_in_the_state() -> None:
+    rig = Rig([answer("ok")])
+    await rig.handle(submission(make_request()))
+    state = rig.state()
+    assert state.status is RequestStatus.SUCCEEDED
+    assert state.model is not None and state.prompt_tokens > 0 and state.completion_tokens > 0, state

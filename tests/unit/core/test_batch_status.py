@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from streamproc.core.batch_status import StatusFold, format_status
 from streamproc.core.events import RequestState
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
@@ -20,7 +22,9 @@ def test_counts_add_up_and_latest_state_wins() -> None:
     status = fold.status(submitted=5)
     assert status.as_json() == {"batch_id": "b", "submitted": 5, "succeeded": 1,
                                 "failed": {"transport": 0, "service": 0, "semantic": 0, "business": 0},
-                                "retrying": 1, "in_flight": 1, "pending": 2, "converged": False}
+                                "retrying": 1, "in_flight": 1, "pending": 2, "converged": False,
+                                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
+                                          "by_model": {}}}
 
 
 def test_converged_when_every_request_ended() -> None:
@@ -40,3 +44,16 @@ def test_states_beyond_the_manifest_raise_submitted_instead_of_breaking_the_sum(
     fold.apply([state("1", RequestStatus.SUCCEEDED), state("2", RequestStatus.SUCCEEDED)])
     status = fold.status(submitted=0)  # the manifest is not written yet
     assert (status.submitted, status.pending, status.converged) == (2, 0, True)
+
+
+def test_token_usage_is_summed_per_model_over_the_results_latest_state_only() -> None:
+    fold = StatusFold("b")
+    done = [replace(state(str(i), RequestStatus.SUCCEEDED), model=model, prompt_tokens=10, completion_tokens=i)
+            for i, model in ((1, "small"), (2, "small"), (3, "large"))]
+    fold.apply([*done, state("4", RequestStatus.FAILED, FailureLayer.BUSINESS)])
+    fold.apply([replace(done[0], completion_tokens=5)])  # a later state of the same id replaces the earlier
+    usage = fold.status(submitted=4).usage_json()
+    assert usage == {"prompt_tokens": 30, "completion_tokens": 10, "total_tokens": 40,
+                     "by_model": {"large": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+                                  "small": {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}}}
+    assert "tokens     40 (30 prompt, 10 completion)" in format_status(fold.status(submitted=4))
