@@ -38,6 +38,8 @@ def parse_metrics(text: str) -> WorkerReading:
     counters: dict[str, float] = {}
     wanted = {f"{name}_total": name for name in COUNTERS}
     for family in text_string_to_metric_families(text):
+        if (exported := wanted.get(family.name) or (family.name if family.name in COUNTERS else None)) is not None:
+            counters.setdefault(exported, 0.0)  # a labelled counter shows no sample before its first increment
         for sample in family.samples:
             if sample.name == IN_FLIGHT:
                 in_flight = float(sample.value)

@@ -66,6 +66,9 @@ def test_metrics_give_in_flight_stalled_partitions_and_redrives() -> None:
     assert reading.counters[HEDGED] == 4
     absent = parse_metrics("# TYPE streamproc_in_flight gauge\nstreamproc_in_flight 0.0\n")
     assert absent.redriven is None and absent.stalled == frozenset()
+    unused = parse_metrics("# HELP streamproc_requests_redriven_total Stranded.\n"
+                           "# TYPE streamproc_requests_redriven_total counter\n")
+    assert unused.redriven == 0  # exported, never incremented: no sample yet
 
 
 def test_redrives_sum_the_last_reading_of_every_incarnation() -> None:
