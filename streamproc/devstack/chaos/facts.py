@@ -17,6 +17,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from streamproc import codec
@@ -33,6 +34,12 @@ CONFLICTING_DUPLICATE = "conflicting_duplicate"
 def sha(data: bytes | str) -> str:
     """Short content hash: dead letters and duplicate bodies are matched by it, not held in memory."""
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:20]
+
+
+def partition_of(request_id: str, partitions: int) -> int:
+    """The partition the default (murmur2) partitioner gives a key: where a request waits, even unread."""
+    hashed: int = murmur2(request_id.encode())
+    return (hashed & 0x7FFFFFFF) % partitions
 
 
 def body_digest(body_json: str) -> str:

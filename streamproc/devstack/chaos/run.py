@@ -16,6 +16,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from streamproc.core.topology import Topology, parse_tiers
 from streamproc.core.vocabulary import RequestStatus
 from streamproc.devstack.chaos.batch import write_batch
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames
-from streamproc.devstack.chaos.facts import OutcomeReader, StateFollower, trace_ids
+from streamproc.devstack.chaos.facts import OutcomeReader, StateFollower, partition_of, trace_ids
 from streamproc.devstack.chaos.faults import Fault, FaultKind, FiredFault, due, plan_faults
 from streamproc.devstack.chaos.group_watch import GroupStallWatch
 from streamproc.devstack.chaos.poison import (
@@ -344,6 +345,10 @@ class ChaosRun:
         unfinished = sorted(set(lost) | set(not_terminal))
         described = {i: self._describe_state(i) for i in unfinished}
         trace = await trace_ids(self.stack.bootstrap, self.topology, unfinished[:20]) if unfinished else []
+        if unfinished:
+            where = Counter(partition_of(i, self.config.partitions) for i in unfinished)
+            trace.insert(0, "not ended, by requests partition: " + ", ".join(
+                f"{self.topology.requests}[{p}]: {n}" for p, n in sorted(where.items())))
         return ChaosFacts(
             batch_id=self.names.batch_id, submitted=self.submitted, outcomes=outcomes, llm_calls=calls,
             export_ids=exported, planned=self.plan, fired=self.fired,

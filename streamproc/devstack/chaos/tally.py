@@ -188,19 +188,33 @@ def _fmt_ids(ids: Sequence[str], limit: int = 8) -> str:
     return ", ".join(ids[:limit]) + more
 
 
+@dataclass
+class _Sheet:
+    """What the sections of the verdict write to."""
+
+    rows: list[Row] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+
 def tally(facts: ChaosFacts) -> Tally:
     """The table rows, the problems that fail the run, and the details printed under the table."""
-    rows: list[Row] = []
-    problems: list[str] = []
-    details: list[str] = []
-    submitted = len(facts.submitted)
-    rows.append(Row("requests submitted", str(submitted), facts.batch_id))
+    sheet = _Sheet()
+    for section in (_requests, _calls, _export, _stalls, _redrives, _poison, _faults, _convergence):
+        section(facts, sheet)
+    return Tally(sheet.rows, sheet.problems, sheet.details)
 
+
+def _requests(facts: ChaosFacts, sheet: _Sheet) -> None:
+    sheet.rows.append(Row("requests submitted", str(len(facts.submitted)), facts.batch_id))
     lost = lost_ids(facts.batch_id, facts.submitted, facts.outcomes)
-    rows.append(Row("lost", str(len(lost)), _fmt_ids(lost)))
+    sheet.rows.append(Row("lost", str(len(lost)), _fmt_ids(lost)))
     if lost:
-        problems.append(f"{len(lost)} request(s) lost")
+        sheet.problems.append(f"{len(lost)} request(s) lost")
 
+
+def _calls(facts: ChaosFacts, sheet: _Sheet) -> None:
+    """LLM calls made twice, against what was in flight at each kill."""
     kills = [f for f in facts.fired if f.fault.kind is FaultKind.KILL_WORKER]
     extra, unseen = duplicated_calls(facts.batch_id, facts.submitted, facts.outcomes, facts.llm_calls)
     hedged = round(facts.hedged or 0)
@@ -212,27 +226,33 @@ def tally(facts: ChaosFacts) -> Tally:
         detail += f"; {extra} calls beyond attempts, of which {hedged} hedged on purpose (all workers)"
     if unseen:
         detail += f"; {unseen} attempt(s) never reached the LLM"
-    rows.append(Row("duplicated LLM calls", str(redone), detail))
+    sheet.rows.append(Row("duplicated LLM calls", str(redone), detail))
     gauges = [k.in_flight_gauge for k in kills]
     known = [g for g in gauges if g is not None]
     shown = " ".join("?" if g is None else f"{g:g}" for g in gauges) or "-"
     bound = (f"sum {sum(known):g}: duplicates {'within' if redone <= sum(known) else 'ABOVE'} it"
              if known and len(known) == len(gauges) else "some readings missing")
-    rows.append(Row("in flight at each kill (gauge)", shown, bound))
+    sheet.rows.append(Row("in flight at each kill (gauge)", shown, bound))
     cuts = [calls_cut(k.at_s, facts.call_drops_s) for k in kills]
-    rows.append(Row("LLM calls cut by each kill", " ".join(map(str, cuts)) or "-",
-                    f"open calls the client dropped within {KILL_DROP_WINDOW_S:g}s of the kill"))
+    sheet.rows.append(Row("LLM calls cut by each kill", " ".join(map(str, cuts)) or "-",
+                          f"open calls the client dropped within {KILL_DROP_WINDOW_S:g}s of the kill"))
 
+
+def _export(facts: ChaosFacts, sheet: _Sheet) -> None:
     repeated = repeated_export_ids(facts.export_ids)
-    rows.append(Row("duplicate export lines", str(sum(n - 1 for n in repeated.values())),
-                    f"{len(facts.export_ids)} lines; " + (_fmt_ids(sorted(repeated)) if repeated else "one per id")))
+    sheet.rows.append(Row("duplicate export lines", str(sum(n - 1 for n in repeated.values())),
+                          f"{len(facts.export_ids)} lines; "
+                          + (_fmt_ids(sorted(repeated)) if repeated else "one per id")))
     if repeated:
-        problems.append(f"{len(repeated)} id(s) on more than one export line")
+        sheet.problems.append(f"{len(repeated)} id(s) on more than one export line")
     custom_ids = {custom_id_of(i, facts.batch_id) for i in facts.submitted}
     missing_export = sorted(custom_ids - set(facts.export_ids))
     if missing_export:
-        rows.append(Row("ids missing from the export", str(len(missing_export)), _fmt_ids(missing_export)))
+        sheet.rows.append(Row("ids missing from the export", str(len(missing_export)), _fmt_ids(missing_export)))
 
+
+def _stalls(facts: ChaosFacts, sheet: _Sheet) -> None:
+    """Stalls as the workers report them, and as the group's offsets show them across worker restarts."""
     for label, readings, source in (
             ("stalled partitions", facts.stalls, "the workers' /metrics"),
             ("  seen in the group's offsets", facts.group_stalls, "the group's committed offsets, across restarts")):
@@ -240,67 +260,74 @@ def tally(facts: ChaosFacts) -> Tally:
         note = f"{source}; threshold {facts.stall_threshold_s:g}s"
         if stalls and readings is facts.stalls:
             note += f"; {len(facts.stalled_at_end)} still stalled at the end"
-        rows.append(Row(label, str(len(stalls)), note))
+        sheet.rows.append(Row(label, str(len(stalls)), note))
         if stalls:
-            problems.append(f"{len(stalls)} stalled partition(s) by {source}")
-            details.append(f"stalled partitions by {source}:")
-            details += [f"  {st.topic}[{st.partition}]: "
-                        + (f"worker {','.join(map(str, sorted(st.workers)))}, " if min(st.workers) >= 0 else "")
-                        + f"{st.first_s:.0f}s..{st.last_s:.0f}s ({st.readings} readings), first "
-                        f"{fault_before(st.first_s, facts.fired)}" for st in stalls]
+            sheet.problems.append(f"{len(stalls)} stalled partition(s) by {source}")
+            sheet.details.append(f"stalled partitions by {source}:")
+            sheet.details += [f"  {st.topic}[{st.partition}]: "
+                              + (f"worker {','.join(map(str, sorted(st.workers)))}, " if min(st.workers) >= 0 else "")
+                              + f"{st.first_s:.0f}s..{st.last_s:.0f}s ({st.readings} readings), first "
+                              f"{fault_before(st.first_s, facts.fired)}" for st in stalls]
 
+
+def _redrives(facts: ChaosFacts, sheet: _Sheet) -> None:
     if facts.redriven is None:
-        rows.append(Row("reconciler re-drives", "0", "streamproc_requests_redriven_total not exported by these "
-                                                      "workers (counter absent)"))
+        sheet.rows.append(Row("reconciler re-drives", "0", "streamproc_requests_redriven_total not exported by "
+                                                            "these workers (counter absent)"))
     else:
-        rows.append(Row("reconciler re-drives", f"{facts.redriven:g}", "streamproc_requests_redriven_total, summed "
-                                                                        "over workers and restarts"))
+        sheet.rows.append(Row("reconciler re-drives", f"{facts.redriven:g}",
+                              "streamproc_requests_redriven_total, summed over workers and restarts"))
 
-    poison_explained = [(p, *explained(p, facts.outcomes)) for p in facts.poison]
-    bad = [(p, how) for p, ok, how in poison_explained if not ok]
-    rows.append(Row("poison records explained", f"{len(poison_explained) - len(bad)}/{len(poison_explained)}",
-                    "failure event, dead letter, result, or refused by the broker"))
+
+def _poison(facts: ChaosFacts, sheet: _Sheet) -> None:
+    judged = [(p, *explained(p, facts.outcomes)) for p in facts.poison]
+    bad = [(p, how) for p, ok, how in judged if not ok]
+    sheet.rows.append(Row("poison records explained", f"{len(judged) - len(bad)}/{len(judged)}",
+                          "failure event, dead letter, result, or refused by the broker"))
     for kind in PoisonKind:
-        mine = [(p, ok, how) for p, ok, how in poison_explained if p.kind is kind]
-        if not mine:
-            continue
-        hows = Counter(how for _, _, how in mine)
-        ok_count = sum(1 for _, ok, _ in mine if ok)
-        rows.append(Row(f"  {kind.value}", f"{ok_count}/{len(mine)}",
-                        "; ".join(f"{how}" + (f" (x{n})" if n > 1 else "") for how, n in sorted(hows.items()))))
+        mine = [(ok, how) for p, ok, how in judged if p.kind is kind]
+        if mine:
+            hows = Counter(how for _, how in mine)
+            sheet.rows.append(Row(f"  {kind.value}", f"{sum(1 for ok, _ in mine if ok)}/{len(mine)}",
+                                  "; ".join(how + (f" (x{n})" if n > 1 else "") for how, n in sorted(hows.items()))))
     if bad:
-        problems.append(f"{len(bad)} poison record(s) not explained")
-        details += [f"poison not explained: {p.kind.value} {p.label}: expected {p.expect.value}, saw {how}"
-                    for p, how in bad]
+        sheet.problems.append(f"{len(bad)} poison record(s) not explained")
+        sheet.details += [f"poison not explained: {p.kind.value} {p.label}: expected {p.expect.value}, saw {how}"
+                          for p, how in bad]
 
+
+def _faults(facts: ChaosFacts, sheet: _Sheet) -> None:
     fired, missing_faults = _fault_counts(facts.planned, facts.fired)
-    rows.append(Row("faults fired", fired))
+    sheet.rows.append(Row("faults fired", fired))
     if missing_faults:
-        problems.append("faults not fired (the batch ended first): " + ", ".join(missing_faults))
+        sheet.problems.append("faults not fired (the batch ended first): " + ", ".join(missing_faults))
     exits = Counter(e.code for e in facts.unplanned_exits)
-    rows.append(Row("unplanned worker exits", str(len(facts.unplanned_exits)),
-                    ", ".join(f"exit {code} x{n}" for code, n in sorted(exits.items()))))
+    sheet.rows.append(Row("unplanned worker exits", str(len(facts.unplanned_exits)),
+                          ", ".join(f"exit {code} x{n}" for code, n in sorted(exits.items()))))
     for (code, gist), seen in _grouped_exits(facts.unplanned_exits).items():
         when = ", ".join(f"w{e.worker}@{e.at_s:.0f}s" for e in seen)
-        details.append(f"worker exit {code} x{len(seen)} ({when}); last words:\n" + textwrap.indent(gist, "    "))
+        sheet.details.append(f"worker exit {code} x{len(seen)} ({when}); last words:\n"
+                             + textwrap.indent(gist, "    "))
 
+
+def _convergence(facts: ChaosFacts, sheet: _Sheet) -> None:
     if facts.converged_at_s is not None:
-        rows.append(Row("time to converge", f"{facts.converged_at_s - facts.submitted_at_s:.1f}s",
-                        f"from the submit; whole run {facts.wall_s:.0f}s"))
+        sheet.rows.append(Row("time to converge", f"{facts.converged_at_s - facts.submitted_at_s:.1f}s",
+                              f"from the submit; whole run {facts.wall_s:.0f}s"))
     else:
-        rows.append(Row("time to converge", "did not converge", f"whole run {facts.wall_s:.0f}s"))
-        problems.append("the batch did not converge")
+        sheet.rows.append(Row("time to converge", "did not converge", f"whole run {facts.wall_s:.0f}s"))
+        sheet.problems.append("the batch did not converge")
     if facts.status_json is not None:
-        rows.append(Row("streamproc status", "converged" if facts.status_json.get("converged") else "NOT converged",
-                        ", ".join(f"{k} {facts.status_json.get(k)}" for k in ("succeeded", "failed", "retrying",
-                                                                               "in_flight", "pending"))))
+        sheet.rows.append(Row("streamproc status",
+                              "converged" if facts.status_json.get("converged") else "NOT converged",
+                              ", ".join(f"{k} {facts.status_json.get(k)}"
+                                        for k in ("succeeded", "failed", "retrying", "in_flight", "pending"))))
     if facts.unfinished_states:
-        details.append(f"{len(facts.unfinished_states)} request(s) of the batch not ended, with their state:")
-        details += [f"  {i}: {state}" for i, state in sorted(facts.unfinished_states.items())[:50]]
+        sheet.details.append(f"{len(facts.unfinished_states)} request(s) of the batch not ended, with their state:")
+        sheet.details += [f"  {i}: {state}" for i, state in sorted(facts.unfinished_states.items())[:50]]
     if facts.trace:
-        details.append("where they are on the topics:")
-        details += [f"  {line}" for line in facts.trace]
-    return Tally(rows, problems, details)
+        sheet.details.append("where they are on the topics:")
+        sheet.details += [f"  {line}" for line in facts.trace]
 
 
 def format_table(result: Tally) -> str:

@@ -6,11 +6,13 @@ import json
 import random
 
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 
 from streamproc import codec
 from streamproc.core.events import InferenceRequest
 from streamproc.core.topology import Topology, parse_tiers
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames
+from streamproc.devstack.chaos.facts import partition_of
 from streamproc.devstack.chaos.faults import FaultKind, due, plan_faults, spread
 from streamproc.devstack.chaos.poison import Expect, PoisonKind, big_body_candidates, build_direct, build_submitted
 from streamproc.devstack.chaos.proxy import deep_body_answer, deep_content_answer
@@ -126,3 +128,8 @@ def test_submitted_poison_holds_one_custom_id_twice() -> None:
     assert custom_ids.count(submitted.duplicated_custom_id) == 2
     assert "ticket-3" in custom_ids
     assert all(p.request_id and p.request_id.startswith(f"{submitted.batch_id}/") for p in submitted.poison)
+
+
+def test_partition_of_is_the_default_partitioners() -> None:
+    for key in ("ticket-1", "b/ticket-2", "chaos-x-batch/ticket-1694"):
+        assert partition_of(key, 8) == DefaultPartitioner()(key.encode(), list(range(8)), list(range(8)))
