@@ -25,6 +25,13 @@ from streamproc.core import headers
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.core.guards.pauses import MODEL_SCOPED_PROBLEMS
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
+from streamproc.core.record_size import (
+    CARRIED_BYTES,
+    REQUEST_TOO_LARGE,
+    request_bytes,
+    too_large_to_carry,
+    without_body,
+)
 from streamproc.core.request_state import (
     Conflict,
     RecordRef,
@@ -182,6 +189,12 @@ class Handler:
         now = self._clock_ms()
         first_failure = hop.first_failure_ms or now
         decision = self._policy.decide(failure, hop.attempt, self._rng, self._guards.budget_stop(request.batch_id))
+        if isinstance(decision, Retry) and too_large_to_carry(request):  # its retry record would be refused
+            failure = Failure(failure.layer, REQUEST_TOO_LARGE, f"{failure.code}, not retried: the request's "
+                              f"{request_bytes(request)} bytes are more than a retry record carries "
+                              f"({CARRIED_BYTES}): {failure.message}"[:1000], failure.http_status)
+            await self._terminal(request, failure, hop.attempt, first_failure, origin, state)
+            return
         if isinstance(decision, Retry):
             next_request = (build_repair_request(request, answer_content(called.response_body), failure.message)
                             if decision.repair else request)
@@ -239,6 +252,8 @@ class Handler:
 
     async def _emit_failure(self, request: InferenceRequest, failure: Failure, attempt: int, terminal: bool,
                             first_failure_ms: int, origin: headers.Origin) -> None:
+        if too_large_to_carry(request):  # the event would be refused; the full request stays at its origin
+            request = without_body(request, f"{origin.topic}[{origin.partition}]@{origin.offset}")
         event = FailureEvent(
             request=request, layer=failure.layer, error_code=failure.code, message=failure.message,
             attempt=attempt, terminal=terminal, first_failure_ms=first_failure_ms,
@@ -259,6 +274,9 @@ class Handler:
             reason = f"record {record.topic}[{record.partition}]@{record.offset}: {exc}"
             if request_id is None:
                 failure = Failure(FailureLayer.BUSINESS, "unreadable_record", f"{reason}; no request id")
+                if record.value is not None and len(record.value) > CARRIED_BYTES:  # it stays at its origin
+                    reason += f"; its {len(record.value)} bytes are not copied (too large), read them at the origin"
+                    record = replace(record, value=None)
                 await self._sink.dead_letter(record, headers.hop_headers(
                     "", 1, origin, failure, self._clock_ms()) | {headers.ERROR_MESSAGE: reason.encode()[:1000]})
                 self._observer.on_failure(failure.layer.value, failure.code, True)

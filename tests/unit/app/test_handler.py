@@ -832,3 +832,25 @@ async def test_a_success_keeps_the_answers_model_and_usage_in_the_state() -> Non
     state = rig.state()
     assert state.status is RequestStatus.SUCCEEDED
     assert state.model is not None and state.prompt_tokens > 0 and state.completion_tokens > 0, state
+
+
+async def test_a_request_too_large_for_a_retry_record_fails_terminally_and_its_event_omits_the_body() -> None:
+    """The chaos run's 1 MB body: its failure event and retry record were over the producer's limit, so the
+    worker stopped on it after every restart."""
+    huge = replace(make_request(), body_json=json.dumps({"model": "mock-small", "messages": [
+        {"role": "user", "content": "x" * 900_000}]}))
+    rig = Rig([http_error(500, {"error": {"message": "boom", "type": "server_error"}})])
+    assert await rig.handle(submission(huge)) is Disposition.ACK
+    assert rig.sink.retries == []
+    event, _ = only_failure(rig)
+    assert (event.error_code, event.terminal) == ("request_too_large", True)
+    assert event.request.body_json == "" and "too large to carry" in event.request.metadata["body_omitted"]
+    assert rig.state().status is RequestStatus.FAILED
+
+
+async def test_an_unreadable_record_too_large_to_copy_is_dead_lettered_without_its_bytes() -> None:
+    rig = Rig([])
+    record = Record(REQUESTS, PARTITION, OFFSET, None, b"\x00" * 1_000_000, {})
+    assert await rig.handle(record) is Disposition.ACK
+    [(dead, hdrs)] = rig.sink.dead_letters
+    assert dead.value is None and b"not copied (too large)" in hdrs[headers.ERROR_MESSAGE]
