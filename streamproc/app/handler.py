@@ -36,6 +36,7 @@ from streamproc.core.request_state import (
     Conflict,
     RecordRef,
     Skip,
+    SkipReason,
     Start,
     admit,
     input_hash,
@@ -127,11 +128,18 @@ class Handler:
         if request is None:
             return Disposition.ACK
         now = self._clock_ms()
-        admission = admit(self._store.get(request.request_id), request, hop.attempt, now,
+        current = self._store.get(request.request_id)
+        admission = admit(current, request, hop.attempt, now,
                           source=RecordRef(record.topic, record.offset), replay=hop.replay, deferred=hop.deferred)
         if isinstance(admission, Skip):
             log.debug("skip %s: %s (%s[%d]@%d, attempt %d)", request.request_id, admission.reason, record.topic,
                       record.partition, record.offset, hop.attempt)
+            if current is not None and admission.reason in _ENDED:
+                # An ended request read again is most often a redelivery after a crash, and a crash between the
+                # local table write and its changelog send leaves the changelog (what status reads and a new
+                # owner restores) one write behind: stuck in_flight although the result exists (the chaos run
+                # found it). Writing the same state again sends it to the changelog once more.
+                self._store.put(current)
             self._observer.on_skip(admission.reason.value)
             return Disposition.ACK
         if isinstance(admission, Conflict):
@@ -325,6 +333,9 @@ class Handler:
                 self._store.put(on_terminal_failure(state, failure.layer, failure.code, self._clock_ms()))
         except Exception:
             log.exception("could not mark %s failed after its internal error", request_id)
+
+
+_ENDED = frozenset({SkipReason.ALREADY_SUCCEEDED, SkipReason.ALREADY_FAILED})
 
 
 def _never(batch_id: str | None) -> str | None:

@@ -854,3 +854,14 @@ async def test_an_unreadable_record_too_large_to_copy_is_dead_lettered_without_i
     assert await rig.handle(record) is Disposition.ACK
     [(dead, hdrs)] = rig.sink.dead_letters
     assert dead.value is None and b"not copied (too large)" in hdrs[headers.ERROR_MESSAGE]
+
+
+async def test_a_redelivered_record_of_an_ended_request_writes_its_state_again_for_the_changelog() -> None:
+    """A crash between the local table write and its changelog send left the changelog 'in_flight' for a request
+    whose result existed (chaos run): the redelivery, skipped, now sends the ended state once more."""
+    rig = Rig([answer("ok")])
+    record = submission(make_request())
+    await rig.handle(record)
+    rig.log.clear()
+    assert await rig.handle(record) is Disposition.ACK  # the redelivery after the crash
+    assert rig.log == ["state succeeded"] and len(rig.sink.results) == 1 and len(rig.caller.calls) == 1
