@@ -42,6 +42,11 @@ class _Model:
     pause: Pause | None = None
 
 
+REQUEST_SCOPED = frozenset({"context_length_exceeded", "content_policy_violation"})
+"""Business failures about the request's own input: alike for alike inputs (a batch of equally long prompts
+gets the same context-length message), and proof that the model read the request, like an answer."""
+
+
 def signature(outcome: Outcome) -> Signature | None:
     """What makes two failures "the same": non-retryable ones only (business, or a model-scoped problem)."""
     if isinstance(outcome, Failure) and outcome.layer is FailureLayer.BUSINESS:
@@ -83,7 +88,7 @@ class ModelPauses:
 
     def record(self, model: str, outcome: Outcome, now: float) -> None:
         state = self._model(model)
-        if isinstance(outcome, Success):
+        if isinstance(outcome, Success) or (isinstance(outcome, Failure) and outcome.code in REQUEST_SCOPED):
             state.proven = True
             if state.pause is not None:
                 state.pause = None

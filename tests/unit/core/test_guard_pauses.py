@@ -63,3 +63,16 @@ def test_retryable_failures_neither_count_nor_reset() -> None:
     for failure in (REFUSED, UNAVAILABLE, REFUSED, UNAVAILABLE, REFUSED):
         pauses.record("m", failure, 0.0)
     assert set(pauses.paused()) == {"m"}
+
+
+def test_failures_about_the_input_never_pause_a_model() -> None:
+    """A batch of equally long prompts gets the same context-length message from every call: the context
+    fallback handles those, and the model is fine (an integration test saw mock-small paused for it)."""
+    too_long = Failure(FailureLayer.BUSINESS, "context_length_exceeded", "maximum context length is 4096", 400)
+    pauses = ModelPauses()
+    for _ in range(5):
+        pauses.record("m", too_long, 0.0)
+    assert pauses.paused() == {}
+    for _ in range(5):  # the model read requests: a later systematic refusal is not one from the start
+        pauses.record("m", REFUSED, 1.0)
+    assert pauses.paused() == {}
