@@ -24,6 +24,7 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.hedging import HedgeBudget, hedge_after_s
 from streamproc.core.guards.timeouts import AdaptiveTimeout
 from streamproc.core.outcome import Outcome, Success
+from streamproc.core.sendable_json import NotSendable, loads_sendable
 from streamproc.core.verdict import classify_http_error
 from streamproc.llm.completion import check_completion
 from streamproc.llm.repair import completion_budget, repair_messages
@@ -53,23 +54,12 @@ def request_body(request: InferenceRequest) -> dict[str, Any]:
     is not a JSON object that can be sent (NaN, Infinity or 1e400 in it: httpx refuses to write those; nested
     deeper than the parser follows)."""
     try:
-        body: Any = json.loads(request.body_json, parse_constant=_not_json, parse_float=_finite_float)
-    except RecursionError:
-        raise ValueError("the request body nests deeper than the JSON parser follows") from None
+        body: Any = loads_sendable(request.body_json)
+    except NotSendable as exc:
+        raise ValueError(f"the request body is not JSON that can be sent: {exc}") from None
     if not isinstance(body, dict):
         raise ValueError("the request body is not a JSON object")
     return repair_messages(body, request.repair) if request.repair is not None else body
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"the request body holds {name}, which is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the request body holds the number {text[:40]}, too large for a float")
-    return value
 
 
 # OpenAI's header for a caller's own correlation id (ASCII, at most 512 characters). Not ``x-request-id``: servers

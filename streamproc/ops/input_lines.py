@@ -17,12 +17,12 @@ Unknown top-level fields are an error (a misspelt ``custom-id`` should not pass 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Final
 
 from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import request_id_for
+from streamproc.core.sendable_json import loads_sendable
 
 _BATCH_FIELDS: Final = ("custom_id", "method", "url", "body")
 _SIMPLE_FIELDS: Final = ("id", "prompt", "model", "system", "response_format", "max_tokens")
@@ -119,27 +119,12 @@ def _parse(text: str, limits: BatchLimits, batch_id: str, submitted_ms: int) -> 
                             submitted_ms=submitted_ms)
 
 
-def _reject_constant(name: str) -> Any:
-    raise _Invalid(f"invalid JSON: {name} is not a JSON value")
-
-
-def _finite_float(text: str) -> float:
-    """A number a float holds: 1e400 reads as infinity, which the body would carry on as ``Infinity`` (not
-    JSON: the worker could never send it)."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise _Invalid(f"invalid JSON: the number {text[:40]} is too large for a float")
-    return value
-
-
 def _loads(text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return loads_sendable(text)
     except json.JSONDecodeError as exc:
         raise _Invalid(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-    except RecursionError:
-        raise _Invalid("invalid JSON: nested too deeply") from None
-    except ValueError as exc:  # e.g. an integer over Python's digit limit
+    except ValueError as exc:  # not sendable (NaN, 1e400, too deep), or an integer over Python's digit limit
         raise _Invalid(f"invalid JSON: {exc}") from None
 
 

@@ -48,7 +48,7 @@ from streamproc.llm.completion import check_completion
 from streamproc.llm.guarded import Guards
 from streamproc.llm.routed import Deferred
 from streamproc.llm.transport_errors import classify_exception
-from tests.unit.app.test_handler import NOW, DictStore, RecordingSink
+from tests.unit.app.test_handler import Clock, DictStore, RecordingSink
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 REQUEST_ID = "batch-1/req-1"
@@ -112,14 +112,6 @@ class ScriptedGuards(Guards):
 class _NoCaller:
     async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:
         raise AssertionError("the scripted guards answer every call")
-
-
-@dataclass
-class Clock:
-    now: int = NOW
-
-    def __call__(self) -> int:
-        return self.now
 
 
 @dataclass
