@@ -40,6 +40,11 @@ class StallWatch:
     def stalled(self) -> dict[Key, Stall]:
         return dict(self._stalled)
 
+    def excuse(self, seconds: float) -> None:
+        """Stop every partition's clock for ``seconds``: time in which no consumer could commit (the broker
+        was down, a dead member's session had not expired yet) says nothing about a wedge."""
+        self._last = {key: (committed, since + seconds) for key, (committed, since) in self._last.items()}
+
     def observe(self, rows: Iterable[PartitionLag], now: float) -> list[Stall]:
         """Fold one reading of this worker's partitions; returns the stalls that began with it."""
         began: list[Stall] = []

@@ -48,6 +48,10 @@ class GroupStallWatch:
         if self._admin is not None:
             await self._admin.close()
 
+    def excuse(self, seconds: float) -> None:
+        """A fault the run inflicted kept every consumer from committing for ``seconds``: not a wedge."""
+        self._watch.excuse(seconds)
+
     async def observe(self, at_s: float) -> None:
         """One reading; skipped while the broker does not answer (a planned restart)."""
         assert self._admin is not None and self._consumer is not None

@@ -98,6 +98,7 @@ class ChaosRun:
         self.submitted_at_s = 0.0
         self._http = httpx.AsyncClient()
         self._stop_faults = asyncio.Event()
+        self._restarts: set[asyncio.Task[None]] = set()  # killed workers waiting out their pause
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -126,15 +127,16 @@ class ChaosRun:
             finally:
                 self._stop_faults.set()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await faults  # a fault in progress finishes (a killed worker is started again)
+                    await faults  # a fault in progress finishes
+                await asyncio.gather(*self._restarts)  # and a killed worker is started again
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             return await self._collect()
         finally:
-            for task in tasks:
+            for task in [*tasks, *self._restarts]:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._restarts, return_exceptions=True)
             await self.states.stop()
             await self.outcomes.stop()
             await self.group_watch.stop()
@@ -205,33 +207,33 @@ class ChaosRun:
     async def _supervise(self) -> None:
         """Restart a worker that exited on its own, with a growing pause if it keeps exiting."""
         backoff: dict[int, float] = {}
-        restarts: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                await asyncio.sleep(POLL_S)
-                for slot in self.stack.workers:
-                    if slot.killing or slot.process is None or slot.process.poll() is None:
-                        continue
-                    code = slot.process.returncode
-                    slot.exits.append(code)
-                    self.exits.append(WorkerExit(slot.index, code, self.now(), slot.last_words()))
-                    pause = backoff[slot.index] = min(10.0, backoff.get(slot.index, 1.0) * 2)
-                    self.say(f"[{self.now():5.0f}s] worker {slot.index} exited on its own with {code}; "
-                             f"restarting it in {pause:g}s")
-                    slot.killing = True  # not reported twice while it waits
-                    task = asyncio.create_task(self._restart_later(slot, pause))
-                    restarts.add(task)
-                    task.add_done_callback(restarts.discard)
-        finally:
-            for task in restarts:
-                task.cancel()
+        while True:
+            await asyncio.sleep(POLL_S)
+            for slot in self.stack.workers:
+                if slot.killing or slot.process is None or slot.process.poll() is None:
+                    continue
+                code = slot.process.returncode
+                slot.exits.append(code)
+                self.exits.append(WorkerExit(slot.index, code, self.now(), slot.last_words()))
+                pause = backoff[slot.index] = min(10.0, backoff.get(slot.index, 1.0) * 2)
+                self.say(f"[{self.now():5.0f}s] worker {slot.index} exited on its own with {code}; "
+                         f"restarting it in {pause:g}s")
+                self._restart_later(slot, pause)
 
-    @staticmethod
-    async def _restart_later(slot: WorkerSlot, pause: float) -> None:
-        await asyncio.sleep(pause)
-        if not slot.alive():
-            slot.start()
-        slot.killing = False
+    def _restart_later(self, slot: WorkerSlot, pause: float) -> None:
+        """Start the worker again after ``pause`` in the background; ``slot.killing`` until then, so that
+        the supervisor does not report it twice and no kill picks it."""
+        slot.killing = True
+
+        async def restart() -> None:
+            await asyncio.sleep(pause)
+            if not slot.alive():
+                slot.start()
+            slot.killing = False
+
+        task = asyncio.create_task(restart())
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
 
     # -- faults ------------------------------------------------------------------------------------------
     async def _run_faults(self) -> None:
@@ -256,19 +258,17 @@ class ChaosRun:
             gauge = await self._ready_to_kill(slot)
             at, progress = self.now(), self.progress.fraction
             slot.killing = True
-            try:
-                await asyncio.to_thread(slot.kill)
-                shown = "?" if gauge is None else f"{gauge:g}"
-                self.say(f"[{at:5.0f}s] SIGKILL worker {slot.index} (in flight {shown}), at {progress:.0%}")
-                await asyncio.sleep(fault.seconds)
-                if not slot.alive():
-                    slot.start()
-            finally:
-                slot.killing = False
+            await asyncio.to_thread(slot.kill)
+            shown = "?" if gauge is None else f"{gauge:g}"
+            self.say(f"[{at:5.0f}s] SIGKILL worker {slot.index} (in flight {shown}), at {progress:.0%}")
+            # its partitions wait for its session to expire, then rebalance twice (it leaves, it comes back)
+            self.group_watch.excuse(self.config.session_timeout_s + fault.seconds)
+            self._restart_later(slot, fault.seconds)  # the schedule goes on meanwhile: no fault is skipped
         elif fault.kind is FaultKind.RESTART_BROKER:
             self.say(f"[{at:5.0f}s] stopping the broker at {progress:.0%}")
             down = await asyncio.to_thread(self.stack.restart_broker, fault.seconds)
             note = f"unreachable {down:.1f}s"
+            self.group_watch.excuse(down + self.config.session_timeout_s)  # no commit, then the group re-forms
             self.say(f"[{self.now():5.0f}s] broker back after {down:.1f}s")
         elif fault.kind is FaultKind.LLM_OUTAGE:
             await asyncio.to_thread(self.stack.outage, fault.seconds)
@@ -278,7 +278,12 @@ class ChaosRun:
         self.fired.append(FiredFault(fault, at, progress, self.now() - at, gauge, note))
 
     async def _ready_to_kill(self, slot: WorkerSlot) -> float | None:
-        """Wait (a while) until the worker has calls in flight, so that the kill cuts work; its gauge then."""
+        """Wait until every worker is up (one always keeps the batch moving), then (a while) until this one has
+        calls in flight, so that the kill cuts work; its gauge then."""
+        while not self._stop_faults.is_set():
+            if all(w.alive() and not w.killing for w in self.stack.workers):
+                break
+            await asyncio.sleep(0.25)
         deadline = time.monotonic() + KILL_READY_WAIT_S
         value: float | None = None
         while time.monotonic() < deadline and not self._stop_faults.is_set():

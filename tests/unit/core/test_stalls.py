@@ -41,6 +41,19 @@ def test_a_stall_ends_when_the_offset_moves_and_a_revoked_partition_is_forgotten
     assert watch.stalled == {}
 
 
+def test_excused_time_does_not_count_towards_a_stall_but_a_wedge_still_shows() -> None:
+    watch = StallWatch(threshold_s=10)
+    watch.observe([row(5, 50)], 0.0)
+    watch.excuse(8.0)  # e.g. the broker was down for 8 s
+    assert watch.observe([row(5, 50)], 15.0) == []  # 15 s without a commit, 8 of them excused
+    [stall] = watch.observe([row(5, 50)], 19.0)
+    assert stall.since == 8.0
+    watch.observe([row(6, 50)], 20.0)
+    watch.excuse(5.0)
+    assert watch.observe([row(6, 50)], 30.0) == []
+    assert len(watch.observe([row(6, 50)], 36.0)) == 1
+
+
 def test_the_threshold_must_be_positive() -> None:
     with pytest.raises(ValueError):
         StallWatch(0)
