@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, NonNegativeFloat, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamproc.core.retry_policy import RetryPolicy
@@ -17,7 +17,8 @@ DEFAULT_KAFKA_VERSION = "3.9.2"
 class Settings(BaseSettings):
     """Configuration of streamproc, from ``STREAMPROC_<FIELD>`` environment variables (or keyword arguments)."""
 
-    model_config = SettingsConfigDict(env_prefix="STREAMPROC_", frozen=True, extra="forbid")
+    # an empty variable counts as unset (docker compose passes `${STREAMPROC_X:-}` as an empty string)
+    model_config = SettingsConfigDict(env_prefix="STREAMPROC_", frozen=True, extra="forbid", env_ignore_empty=True)
 
     kafka_bootstrap: str | None = Field(
         default=None,
@@ -108,6 +109,9 @@ class Settings(BaseSettings):
     context_windows: dict[str, int] = Field(
         default_factory=dict, description='JSON: context window (tokens) per model, for the pre-check, '
         'e.g. {"mock-small": 4096}; a model not listed is not pre-checked.')
+    model_prices: dict[str, tuple[NonNegativeFloat, NonNegativeFloat]] = Field(
+        default_factory=dict, description='JSON: US dollars per million input and output tokens per model, e.g. '
+        '{"gpt-4o-mini": [0.15, 0.6]}, for the metrics\' estimated cost; a model not listed has none.')
     worker_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off.")
     worker_metrics_host: str = Field(default="127.0.0.1", min_length=1,
                                      description="Address /metrics listens on (0.0.0.0 in a container).")

@@ -6,19 +6,25 @@ scraped. ``consumer_lag`` is refreshed every few seconds by :class:`LagWatcher` 
 group's committed offsets and the log-end offsets, as ``streamproc lag`` reads them) for the partitions
 assigned to *this* worker, so summing over all workers gives the group's lag without double counting.
 
-Every series is prefixed ``streamproc_``:
+Every series is prefixed ``streamproc_`` and follows Prometheus' conventions (counters end ``_total``, times
+are in seconds, a state is a label):
 
-* ``requests_started_total``: LLM calls started (every attempt);
+* ``llm_calls_total{model,outcome}``: LLM calls that came back (every attempt; ``outcome`` is ``success`` or
+  the failure's layer); ``llm_latency_seconds{model,outcome}``: their latency (histogram);
+  ``llm_tokens_total{model,type}``: tokens the provider counted (``type`` ``input`` or ``output``, as
+  OpenTelemetry's ``gen_ai.token.type``), refused and cut-off answers included;
+  ``estimated_cost_usd_total{model}``: those tokens at the prices of ``STREAMPROC_MODEL_PRICES`` (models
+  listed there only);
 * ``results_total``; ``failures_total{layer,code,terminal}`` (dead letters count as
   ``business``/``unreadable_record``); ``retries_total{tier}``; ``skipped_total{reason}``;
   ``deferred_total{tier}`` (parked by an open breaker); ``requests_redriven_total{why}`` (stranded requests
   whose record the reconciler sent again);
-* ``llm_latency_seconds``: histogram of LLM call latency, any outcome;
 * ``in_flight``: records being handled; ``consumer_lag{topic,partition}``; ``partition_stalled{topic,partition}``;
 * ``consumer_lag_updated_timestamp_seconds``: when ``consumer_lag`` was last read successfully;
-* guards: ``circuit_breaker_state{model}`` (0 closed, 1 half-open, 2 open), ``model_paused{model}``,
-  ``adaptive_in_flight_limit``,
-  ``rate_limit_rpm{model}`` / ``rate_limit_tpm{model}``, ``fallbacks_total{model,fallback,reason}``,
+* guards: ``circuit_breaker_state{model,state}`` (1 for the breaker's state, 0 for the other two of
+  ``closed``, ``half_open``, ``open``), ``model_paused{model}``, ``adaptive_in_flight_limit``,
+  ``rate_limit_requests_per_second{model}`` / ``rate_limit_tokens_per_second{model}`` (the pace, from the
+  per-minute limits), ``fallbacks_total{model,fallback,reason}``,
   ``retry_budget_exhausted_total``, ``token_estimate_ratio``; ``hedged_calls_total`` (the client's hedges).
 """
 
@@ -27,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -44,6 +50,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from streamproc.app.lag_reader import LagError, LagReader
+from streamproc.app.observe import LlmCall
 from streamproc.core.guards.breaker import BreakerState
 from streamproc.core.lag import PartitionLag
 from streamproc.core.stalls import StallWatch
@@ -59,14 +66,25 @@ LAG_REFRESH_S = 10.0
 class WorkerMetrics:
     """The worker's metrics in one registry; implements :class:`streamproc.app.observe.Observer`."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 prices: Mapping[str, tuple[float, float]] | None = None) -> None:
+        """``prices``: USD per million input and output tokens, per model (``STREAMPROC_MODEL_PRICES``)."""
         if registry is None:  # a private registry with the usual process metrics (a second instance is fine)
             registry = CollectorRegistry()
             for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
                 registry.register(collector)
         self.registry = registry
         common: dict[str, Any] = {"namespace": NAMESPACE, "registry": registry}
-        self.started = Counter("requests_started", "LLM calls started (every attempt).", **common)
+        self._prices = dict(prices or {})
+        calls = ["model", "outcome"]
+        self.calls = Counter("llm_calls", "LLM calls that came back, by the model called and outcome (success or "
+                             "the failure's layer); every attempt counts.", calls, **common)
+        self.latency = Histogram("llm_latency_seconds", "Latency of LLM calls, by model and outcome.", calls,
+                                 buckets=LATENCY_BUCKETS, **common)
+        self.tokens = Counter("llm_tokens", "Tokens the provider counted, by model and type (input or output); "
+                              "refused and cut-off answers count too.", ["model", "type"], **common)
+        self.cost = Counter("estimated_cost_usd", "Estimated cost in US dollars of the tokens, by model, at the "
+                            "prices of STREAMPROC_MODEL_PRICES (models listed there only).", ["model"], **common)
         self.results = Counter("results", "Results written to the results topic.", **common)
         self.failures = Counter("failures", "Failure events written, by layer, error code and terminality.",
                                 ["layer", "code", "terminal"], **common)
@@ -77,8 +95,6 @@ class WorkerMetrics:
                                 "circuit breaker was open or the model is paused, by tier.", ["tier"], **common)
         self.redriven = Counter("requests_redriven", "Stranded requests (their record handled, their state still "
                                 "waiting) whose record the reconciler sent again, by why.", ["why"], **common)
-        self.latency = Histogram("llm_latency_seconds", "Latency of LLM calls, any outcome.",
-                                 buckets=LATENCY_BUCKETS, **common)
         self.in_flight = Gauge("in_flight", "Records this worker is handling now.", **common)
         self.consumer_lag = Gauge("consumer_lag", "Records not yet committed by the group, per partition "
                                   "assigned to this worker.", ["topic", "partition"], **common)
@@ -90,11 +106,16 @@ class WorkerMetrics:
         self._lag_labels: set[tuple[str, str]] = set()
 
     # -- Observer ----------------------------------------------------------------------------------------
-    def on_started(self) -> None:
-        self.started.inc()
-
-    def on_llm_call(self, latency_s: float) -> None:
-        self.latency.observe(max(latency_s, 0.0))
+    def on_llm_call(self, call: LlmCall) -> None:
+        self.calls.labels(call.model, call.outcome).inc()
+        self.latency.labels(call.model, call.outcome).observe(max(call.latency_s, 0.0))
+        if call.input_tokens:
+            self.tokens.labels(call.model, "input").inc(call.input_tokens)
+        if call.output_tokens:
+            self.tokens.labels(call.model, "output").inc(call.output_tokens)
+        price = self._prices.get(call.model)
+        if price is not None:
+            self.cost.labels(call.model).inc((call.input_tokens * price[0] + call.output_tokens * price[1]) / 1e6)
 
     def on_result(self) -> None:
         self.results.inc()
@@ -155,9 +176,6 @@ class WorkerMetrics:
         log.info("metrics on http://%s:%d/metrics", host, port)
 
 
-_BREAKER_CODES = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 1.0, BreakerState.OPEN: 2.0}
-
-
 class _ReadCounter(Collector):
     """A counter whose value is read from a plain integer at scrape time."""
 
@@ -176,10 +194,11 @@ class GuardsCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         guards = self._guards
-        breaker = GaugeMetricFamily(f"{NAMESPACE}_circuit_breaker_state",
-                                    "Circuit breaker per model: 0 closed, 1 half-open, 2 open.", labels=["model"])
-        for model, state in guards.breaker_states().items():
-            breaker.add_metric([model], _BREAKER_CODES[state])
+        breaker = GaugeMetricFamily(f"{NAMESPACE}_circuit_breaker_state", "Circuit breaker per model: 1 for its "
+                                    "state (closed, half_open or open), 0 for the others.", labels=["model", "state"])
+        for model, current in guards.breaker_states().items():
+            for state in BreakerState:
+                breaker.add_metric([model, state.value], 1.0 if state is current else 0.0)
         yield breaker
         paused = GaugeMetricFamily(f"{NAMESPACE}_model_paused", "1 while a model is paused because its first calls "
                                    "all failed alike (its requests wait; one probe a minute).", labels=["model"])
@@ -191,17 +210,19 @@ class GuardsCollector(Collector):
                                     "The adaptive (latency-gradient) in-flight limit of LLM calls.",
                                     value=guards.in_flight_limit)
         if guards.limiter is not None:  # series per model, once a model was called
-            rpm = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_rpm", "Requests/min this worker paces each model to.",
+            rps = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_requests_per_second",
+                                    "Requests/s this worker paces each model to (its requests/min limit / 60).",
                                     labels=["model"])
-            tpm = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_tpm", "Tokens/min this worker paces each model to.",
+            tps = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_tokens_per_second",
+                                    "Tokens/s this worker paces each model to (its tokens/min limit / 60).",
                                     labels=["model"])
             for model, limits in guards.rate_limits().items():
                 if limits.rpm is not None:
-                    rpm.add_metric([model], limits.rpm)
+                    rps.add_metric([model], limits.rpm / 60)
                 if limits.tpm is not None:
-                    tpm.add_metric([model], limits.tpm)
-            yield rpm
-            yield tpm
+                    tps.add_metric([model], limits.tpm / 60)
+            yield rps
+            yield tps
         fallbacks = CounterMetricFamily(f"{NAMESPACE}_fallbacks", "Calls sent to a fallback model, by reason.",
                                         labels=["model", "fallback", "reason"])
         for (model, fallback, reason), count in guards.fallbacks.items():
@@ -269,9 +290,9 @@ class LagWatcher:
                 log.debug("closing the lag reader", exc_info=True)
 
 
-def serve_worker_metrics(port: int, host: str) -> WorkerMetrics:
+def serve_worker_metrics(port: int, host: str, prices: Mapping[str, tuple[float, float]]) -> WorkerMetrics:
     """The worker's metrics, already served on ``host:port`` (raises OSError when it cannot listen)."""
-    metrics = WorkerMetrics()
+    metrics = WorkerMetrics(prices=prices)
     metrics.serve(port, host)
     return metrics
 

@@ -8,19 +8,39 @@ failing metric must not turn a delivered result into an internal error.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Protocol
 
+from streamproc.core.outcome import ConfigurationProblem, Outcome, Success
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LlmCall:
+    """One LLM call that came back (every attempt; a parked record made none)."""
+
+    model: str  # the model it was sent to
+    outcome: str  # "success", or the failure's layer ("transport", "service", ..., "configuration")
+    latency_s: float
+    input_tokens: int  # as the provider counted them (0 without an answer)
+    output_tokens: int
+
+
+def outcome_label(outcome: Outcome) -> str:
+    """A call's outcome as a label of few values: ``success``, the failure's layer, or ``configuration``."""
+    if isinstance(outcome, Success):
+        return "success"
+    if isinstance(outcome, ConfigurationProblem):
+        return "configuration"
+    return outcome.layer.value
 
 
 class Observer(Protocol):
     """Hooks called by :class:`streamproc.app.handler.Handler`; labels are plain strings."""
 
-    def on_started(self) -> None:
-        """A record was admitted and its LLM call was made (every attempt counts)."""
-
-    def on_llm_call(self, latency_s: float) -> None:
-        """An LLM call came back (any outcome), after ``latency_s`` seconds."""
+    def on_llm_call(self, call: LlmCall) -> None:
+        """An LLM call came back, with any outcome."""
 
     def on_result(self) -> None:
         """A result is on the results topic."""
@@ -41,10 +61,7 @@ class Observer(Protocol):
 class NullObserver:
     """The default: observes nothing."""
 
-    def on_started(self) -> None:
-        pass
-
-    def on_llm_call(self, latency_s: float) -> None:
+    def on_llm_call(self, call: LlmCall) -> None:
         pass
 
     def on_result(self) -> None:
@@ -69,15 +86,9 @@ class _Guarded:
     def __init__(self, inner: Observer) -> None:
         self._inner = inner
 
-    def on_started(self) -> None:
+    def on_llm_call(self, call: LlmCall) -> None:
         try:
-            self._inner.on_started()
-        except Exception:
-            log.exception("observer failed in on_started")
-
-    def on_llm_call(self, latency_s: float) -> None:
-        try:
-            self._inner.on_llm_call(latency_s)
+            self._inner.on_llm_call(call)
         except Exception:
             log.exception("observer failed in on_llm_call")
 

@@ -300,8 +300,8 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     bootstrap = resolve_bootstrap(settings)
     topology = settings.topology()
     try:  # before anything else, so that a taken port fails fast
-        metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host)
-                   if settings.worker_metrics_port else None)
+        metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,
+                                        settings.model_prices) if settings.worker_metrics_port else None)
     except OSError as exc:
         log.critical("STOPPING: cannot serve /metrics on %s:%d (%s); change STREAMPROC_WORKER_METRICS_PORT",
                      settings.worker_metrics_host, settings.worker_metrics_port, exc)

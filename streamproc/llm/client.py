@@ -41,6 +41,7 @@ class CallResult:
     response_body: bytes
     latency_ms: int
     headers: Mapping[str, str] = field(default_factory=dict)
+    model: str = ""  # the model the call was sent to (after the guards' routing): the metrics' label
 
 
 class Caller(Protocol):
@@ -140,15 +141,15 @@ class LLMClient:
                                                                 model, budget, started)
             content = response.content
         except Exception as exc:
-            return CallResult(classify_exception(exc), b"", _ms_since(started))
+            return CallResult(classify_exception(exc), b"", _ms_since(started), model=model)
         latency = _ms_since(started)
         if response.status_code == 200:
             outcome = check_completion(content, body)
             if isinstance(outcome, Success):  # the latency of the copy that answered: a hedge's starts later
                 self.timeouts.observe(model, answered_after, budget)
-            return CallResult(outcome, content, latency, response.headers)
+            return CallResult(outcome, content, latency, response.headers, model)
         return CallResult(classify_http_error(response.status_code, response.headers, content), content, latency,
-                          response.headers)
+                          response.headers, model)
 
     async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str],
                     limits: httpx.Timeout) -> httpx.Response:

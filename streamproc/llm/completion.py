@@ -124,6 +124,21 @@ def _validator(canonical_schema: str) -> Any:
 _LOCAL_REFS_ONLY: Registry[Any] = Registry()
 
 
+def billed_tokens(outcome: Outcome, body: bytes) -> tuple[int, int]:
+    """Prompt and completion tokens the provider counts for this call: a success's, or the usage in a 200 answer
+    that failed a check (a refused or cut-off answer is paid for too); (0, 0) when nothing was answered."""
+    if isinstance(outcome, Success):
+        return outcome.prompt_tokens, outcome.completion_tokens
+    if outcome.http_status != 200:
+        return 0, 0
+    try:
+        doc: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        return 0, 0
+    usage = _usage(doc) if isinstance(doc, dict) else {}
+    return usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+
+
 def _usage(doc: dict[str, Any]) -> dict[str, int]:
     usage = doc.get("usage")
     if not isinstance(usage, dict):

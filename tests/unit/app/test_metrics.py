@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from streamproc.app.handler import Disposition, Handler, Record
 from streamproc.app.metrics import LagWatcher, WorkerMetrics
-from streamproc.app.observe import NullObserver, Observer, guarded
+from streamproc.app.observe import LlmCall, NullObserver, Observer, guarded
+from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.lag import PartitionLag
 from streamproc.core.retry_policy import RetryPolicy
+from streamproc.llm.client import CallResult
+from streamproc.llm.completion import check_completion
+from streamproc.llm.guarded import Guards
+from streamproc.settings import Settings
 from tests.unit.app.test_handler import (
     CONTEXT_TOO_LONG,
     READ_TIMEOUT,
@@ -19,9 +27,11 @@ from tests.unit.app.test_handler import (
     Reply,
     ScriptedCaller,
     answer,
+    completion_bytes,
     make_request,
     submission,
 )
+from tests.unit.test_monitoring_config import NeverCalled
 
 
 @pytest.fixture
@@ -40,10 +50,8 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 
 def test_observer_hooks_move_their_series(metrics: WorkerMetrics, registry: CollectorRegistry) -> None:
-    metrics.on_started()
-    metrics.on_started()
-    metrics.on_llm_call(0.3)
-    metrics.on_llm_call(12.0)
+    metrics.on_llm_call(LlmCall("gpt-a", "success", 0.3, 100, 20))
+    metrics.on_llm_call(LlmCall("gpt-a", "transport", 12.0, 0, 0))
     metrics.on_result()
     metrics.on_failure("transport", "timeout", False)
     metrics.on_failure("transport", "timeout", False)
@@ -51,17 +59,32 @@ def test_observer_hooks_move_their_series(metrics: WorkerMetrics, registry: Coll
     metrics.on_retry("5s")
     metrics.on_skip("already_succeeded")
 
-    assert value(registry, "streamproc_requests_started_total") == 2
+    assert value(registry, "streamproc_llm_calls_total", model="gpt-a", outcome="success") == 1
+    assert value(registry, "streamproc_llm_calls_total", model="gpt-a", outcome="transport") == 1
     assert value(registry, "streamproc_results_total") == 1
     assert value(registry, "streamproc_failures_total", layer="transport", code="timeout", terminal="false") == 2
     assert value(registry, "streamproc_failures_total", layer="business", code="context_length_exceeded",
                  terminal="true") == 1
     assert value(registry, "streamproc_retries_total", tier="5s") == 1
     assert value(registry, "streamproc_skipped_total", reason="already_succeeded") == 1
-    assert value(registry, "streamproc_llm_latency_seconds_count") == 2
-    assert value(registry, "streamproc_llm_latency_seconds_sum") == pytest.approx(12.3)
-    assert value(registry, "streamproc_llm_latency_seconds_bucket", le="0.5") == 1
-    assert value(registry, "streamproc_llm_latency_seconds_bucket", le="15.0") == 2
+    success, transport = {"model": "gpt-a", "outcome": "success"}, {"model": "gpt-a", "outcome": "transport"}
+    assert value(registry, "streamproc_llm_latency_seconds_sum", **success) == pytest.approx(0.3)
+    assert value(registry, "streamproc_llm_latency_seconds_bucket", le="0.5", **success) == 1
+    assert value(registry, "streamproc_llm_latency_seconds_bucket", le="8.0", **transport) == 0
+    assert value(registry, "streamproc_llm_latency_seconds_bucket", le="15.0", **transport) == 1
+    assert value(registry, "streamproc_llm_tokens_total", model="gpt-a", type="input") == 100
+    assert value(registry, "streamproc_llm_tokens_total", model="gpt-a", type="output") == 20
+    assert registry.get_sample_value("streamproc_estimated_cost_usd_total", {"model": "gpt-a"}) is None  # no price
+
+
+def test_cost_is_estimated_from_the_price_table(registry: CollectorRegistry) -> None:
+    metrics = WorkerMetrics(registry, prices={"gpt-a": (2.5, 10.0)})  # USD per million input / output tokens
+    metrics.on_llm_call(LlmCall("gpt-a", "success", 1.0, 1000, 200))
+    metrics.on_llm_call(LlmCall("gpt-a", "semantic", 1.0, 1000, 500))  # a cut-off answer is paid for too
+    metrics.on_llm_call(LlmCall("gpt-b", "success", 1.0, 1000, 200))
+    assert value(registry, "streamproc_estimated_cost_usd_total", model="gpt-a") == pytest.approx(
+        (2000 * 2.5 + 700 * 10.0) / 1e6)
+    assert registry.get_sample_value("streamproc_estimated_cost_usd_total", {"model": "gpt-b"}) is None
 
 
 def test_in_flight_is_read_at_scrape_time(metrics: WorkerMetrics, registry: CollectorRegistry) -> None:
@@ -114,8 +137,9 @@ async def test_a_wedged_partition_is_reported_by_gauge_and_log(metrics: WorkerMe
 
 def test_exposition_has_every_family(metrics: WorkerMetrics, registry: CollectorRegistry) -> None:
     text = generate_latest(registry).decode()
-    for family in ("requests_started_total", "results_total", "failures_total", "retries_total", "skipped_total",
-                   "llm_latency_seconds", "in_flight", "consumer_lag"):
+    for family in ("llm_calls_total", "llm_tokens_total", "estimated_cost_usd_total", "results_total",
+                   "failures_total", "retries_total", "skipped_total", "llm_latency_seconds", "in_flight",
+                   "consumer_lag"):
         assert f"# TYPE streamproc_{family} " in text, family
 
 
@@ -129,6 +153,11 @@ def test_default_registry_is_private_with_process_metrics() -> None:
 # --- the handler drives the observer -----------------------------------------------------------------------
 
 
+def sent_to_its_model(reply: Reply) -> Reply:
+    """``reply`` saying which model it was sent to, as the real client does."""
+    return lambda body: replace(reply(body), model=body["model"])
+
+
 def rig(replies: list[Reply], observer: Observer) -> tuple[Handler, RecordingSink]:
     log: list[str] = []
     sink = RecordingSink(log)
@@ -139,14 +168,18 @@ def rig(replies: list[Reply], observer: Observer) -> tuple[Handler, RecordingSin
 
 async def test_handler_reports_a_success_and_a_duplicate(metrics: WorkerMetrics,
                                                          registry: CollectorRegistry) -> None:
-    handler, _ = rig([answer("spam", latency_ms=250)], metrics)
+    handler, _ = rig([sent_to_its_model(answer("spam", latency_ms=250))], metrics)
     request = make_request()
     assert await handler.handle(submission(request)) is Disposition.ACK
     assert await handler.handle(submission(request, offset=101)) is Disposition.ACK  # a redelivery
 
-    assert value(registry, "streamproc_requests_started_total") == 1
+    model = json.loads(request.body_json)["model"]
+    assert value(registry, "streamproc_llm_calls_total", model=model, outcome="success") == 1
     assert value(registry, "streamproc_results_total") == 1
-    assert value(registry, "streamproc_llm_latency_seconds_sum") == pytest.approx(0.25)
+    assert value(registry, "streamproc_llm_latency_seconds_sum", model=model, outcome="success") == pytest.approx(
+        0.25)
+    assert value(registry, "streamproc_llm_tokens_total", model=model, type="input") == 9  # the answer's usage
+    assert value(registry, "streamproc_llm_tokens_total", model=model, type="output") == 3
     assert value(registry, "streamproc_skipped_total", reason="already_succeeded") == 1
 
 
@@ -160,8 +193,21 @@ async def test_handler_reports_a_retry_and_its_failure_event(metrics: WorkerMetr
     assert value(registry, "streamproc_failures_total", layer=event.layer.value, code=event.error_code,
                  terminal="false") == 1
     assert value(registry, "streamproc_retries_total", tier=sent.tier.name) == 1
-    assert value(registry, "streamproc_llm_latency_seconds_sum") == pytest.approx(30.0)
+    assert value(registry, "streamproc_llm_latency_seconds_sum", model="", outcome="transport") == pytest.approx(
+        30.0)
     assert value(registry, "streamproc_results_total") == 0
+
+
+async def test_handler_counts_the_tokens_of_a_cut_off_answer(metrics: WorkerMetrics,
+                                                              registry: CollectorRegistry) -> None:
+    raw = completion_bytes("half an ans", finish_reason="length")
+    handler, sink = rig([lambda body: CallResult(check_completion(raw, body), raw, 40, model="gpt-a")], metrics)
+    await handler.handle(submission(make_request()))
+
+    [(event, _)] = sink.failures
+    assert event.error_code == "truncated"
+    assert value(registry, "streamproc_llm_calls_total", model="gpt-a", outcome="semantic") == 1
+    assert value(registry, "streamproc_llm_tokens_total", model="gpt-a", type="output") == 3
 
 
 async def test_handler_reports_a_terminal_failure(metrics: WorkerMetrics, registry: CollectorRegistry) -> None:
@@ -183,7 +229,8 @@ async def test_handler_reports_a_dead_letter_as_unreadable(metrics: WorkerMetric
     assert len(sink.dead_letters) == 1
     assert value(registry, "streamproc_failures_total", layer="business", code="unreadable_record",
                  terminal="true") == 1
-    assert value(registry, "streamproc_requests_started_total") == 0
+    assert not any(sample.value for family in registry.collect() if family.name == "streamproc_llm_calls"
+                   for sample in family.samples)
 
 
 class Exploding(NullObserver):
@@ -210,3 +257,26 @@ def test_hedged_calls_are_read_from_the_client_at_scrape() -> None:
     metrics.track_hedges(lambda: hedged[0])
     hedged[0] = 3
     assert metrics.registry.get_sample_value("streamproc_hedged_calls_total") == 3
+
+
+
+def breaker_in(state: BreakerState) -> CircuitBreaker:
+    """A real breaker driven into ``state``: one failure opens it, asking after ``open_s`` half-opens it."""
+    breaker = CircuitBreaker(failure_rate=1.0, window_s=10.0, min_calls=1, open_s=5.0)
+    if state is not BreakerState.CLOSED:
+        breaker.record(False, now=0.0)
+    if state is BreakerState.HALF_OPEN:
+        assert breaker.allow(now=6.0)
+    assert breaker.state is state
+    return breaker
+
+
+@pytest.mark.parametrize("state", list(BreakerState))
+def test_breaker_state_is_a_label(state: BreakerState) -> None:
+    guards = Guards.from_settings(Settings(llm_base_url="http://llm"), NeverCalled())
+    guards.breakers["gpt-a"] = breaker_in(state)
+    metrics = WorkerMetrics(CollectorRegistry())
+    metrics.track_guards(guards)
+    for other in BreakerState:
+        assert metrics.registry.get_sample_value("streamproc_circuit_breaker_state", {
+            "model": "gpt-a", "state": other.value}) == (1.0 if other is state else 0.0)
