@@ -62,6 +62,7 @@ def _result_to_avro(result: InferenceResult) -> AvroRecord:
         "latency_ms": result.latency_ms,
         "completed_ms": result.completed_ms,
         "input_hash": result.input_hash,
+        "provider_request_id": result.provider_request_id,
     }
 
 
@@ -76,6 +77,7 @@ def _result_from_avro(datum: AvroRecord) -> InferenceResult:
         latency_ms=datum["latency_ms"],
         completed_ms=datum["completed_ms"],
         input_hash=datum["input_hash"],
+        provider_request_id=datum["provider_request_id"],
     )
 
 
@@ -91,6 +93,8 @@ def _failure_to_avro(failure: FailureEvent) -> AvroRecord:
         "last_failure_ms": failure.last_failure_ms,
         "http_status": failure.http_status,
         "retry_after_ms": failure.retry_after_ms,
+        "response_body": failure.response_body,
+        "provider_request_id": failure.provider_request_id,
     }
 
 
@@ -106,6 +110,8 @@ def _failure_from_avro(datum: AvroRecord) -> FailureEvent:
         last_failure_ms=datum["last_failure_ms"],
         http_status=datum["http_status"],
         retry_after_ms=datum["retry_after_ms"],
+        response_body=datum["response_body"],
+        provider_request_id=datum["provider_request_id"],
     )
 
 

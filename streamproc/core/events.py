@@ -45,6 +45,7 @@ class InferenceResult:
     latency_ms: int
     completed_ms: int
     input_hash: str
+    provider_request_id: str | None = None  # the provider's id for the call (its x-request-id header), if sent
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ class FailureEvent:
     last_failure_ms: int
     http_status: int | None = None
     retry_after_ms: int | None = None
+    # what the provider answered, as received (bounded: llm.provider_answer): an error body, or the 200 answer
+    # a check rejected; None when no HTTP answer came (or no call was made)
+    response_body: str | None = None
+    provider_request_id: str | None = None  # the provider's id for the call (its x-request-id header), if sent
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -343,3 +345,40 @@ def test_a_state_written_by_the_previous_release_still_decodes() -> None:
     assert decoded == RequestState("req-1", RequestStatus.RETRYING, "h", 2, None, FailureLayer.SERVICE,
                                    "rate_limited", 5, 6)
     assert (decoded.next_topic, decoded.next_offset) == (None, None)
+
+
+# --- every schema an earlier release wrote with (schemas/history) still decodes -------------------------
+
+_HISTORY = sorted((Path(__file__).parents[3] / "schemas" / "history").glob("*.avsc"))
+_BY_NAME: dict[str, type[Event]] = {cls.__name__: cls for cls in EVENT_TYPES}
+_NEW_SAMPLES: dict[type[Event], Event] = {
+    **SAMPLES,
+    InferenceResult: dataclasses.replace(RESULT, provider_request_id="req_abc"),
+    FailureEvent: dataclasses.replace(FAILURE, response_body='{"choices": []}', provider_request_id="req_abc"),
+    RequestState: dataclasses.replace(STATE, next_topic="llm.retry.5s", next_offset=3, retries_spent=2,
+                                      model="m", prompt_tokens=5, completion_tokens=7),
+}
+
+
+@pytest.mark.parametrize("path", _HISTORY, ids=[path.stem for path in _HISTORY])
+def test_a_record_written_with_a_past_schema_decodes_with_the_defaults_of_later_fields(path: Path) -> None:
+    """No registration: ``PAST_WRITERS`` knows every file in schemas/history, and each one's fields that the
+    current schema has kept their values, the fields added since read as their defaults."""
+    old = json.loads(path.read_text())
+    record_type = _BY_NAME[old["name"]]
+    current = to_avro(_NEW_SAMPLES[record_type])
+    kept = {field["name"] for field in old["fields"]}
+    datum = {name: value for name, value in current.items() if name in kept}
+    defaults = {field["name"]: field["default"] for field in avro_schema(record_type)["fields"]
+                if field["name"] not in kept}
+
+    decoded = codec.decode(_single_object(old, datum), record_type)
+
+    assert defaults, f"{path.name} is the current schema: nothing was added since"
+    assert to_avro(decoded) == {**datum, **defaults}
+
+
+def test_the_current_schemas_are_not_in_the_history() -> None:
+    """A history file that equals a current schema would hide a field added without a new history file."""
+    current = {writer.fingerprint for writer in writer_schemas.CURRENT_WRITERS}
+    assert not current & {writer.fingerprint for writer in writer_schemas.PAST_WRITERS}
