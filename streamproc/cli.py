@@ -31,6 +31,8 @@ from streamproc.ops.run import format_outcome, run_batch
 from streamproc.ops.status import read_status
 from streamproc.ops.submit import submit_file
 from streamproc.settings import Settings
+from streamproc.sink.follow import default_group, run_sink
+from streamproc.sink.target import parse_target
 
 T = TypeVar("T")
 
@@ -252,6 +254,25 @@ def results(batch_id: str, output: Path, errors: Path | None) -> None:
     report = export_results(Settings(), batch_id, output, errors)
     where = f", {report.failures} failures to {errors}" if errors else f" ({report.failures} failures not written)"
     click.echo(f"{report.results} results to {output}{where}")
+
+
+@cli.command("sink")
+@click.option("--to", "url", required=True, metavar="URL",
+              help="sqlite:///relative.db, sqlite:////absolute.db or postgresql://user@host:5432/db")
+@click.option("--group", help="Consumer group of the sink [default: <app id>.sink]; one per database.")
+@click.option("--until-idle", is_flag=True, help="Stop once every record on the topics is written (else follow).")
+def sink(url: str, group: str | None, until_idle: bool) -> None:
+    """Follow results, failed attempts and dead letters into a database (tables results, failures,
+    dead_letters; view requests). Idempotent upserts, offsets committed after the rows: restart it any time.
+
+    \b
+    Example:
+      streamproc sink --to sqlite:///outcomes.db --until-idle
+    """
+    settings = Settings()
+    target = parse_target(url)
+    _run(run_sink(settings, target, group=group or default_group(settings), until_idle=until_idle,
+                  report=click.echo))
 
 
 @cli.command("run")

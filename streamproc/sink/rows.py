@@ -1,0 +1,211 @@
+"""Records -> the rows the sink writes: pure, so what lands in the database is decided (and tested) here.
+
+A request's identity is (batch, custom_id) (:mod:`streamproc.core.identity`); ids without a batch scope
+have the batch ``''``, because a primary key has no NULLs. Timestamps are ISO 8601 text in UTC with
+milliseconds: PostgreSQL casts it to ``timestamptz`` and SQLite keeps it as text that sorts in time order
+and that its date functions read.
+
+:class:`RowBatch` collects one poll's records and settles duplicates inside it the way the database does
+across transactions: the first result of a request wins (as in the export), the latest failure of an
+attempt wins, a dead letter is kept once per position.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any, NamedTuple, Protocol
+
+from streamproc import codec
+from streamproc.core import headers
+from streamproc.core.events import FailureEvent, InferenceResult
+from streamproc.core.identity import custom_id_of
+
+
+class Kind(Enum):
+    """What a topic carries, as far as the sink is concerned."""
+
+    RESULT = "result"
+    FAILURE = "failure"
+    DEAD_LETTER = "dead letter"
+
+
+class Record(Protocol):
+    """The parts of a Kafka record the sink reads (aiokafka's ``ConsumerRecord`` has them)."""
+
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes]]
+
+
+def iso_ms(epoch_ms: int) -> str:
+    """``2026-11-03T10:00:00.123+00:00``: one format, so text order is time order."""
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+class ResultRow(NamedTuple):
+    batch: str
+    custom_id: str
+    request_id: str
+    model: str
+    content: str
+    response: str
+    usage: str | None  # the response's usage object as JSON text
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    total_tokens: int | None
+    attempt: int
+    latency_ms: int
+    finished_at: str
+    input_hash: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.batch, self.custom_id
+
+
+class FailureRow(NamedTuple):
+    batch: str
+    custom_id: str
+    attempt: int
+    request_id: str
+    layer: str
+    code: str
+    message: str
+    http_status: int | None
+    retry_after_ms: int | None
+    terminal: bool
+    model: str | None  # the model the request asked for
+    first_failed_at: str
+    failed_at: str
+    url: str
+    body: str  # the request body, so the failure can be read and replayed from the database alone
+    metadata: str  # JSON object
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.batch, self.custom_id, self.attempt
+
+
+class DeadLetterRow(NamedTuple):
+    kafka_partition: int
+    kafka_offset: int
+    request_id: str | None
+    record_key: bytes | None
+    record_value: bytes | None  # None when it was too large to copy: it stays at its origin
+    layer: str | None
+    code: str | None
+    message: str | None
+    origin_topic: str | None
+    origin_partition: int | None
+    origin_offset: int | None
+    dead_at: str
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.kafka_partition, self.kafka_offset
+
+
+def result_row(result: InferenceResult) -> ResultRow:
+    usage = _usage(result.response_json)
+
+    def tokens(name: str) -> int | None:
+        value = None if usage is None else usage.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return ResultRow(
+        batch=result.batch_id or "", custom_id=custom_id_of(result.request_id, result.batch_id),
+        request_id=result.request_id, model=result.model, content=result.content, response=result.response_json,
+        usage=None if usage is None else json.dumps(usage), prompt_tokens=tokens("prompt_tokens"),
+        completion_tokens=tokens("completion_tokens"), total_tokens=tokens("total_tokens"),
+        attempt=result.attempts, latency_ms=result.latency_ms, finished_at=iso_ms(result.completed_ms),
+        input_hash=result.input_hash)
+
+
+def failure_row(failure: FailureEvent) -> FailureRow:
+    request = failure.request
+    return FailureRow(
+        batch=request.batch_id or "", custom_id=custom_id_of(request.request_id, request.batch_id),
+        attempt=failure.attempt, request_id=request.request_id, layer=failure.layer.value, code=failure.error_code,
+        message=failure.message, http_status=failure.http_status, retry_after_ms=failure.retry_after_ms,
+        terminal=failure.terminal, model=_requested_model(request.body_json),
+        first_failed_at=iso_ms(failure.first_failure_ms), failed_at=iso_ms(failure.last_failure_ms),
+        url=request.url, body=request.body_json, metadata=json.dumps(request.metadata, sort_keys=True))
+
+
+def dead_letter_row(record: Record) -> DeadLetterRow:
+    """A dead letter's reason and origin come from its headers (design §3); its bytes are kept as they were."""
+    hdrs = headers.as_mapping(record.headers)
+
+    def text(name: str) -> str | None:
+        value = hdrs.get(name)
+        return None if value is None else value.decode("utf-8", "replace")
+
+    def number(name: str) -> int | None:
+        value = text(name)
+        return int(value) if value is not None and value.lstrip("-").isdigit() else None
+
+    return DeadLetterRow(
+        kafka_partition=record.partition, kafka_offset=record.offset,
+        request_id=text(headers.REQUEST_ID) or None, record_key=record.key, record_value=record.value,
+        layer=text(headers.FAILURE_LAYER), code=text(headers.ERROR_CODE), message=text(headers.ERROR_MESSAGE),
+        origin_topic=text(headers.ORIG_TOPIC), origin_partition=number(headers.ORIG_PARTITION),
+        origin_offset=number(headers.ORIG_OFFSET), dead_at=iso_ms(record.timestamp))
+
+
+def _usage(response_json: str) -> dict[str, Any] | None:
+    try:
+        body = json.loads(response_json)
+    except ValueError:
+        return None
+    usage = body.get("usage") if isinstance(body, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _requested_model(body_json: str) -> str | None:
+    try:
+        body = json.loads(body_json)
+    except ValueError:  # an undecodable record's placeholder has no body
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
+
+
+@dataclass
+class RowBatch:
+    """The rows of one poll, each key once; ``skipped`` counts records that are no event of ours."""
+
+    results: dict[tuple[str, str], ResultRow] = field(default_factory=dict)
+    failures: dict[tuple[str, str, int], FailureRow] = field(default_factory=dict)
+    dead_letters: dict[tuple[int, int], DeadLetterRow] = field(default_factory=dict)
+    skipped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.results) + len(self.failures) + len(self.dead_letters)
+
+    def add(self, kind: Kind, record: Record) -> None:
+        if kind is Kind.DEAD_LETTER:
+            row = dead_letter_row(record)
+            self.dead_letters.setdefault(row.key, row)
+            return
+        try:
+            if kind is Kind.RESULT:
+                result = result_row(codec.decode(record.value, InferenceResult))
+                self.results.setdefault(result.key, result)
+            else:
+                failure = failure_row(codec.decode(record.value, FailureEvent))
+                held = self.failures.get(failure.key)
+                if held is None or held.failed_at <= failure.failed_at:
+                    self.failures[failure.key] = failure
+        except codec.CodecError:
+            self.skipped += 1  # a foreign record on our topic: part of no request's outcome
+
+    def touched(self) -> set[tuple[str, str]]:
+        """The requests this batch wrote about: their failure rows may have become resolved."""
+        return set(self.results) | {(batch, custom_id) for batch, custom_id, _ in self.failures}

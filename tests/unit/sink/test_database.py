@@ -1,0 +1,109 @@
+"""The sink's writes on a real SQLite file: migrations, idempotent upserts, resolution and the view."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamproc.core.events import FailureEvent, InferenceResult
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.sink.database import DatabaseError, SinkDatabase, open_database
+from streamproc.sink.rows import Kind, RowBatch
+from streamproc.sink.schema import SchemaTooNewError
+from streamproc.sink.target import SqliteTarget
+from tests.unit.sink.events import failure, record, result
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "sink.db"
+
+
+@pytest.fixture
+def database(path: Path) -> Iterator[SinkDatabase]:
+    opened = open_database(SqliteTarget(path))
+    yield opened
+    opened.close()
+
+
+def write(database: SinkDatabase, *events: InferenceResult | FailureEvent) -> None:
+    rows = RowBatch()
+    for event in events:
+        rows.add(Kind.RESULT if isinstance(event, InferenceResult) else Kind.FAILURE, record(event))
+    database.write(rows)
+
+
+def query(path: Path, sql: str) -> list[tuple[object, ...]]:
+    with sqlite3.connect(path) as connection:
+        return connection.execute(sql).fetchall()
+
+
+def test_migrating_twice_applies_each_version_once(path: Path, database: SinkDatabase) -> None:
+    assert database.migrate() == 1
+    open_database(SqliteTarget(path)).close()
+    assert query(path, "SELECT version FROM schema_version") == [(1,)]
+
+
+def test_a_database_from_a_newer_streamproc_is_refused(path: Path, database: SinkDatabase) -> None:
+    query(path, "INSERT INTO schema_version VALUES (99, 'future', '2030-01-01T00:00:00.000+00:00')")
+    with pytest.raises(SchemaTooNewError):
+        open_database(SqliteTarget(path))
+
+
+def test_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(DatabaseError, match="no directory"):
+        open_database(SqliteTarget(tmp_path / "absent" / "sink.db"))
+
+
+def test_writing_the_same_records_again_changes_nothing(path: Path, database: SinkDatabase) -> None:
+    events: list[InferenceResult | FailureEvent] = [failure(attempt=1), failure(attempt=2, failed_ms=6_000),
+                                                    result(attempts=3), failure("req-2")]
+    write(database, *events)
+    before = query(path, "SELECT * FROM failures ORDER BY custom_id, attempt") + query(path, "SELECT * FROM results")
+    write(database, *events)
+    write(database, result(content="a second answer after a crash"))
+    after = query(path, "SELECT * FROM failures ORDER BY custom_id, attempt") + query(path, "SELECT * FROM results")
+    assert after == before
+    assert query(path, "SELECT content FROM results") == [("spam",)]
+
+
+def test_an_older_copy_of_an_attempt_never_replaces_a_newer_one(path: Path, database: SinkDatabase) -> None:
+    write(database, failure(failed_ms=6_000, message="newer"))
+    write(database, failure(failed_ms=5_000, message="older"))
+    assert query(path, "SELECT message FROM failures") == [("newer",)]
+
+
+@pytest.mark.parametrize("result_first", [False, True])
+def test_a_success_resolves_the_requests_failures_in_either_order(path: Path, database: SinkDatabase,
+                                                                   result_first: bool) -> None:
+    failures = [failure(attempt=1), failure(attempt=2, failed_ms=6_000), failure("other")]
+    if result_first:
+        write(database, result())
+        write(database, *failures)
+    else:
+        write(database, *failures)
+        write(database, result())
+    assert query(path, "SELECT custom_id, attempt, resolved FROM failures ORDER BY custom_id, attempt") == [
+        ("other", 1, 0), ("req-1", 1, 1), ("req-1", 2, 1)]
+
+
+def test_the_view_shows_each_requests_latest_outcome_through_a_backfill(path: Path, database: SinkDatabase) -> None:
+    def outcome() -> list[tuple[object, ...]]:
+        return query(path, "SELECT status, attempts, layer, code FROM requests WHERE custom_id = 'req-1'")
+
+    write(database, failure(attempt=1, failed_ms=5_000))
+    assert outcome() == [("retrying", 1, "service", "rate_limit_exceeded")]
+    write(database, failure(attempt=2, failed_ms=6_000, terminal=True, layer=FailureLayer.TRANSPORT,
+                            code="read_timeout"))
+    assert outcome() == [("failed", 2, "transport", "read_timeout")]
+    # the backfill replay starts at attempt 1 again: its outcome is later, so it is the one shown
+    write(database, failure(attempt=1, failed_ms=20_000, terminal=True, layer=FailureLayer.BUSINESS,
+                            code="context_length_exceeded"))
+    assert outcome() == [("failed", 1, "business", "context_length_exceeded")]
+    write(database, result(attempts=2, completed_ms=30_000))
+    assert outcome() == [("succeeded", 2, None, None)]
+    assert query(path, "SELECT COUNT(*), SUM(resolved) FROM failures") == [(2, 2)]
+    assert query(path, "SELECT COUNT(*) FROM requests") == [(1,)]
