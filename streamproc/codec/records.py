@@ -63,6 +63,7 @@ def _result_to_avro(result: InferenceResult) -> AvroRecord:
         "completed_ms": result.completed_ms,
         "input_hash": result.input_hash,
         "provider_request_id": result.provider_request_id,
+        "reused_from": result.reused_from,
     }
 
 
@@ -78,6 +79,7 @@ def _result_from_avro(datum: AvroRecord) -> InferenceResult:
         completed_ms=datum["completed_ms"],
         input_hash=datum["input_hash"],
         provider_request_id=datum["provider_request_id"],
+        reused_from=datum["reused_from"],
     )
 
 
@@ -134,6 +136,7 @@ def _state_to_avro(state: RequestState) -> AvroRecord:
         "model": state.model,
         "prompt_tokens": state.prompt_tokens,
         "completion_tokens": state.completion_tokens,
+        "reused": state.reused,
     }
 
 
@@ -157,6 +160,7 @@ def _state_from_avro(datum: AvroRecord) -> RequestState:
         model=datum["model"],
         prompt_tokens=datum["prompt_tokens"],
         completion_tokens=datum["completion_tokens"],
+        reused=datum["reused"],
     )
 
 

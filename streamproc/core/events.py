@@ -46,6 +46,7 @@ class InferenceResult:
     completed_ms: int
     input_hash: str
     provider_request_id: str | None = None  # the provider's id for the call (its x-request-id header), if sent
+    reused_from: str | None = None  # the request whose answer this reuses (submit --reuse-results): no call made
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,4 @@ class RequestState:
     model: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reused: bool = False  # the result was reused from an earlier identical request: no call, no tokens spent

@@ -353,10 +353,10 @@ _HISTORY = sorted((Path(__file__).parents[3] / "schemas" / "history").glob("*.av
 _BY_NAME: dict[str, type[Event]] = {cls.__name__: cls for cls in EVENT_TYPES}
 _NEW_SAMPLES: dict[type[Event], Event] = {
     **SAMPLES,
-    InferenceResult: dataclasses.replace(RESULT, provider_request_id="req_abc"),
+    InferenceResult: dataclasses.replace(RESULT, provider_request_id="req_abc", reused_from="batch-0/req-1"),
     FailureEvent: dataclasses.replace(FAILURE, response_body='{"choices": []}', provider_request_id="req_abc"),
     RequestState: dataclasses.replace(STATE, next_topic="llm.retry.5s", next_offset=3, retries_spent=2,
-                                      model="m", prompt_tokens=5, completion_tokens=7),
+                                      model="m", prompt_tokens=5, completion_tokens=7, reused=True),
 }
 
 
