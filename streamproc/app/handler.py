@@ -51,6 +51,7 @@ from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import Caller, CallResult, answer_content, request_body
 from streamproc.llm.completion import billed_tokens
 from streamproc.llm.guarded import Guards
+from streamproc.llm.provider_answer import kept_body, provider_request_id
 from streamproc.llm.repair import TRUNCATED, build_repair_request, grown_max_tokens, with_max_tokens
 from streamproc.llm.routed import Deferred
 
@@ -184,7 +185,7 @@ class Handler:
                 request_id=request.request_id, batch_id=request.batch_id, model=outcome.model,
                 response_json=called.response_body.decode("utf-8", "replace"), content=outcome.content,
                 attempts=hop.attempt, latency_ms=called.latency_ms, completed_ms=self._clock_ms(),
-                input_hash=state.input_hash,
+                input_hash=state.input_hash, provider_request_id=provider_request_id(called.headers),
             ))
             self._observer.on_result()
             self._store.put(on_success(state, self._clock_ms(), outcome))  # result first, then state (design §4)
@@ -202,7 +203,7 @@ class Handler:
             failure = Failure(failure.layer, REQUEST_TOO_LARGE, f"{failure.code}, not retried: the request's "
                               f"{request_bytes(request)} bytes are more than a retry record carries "
                               f"({CARRIED_BYTES}): {failure.message}"[:1000], failure.http_status)
-            await self._terminal(request, failure, hop.attempt, first_failure, origin, state)
+            await self._terminal(request, failure, hop.attempt, first_failure, origin, state, called)
             return
         if isinstance(decision, Retry):
             next_request = (build_repair_request(request, answer_content(called.response_body), failure.message)
@@ -215,12 +216,12 @@ class Handler:
                 request.request_id, hop.attempt + 1, origin, failure, first_failure, due_ms=due,
                 max_tokens=max_tokens))
             self._observer.on_retry(decision.tier.name)
-            await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin)
+            await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin, called)
             self._put_unless_superseded(state, on_retry_scheduled(state, failure.layer, failure.code, now, written,
                                                                   spent_budget=spends_budget(failure)))
             return
         failure = decision.failure or failure  # a spent retry budget restates it as retry_budget_exhausted
-        await self._terminal(request, failure, hop.attempt, first_failure, origin, state)
+        await self._terminal(request, failure, hop.attempt, first_failure, origin, state, called)
 
     async def _defer(self, request: InferenceRequest, deferred: Deferred, hop: headers.Hop, origin: headers.Origin,
                      state: RequestState) -> None:
@@ -238,8 +239,8 @@ class Handler:
         self._observer.on_deferred(tier.name)
 
     async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,
-                        origin: headers.Origin, state: RequestState | None) -> None:
-        await self._emit_failure(request, failure, attempt, True, first_failure_ms, origin)
+                        origin: headers.Origin, state: RequestState | None, called: CallResult | None = None) -> None:
+        await self._emit_failure(request, failure, attempt, True, first_failure_ms, origin, called)
         now = self._clock_ms()
         if state is not None:
             self._put_unless_superseded(state, on_terminal_failure(state, failure.layer, failure.code, now))
@@ -260,14 +261,18 @@ class Handler:
         self._store.put(after)
 
     async def _emit_failure(self, request: InferenceRequest, failure: Failure, attempt: int, terminal: bool,
-                            first_failure_ms: int, origin: headers.Origin) -> None:
+                            first_failure_ms: int, origin: headers.Origin, called: CallResult | None = None) -> None:
+        """Write the failure event of an attempt, with what the provider answered when ``called`` got an answer."""
         if too_large_to_carry(request):  # the event would be refused; the full request stays at its origin
             request = without_body(request, f"{origin.topic}[{origin.partition}]@{origin.offset}")
+        answer = called if failure.http_status is not None else None  # an HTTP answer came (not an exception)
         event = FailureEvent(
             request=request, layer=failure.layer, error_code=failure.code, message=failure.message,
             attempt=attempt, terminal=terminal, first_failure_ms=first_failure_ms,
             last_failure_ms=self._clock_ms(), http_status=failure.http_status,
             retry_after_ms=failure.retry_after_ms,
+            response_body=None if answer is None else kept_body(answer.response_body),
+            provider_request_id=None if answer is None else provider_request_id(answer.headers),
         )
         await self._sink.failure(event, headers.hop_headers(request.request_id, attempt, origin, failure,
                                                             first_failure_ms))
