@@ -1,4 +1,4 @@
-"""Three fixes to faust-streaming 0.15.3's offset bookkeeping, without which a worker can lose requests.
+"""Four fixes to faust-streaming 0.15.3's offset bookkeeping, without which a worker can lose requests or state.
 
 Seen in the SIGKILL test, about 1 restart in 6 on a loaded machine, always on partitions with no committed
 offset yet (the worker died before its first commit):
@@ -23,6 +23,13 @@ offset yet (the worker died before its first commit):
    forever (issue 13: two workers, three SIGKILLs, 8 requests stranded). Here only records an agent took
    (faust marks them *tracked*) are acked; a dropped one is simply fetched again from the committed offset.
 
+4. **A commit that passes state writes not yet sent.** Before committing offsets faust flushes its producer
+   buffer, where table writes (the state changelog) wait to be handed to aiokafka; but that flush returns as
+   soon as no message left the buffer for 0.1 s, and it never waits for the one being handed over. With a
+   slow or restarting broker the commit then passes records whose state writes are still in memory: a
+   SIGKILL loses them, and the reconciler later sees a finished request as ``in_flight`` and calls it again.
+   Here the flush waits until the buffer is empty and no hand-over is under way.
+
 A dropped record becomes a lost request because faust then commits past it: with no committed offset,
 ``Consumer._new_offset`` does not check the head of the acked offsets. Importing this module applies the
 fixes once; :func:`streamproc.app.faust_app.make_faust_app` does.
@@ -30,16 +37,20 @@ fixes once; :func:`streamproc.app.faust_app.make_faust_app` does.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.producer import ProducerBuffer
 
 _recovery_completed: Callable[..., Awaitable[None]] = Recovery.on_recovery_completed
 _fetch_records: Callable[..., Awaitable[Any]] = AIOKafkaConsumerThread._fetch_records
 _ack: Callable[[Any, Any], bool] = Consumer.ack
+_send_pending: Callable[[Any, Any], Awaitable[None]] = ProducerBuffer._send_pending
+HANDOVER_POLL_S = 0.01
 
 
 async def _on_recovery_completed(self: Any, generation_id: int = 0) -> None:
@@ -90,6 +101,26 @@ def _ack_taken(self: Any, message: Any) -> bool:
     return _ack(self, message)
 
 
+async def _send_counted(self: Any, fut: Any) -> None:
+    """faust's hand-over of one buffered message to aiokafka, counted while under way (fix 4)."""
+    self.__dict__["handing_over"] = self.__dict__.get("handing_over", 0) + 1
+    try:
+        await _send_pending(self, fut)
+    finally:
+        self.handing_over -= 1
+
+
+async def _flush_all(self: Any) -> None:
+    """Until every buffered message is with aiokafka (fix 4); faust's check still refuses a stopped producer
+    that holds messages."""
+    while self.size or self.__dict__.get("handing_over", 0):
+        await self.flush_atmost(None)
+        if not self.size:  # the last one is being handed over
+            await asyncio.sleep(HANDOVER_POLL_S)
+
+
 Recovery.on_recovery_completed = _on_recovery_completed  # type: ignore[method-assign]
 AIOKafkaConsumerThread._fetch_records = _fetch_active_records  # type: ignore[method-assign,assignment]
 Consumer.ack = _ack_taken  # type: ignore[method-assign]
+ProducerBuffer._send_pending = _send_counted  # type: ignore[method-assign]
+ProducerBuffer.flush = _flush_all  # type: ignore[method-assign]

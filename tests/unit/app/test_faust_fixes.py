@@ -7,11 +7,14 @@ wrapper changes around it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
+from types import SimpleNamespace
 from typing import Any
 
 import faust
 import pytest
+from faust.transport.producer import ProducerBuffer
 from faust.types import TP, ConsumerMessage
 
 from streamproc.app import faust_fixes
@@ -129,3 +132,29 @@ def test_records_an_agent_took_are_acked_and_committed_as_before() -> None:
         message.tracked = True  # what the stream does when it hands the record to an agent
         assert consumer.ack(message) is True
     assert consumer._new_offset(tp) == 3
+
+
+class SlowChannel:
+    """Stands in for a topic whose hand-over to aiokafka is slow (a broker that is restarting)."""
+
+    def __init__(self) -> None:
+        self.handed_over: list[int] = []
+
+    async def publish_message(self, fut: Any, wait: bool = False) -> None:
+        await asyncio.sleep(0.3)
+        self.handed_over.append(fut.value)
+
+
+async def test_the_flush_before_a_commit_waits_until_every_buffered_state_write_is_handed_over() -> None:
+    channel = SlowChannel()
+    buffer = ProducerBuffer()
+    buffer.app = SimpleNamespace(conf=SimpleNamespace(producer_threaded=False))  # type: ignore[assignment]
+    await buffer.start()
+    try:
+        for value in range(3):
+            buffer.put(SimpleNamespace(value=value, message=SimpleNamespace(channel=channel)))  # type: ignore[arg-type]
+        await buffer.flush()  # faust's own returned after 0.1 s with two writes queued and one under way
+        assert channel.handed_over == [0, 1, 2]
+        assert buffer.size == 0
+    finally:
+        await buffer.stop()
