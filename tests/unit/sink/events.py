@@ -10,6 +10,7 @@ from streamproc import codec
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.core.identity import request_id_for
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.sink.rows import Kind, RowBatch
 
 BODY = json.dumps({"model": "mock-small", "messages": [{"role": "user", "content": "Label: Buy now!!!"}]})
 RESPONSE = json.dumps({"id": "chatcmpl-1", "choices": [{"message": {"role": "assistant", "content": "spam"}}],
@@ -46,3 +47,11 @@ class FakeRecord:
 
 def record(event: InferenceResult | FailureEvent, offset: int = 0) -> FakeRecord:
     return FakeRecord(codec.encode(event), offset=offset)
+
+
+def rows_of(*events: InferenceResult | FailureEvent) -> RowBatch:
+    """The rows one poll of these events gives, in this order."""
+    rows = RowBatch()
+    for event in events:
+        rows.add(Kind.RESULT if isinstance(event, InferenceResult) else Kind.FAILURE, record(event))
+    return rows

@@ -11,10 +11,9 @@ import pytest
 from streamproc.core.events import FailureEvent, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.sink.database import DatabaseError, SinkDatabase, open_database
-from streamproc.sink.rows import Kind, RowBatch
 from streamproc.sink.schema import SchemaTooNewError
 from streamproc.sink.target import SqliteTarget
-from tests.unit.sink.events import failure, record, result
+from tests.unit.sink.events import failure, result, rows_of
 
 
 @pytest.fixture
@@ -30,10 +29,7 @@ def database(path: Path) -> Iterator[SinkDatabase]:
 
 
 def write(database: SinkDatabase, *events: InferenceResult | FailureEvent) -> None:
-    rows = RowBatch()
-    for event in events:
-        rows.add(Kind.RESULT if isinstance(event, InferenceResult) else Kind.FAILURE, record(event))
-    database.write(rows)
+    database.write(rows_of(*events))
 
 
 def query(path: Path, sql: str) -> list[tuple[object, ...]]:
