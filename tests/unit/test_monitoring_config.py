@@ -95,7 +95,7 @@ def test_every_service_has_a_healthcheck() -> None:
 def test_healthchecks_ask_the_ports_the_services_listen_on() -> None:
     def checked_url(service: str) -> str:
         [url] = re.findall(r"http://[^'\" ]+", " ".join(services()[service]["healthcheck"]["test"]))
-        return url
+        return str(url)
 
     metrics_port = int(services()["worker"]["environment"]["STREAMPROC_WORKER_METRICS_PORT"])
     assert urlsplit(checked_url("worker")).port == metrics_port
