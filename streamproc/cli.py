@@ -26,7 +26,7 @@ from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_back
 from streamproc.ops.batches import format_batches, list_batches
 from streamproc.ops.cancel import cancel_batch
 from streamproc.ops.progress import Progress
-from streamproc.ops.results import export_results
+from streamproc.ops.results import FORMATS, ONE_FILE_FORMATS, export_results
 from streamproc.ops.run import format_outcome, run_batch
 from streamproc.ops.status import read_status
 from streamproc.ops.submit import submit_file
@@ -241,19 +241,29 @@ def batches(limit: int, as_json: bool) -> None:
 @cli.command("results")
 @click.option("--batch-id", required=True)
 @click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="OpenAI batch output JSONL: one line per succeeded custom_id.")
+              help="One line per succeeded custom_id (OpenAI's batch output file); with --format anthropic and "
+                   "no --errors, every outcome, as Anthropic's results file.")
 @click.option("--errors", type=click.Path(dir_okay=False, path_type=Path),
-              help="OpenAI batch error JSONL: one line per terminally failed custom_id (with layer and code).")
-def results(batch_id: str, output: Path, errors: Path | None) -> None:
+              help="One line per custom_id that ended in a failure: the provider's status and body when it "
+                   "answered, our code and message otherwise, our diagnosis under 'streamproc'.")
+@click.option("--format", "format_name", type=click.Choice(sorted(FORMATS)), default="openai", show_default=True,
+              help="openai: Batch API output and error lines; anthropic: Message Batches result lines "
+                   "(succeeded, errored, canceled, expired).")
+def results(batch_id: str, output: Path, errors: Path | None, format_name: str) -> None:
     """Export a batch: exactly one line per custom_id, even when the results topic holds duplicates.
 
     \b
-    Example:
+    Examples:
       streamproc results --batch-id labels-2026-11 --output out.jsonl --errors errors.jsonl
+      streamproc results --batch-id labels-2026-11 --format anthropic --output results.jsonl
     """
-    report = export_results(Settings(), batch_id, output, errors)
-    where = f", {report.failures} failures to {errors}" if errors else f" ({report.failures} failures not written)"
-    click.echo(f"{report.results} results to {output}{where}")
+    report = export_results(Settings(), batch_id, output, errors, format_name)
+    if errors is not None:
+        click.echo(f"{report.results} results to {output}, {report.failures} failures to {errors}")
+    elif format_name in ONE_FILE_FORMATS:
+        click.echo(f"{report.results} results and {report.failures} failures to {output}")
+    else:
+        click.echo(f"{report.results} results to {output} ({report.failures} failures not written)")
 
 
 @cli.command("sink")

@@ -1,10 +1,9 @@
-"""Export in OpenAI's batch output and error file formats, exactly one line per ``custom_id`` (design §6).
+"""Exactly one line per ``custom_id`` (design §6), in any of the export formats (:data:`FORMATS`).
 
-A line's ``id`` (``batch_req_…``) is derived from the batch and custom_id, so exporting twice gives the same
-file and a request keeps its line id whichever file it lands in. Error lines follow OpenAI's error-file
-shape (``response`` holds the HTTP error when there was one, ``error`` holds code and message) and add our
-diagnosis under ``"streamproc"``, a key OpenAI does not use, so OpenAI readers ignore it and ours need no
-second file.
+A line's id (OpenAI's ``batch_req_…``) is derived from the batch and custom_id, so exporting twice gives the
+same file and a request keeps its line id whichever file it lands in. What a format adds beyond the
+provider's own shape goes under one key, ``"streamproc"``, which neither OpenAI nor Anthropic uses, so their
+readers ignore it and ours need no second file.
 
 The results topic may hold duplicates (redelivery, replays) and a request may fail terminally, be
 backfilled and then succeed; :class:`ExportDeduper` settles each custom_id on one outcome. Request ids are
@@ -18,42 +17,29 @@ import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from streamproc.core.events import FailureEvent, InferenceResult
 from streamproc.core.identity import custom_id_of
 
 
-def _digest(batch_id: str | None, custom_id: str) -> str:
+def line_id(batch_id: str | None, custom_id: str) -> str:
+    """``batch_req_`` and a hash of batch and custom_id: the same on every export."""
     # the newline keeps ("ab", "c") and ("a", "bc") apart; no batch id hashes as ""
-    return hashlib.sha256(f"{batch_id or ''}\n{custom_id}".encode()).hexdigest()[:24]
+    return "batch_req_" + hashlib.sha256(f"{batch_id or ''}\n{custom_id}".encode()).hexdigest()[:24]
 
 
-def output_line(result: InferenceResult) -> dict[str, Any]:
-    """One line of the output file, under the user's custom_id (the request id without its batch scope);
-    ``request_id`` is the provider's response id when it has one."""
-    custom_id = custom_id_of(result.request_id, result.batch_id)
-    digest = _digest(result.batch_id, custom_id)
-    body: Any
-    try:
-        body = json.loads(result.response_json)
-    except ValueError:  # kept as received: the export must not fail on one odd record
-        body = result.response_json
-    provider_id = body.get("id") if isinstance(body, dict) else None
-    return {
-        "id": f"batch_req_{digest}",
-        "custom_id": custom_id,
-        "response": {
-            "status_code": 200,
-            "request_id": provider_id if isinstance(provider_id, str) and provider_id else f"req_{digest}",
-            "body": body,
-        },
-        "error": None,
-    }
+def result_custom_id(result: InferenceResult) -> str:
+    return custom_id_of(result.request_id, result.batch_id)
 
 
-class _Failure(NamedTuple):
-    """What an error line needs of a failure: no request body, so holding many costs little."""
+def failure_custom_id(failure: FailureEvent) -> str:
+    return custom_id_of(failure.request.request_id, failure.request.batch_id)
+
+
+class HeldFailure(NamedTuple):
+    """What a failure line needs of a failure event: no request body, so holding many costs little (the
+    provider's answer is kept: it is what the line reports)."""
 
     batch_id: str | None
     layer: str
@@ -63,59 +49,39 @@ class _Failure(NamedTuple):
     first_failure_ms: int
     last_failure_ms: int
     http_status: int | None
+    response_body: str | None
+    provider_request_id: str | None
 
     @classmethod
-    def of(cls, failure: FailureEvent) -> _Failure:
+    def of(cls, failure: FailureEvent) -> HeldFailure:
         # codes, layers and batch ids repeat across millions of failures: one copy of each
         batch_id = failure.request.batch_id
         return cls(None if batch_id is None else sys.intern(batch_id), failure.layer.value,
                    sys.intern(failure.error_code), failure.message, failure.attempt, failure.first_failure_ms,
-                   failure.last_failure_ms, failure.http_status)
+                   failure.last_failure_ms, failure.http_status, failure.response_body, failure.provider_request_id)
+
+    def body_object(self) -> dict[str, Any] | None:
+        """The provider's body when it is a JSON object (as every OpenAI-compatible answer is); else None."""
+        if not self.response_body:
+            return None
+        try:
+            body: Any = json.loads(self.response_body)
+        except (ValueError, RecursionError):  # cut at the bound, an HTML error page, not JSON at all
+            return None
+        return body if isinstance(body, dict) else None
+
+    def ours(self) -> dict[str, Any]:
+        """Our diagnosis, the ``"streamproc"`` object of a failure line in every format."""
+        return {"layer": self.layer, "error_code": self.error_code, "message": self.message,
+                "attempts": self.attempts, "first_failure_ms": self.first_failure_ms,
+                "last_failure_ms": self.last_failure_ms, "batch_id": self.batch_id}
 
 
-def error_line(failure: FailureEvent) -> dict[str, Any]:
-    """One line of the error file for a terminal failure.
+class LineFormat(Protocol):
+    """An export format: the line of a result, and the line of a request that ended in a failure."""
 
-    ``response`` is set only when the provider answered with an error status; its body is rebuilt in
-    OpenAI's error shape from our classification (the provider's own body is not kept on the failure).
-    """
-    return _error_line(_custom_id(failure), _Failure.of(failure))
-
-
-def _custom_id(failure: FailureEvent) -> str:
-    return custom_id_of(failure.request.request_id, failure.request.batch_id)
-
-
-def _error_line(custom_id: str, failure: _Failure) -> dict[str, Any]:
-    digest = _digest(failure.batch_id, custom_id)
-    status = failure.http_status
-    response = None
-    if status is not None and status != 200:
-        error_body = {
-            "message": failure.message, "type": _error_type(status), "param": None, "code": failure.error_code
-        }
-        response = {"status_code": status, "request_id": f"req_{digest}", "body": {"error": error_body}}
-    return {
-        "id": f"batch_req_{digest}",
-        "custom_id": custom_id,
-        "response": response,
-        "error": {"code": failure.error_code, "message": failure.message},
-        "streamproc": {
-            "layer": failure.layer,
-            "error_code": failure.error_code,
-            "attempts": failure.attempts,
-            "first_failure_ms": failure.first_failure_ms,
-            "last_failure_ms": failure.last_failure_ms,
-            "batch_id": failure.batch_id,
-        },
-    }
-
-
-def _error_type(status: int) -> str:
-    """OpenAI's ``error.type`` family for a status (its 429s say ``requests``/``tokens``: too specific to guess)."""
-    if status == 429:
-        return "rate_limit_error"
-    return "server_error" if status >= 500 else "invalid_request_error"
+    def output_line(self, result: InferenceResult) -> dict[str, Any]: ...
+    def error_line(self, custom_id: str, failure: HeldFailure) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -133,31 +99,31 @@ class ExportDeduper:
     """Settles each custom_id on exactly one line: a result beats any failure, the first result beats later
     duplicates, and among terminal failures the latest (``last_failure_ms``, then arrival) wins.
 
-    Results are final as soon as they are seen, so :meth:`add_result` hands their line out at once and only
-    the id is kept; a failure can still lose to a result read later, so failures are held (without their
-    request body, which the error file does not carry) until :meth:`error_lines`. Feed the results and
+    Results are final as soon as they are seen, so :meth:`add_result` settles them at once and only the id is
+    kept; a failure can still lose to a result read later, so failures are held (without their request body,
+    which no line carries) until :meth:`failures`. Feed the results and
     failure topics in any interleaving: the outcome is the same.
     """
 
     def __init__(self) -> None:
         self.counts = ExportCounts()
         self._answered: set[str] = set()
-        self._failed: dict[str, _Failure] = {}
+        self._failed: dict[str, HeldFailure] = {}
 
-    def add_result(self, result: InferenceResult) -> dict[str, Any] | None:
-        """The output line to write for ``result``, or None for a duplicate."""
-        custom_id = custom_id_of(result.request_id, result.batch_id)
+    def add_result(self, result: InferenceResult) -> bool:
+        """True when ``result`` is its custom_id's outcome (write its line now); False for a duplicate."""
+        custom_id = result_custom_id(result)
         if custom_id in self._answered:
             self.counts.duplicate_results += 1
-            return None
+            return False
         self._answered.add(custom_id)
         if self._failed.pop(custom_id, None) is not None:
             self.counts.failures_after_success += 1
         self.counts.results += 1
-        return output_line(result)
+        return True
 
     def add_failure(self, failure: FailureEvent) -> None:
-        custom_id = _custom_id(failure)
+        custom_id = failure_custom_id(failure)
         if not failure.terminal:
             self.counts.non_terminal += 1
         elif custom_id in self._answered:
@@ -168,9 +134,9 @@ class ExportDeduper:
                 self.counts.superseded_failures += 1
                 if held.last_failure_ms > failure.last_failure_ms:
                     return
-            self._failed[custom_id] = _Failure.of(failure)
+            self._failed[custom_id] = HeldFailure.of(failure)
 
-    def error_lines(self) -> Iterator[dict[str, Any]]:
-        """The error lines of ids that never got a result, in order of their first failure; call last."""
-        for custom_id, failure in self._failed.items():
-            yield _error_line(custom_id, failure)
+    def failures(self) -> Iterator[tuple[str, HeldFailure]]:
+        """The custom_ids that never got a result, with their outcome, in order of their first failure; call
+        last."""
+        yield from self._failed.items()

@@ -1,4 +1,5 @@
-"""``results``: write a batch's outcomes as OpenAI batch output and error files, one line per custom_id.
+"""``results``: write a batch's outcomes, one line per custom_id, as OpenAI's batch output and error files or
+as Anthropic's Message Batches results file (:data:`FORMATS`).
 
 The results topic may hold duplicates (a crash between the result and the state write); the
 :class:`ExportDeduper` settles each id on one line, so downstream files are exact.
@@ -17,8 +18,13 @@ from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.topic_reader import TopicReader
 from streamproc.core.events import FailureEvent, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.ops.output_format import ExportCounts, ExportDeduper
+from streamproc.ops import anthropic_lines, openai_lines
+from streamproc.ops.output_format import ExportCounts, ExportDeduper, LineFormat
 from streamproc.settings import Settings
+
+FORMATS: dict[str, LineFormat] = {"openai": openai_lines, "anthropic": anthropic_lines}
+"""Export formats by name: OpenAI's two files (results, errors), or Anthropic's one file."""
+ONE_FILE_FORMATS = frozenset({"anthropic"})
 
 
 @dataclass(frozen=True)
@@ -30,22 +36,33 @@ class ExportReport:
     counts: ExportCounts
 
 
-def export_results(settings: Settings, batch_id: str, output: Path, errors: Path | None) -> ExportReport:
-    """Stream results and terminal failures of ``batch_id`` into the two files."""
+def export_results(settings: Settings, batch_id: str, output: Path, errors: Path | None,
+                   format_name: str = "openai") -> ExportReport:
+    """Stream results and terminal failures of ``batch_id`` into the files: failures into ``errors``; without
+    it, after the results into ``output`` for a one-file format, and nowhere for OpenAI's."""
+    line_format = FORMATS[format_name]
+    into_output = errors is None and format_name in ONE_FILE_FORMATS
     with open(output, "w", encoding="utf-8") as out:
-        deduper, written = asyncio.run(_write_results(settings, batch_id, out))
-    failed = 0
+        deduper, written = asyncio.run(_write_results(settings, batch_id, out, line_format))
+        failed = _write_failures(deduper, line_format, out) if into_output else 0
     if errors is not None:
         with open(errors, "w", encoding="utf-8") as err:
-            for line in deduper.error_lines():
-                err.write(json.dumps(line, ensure_ascii=False) + "\n")
-                failed += 1
-    else:
-        failed = sum(1 for _ in deduper.error_lines())
+            failed = _write_failures(deduper, line_format, err)
+    elif not into_output:
+        failed = sum(1 for _ in deduper.failures())
     return ExportReport(output, errors, written, failed, deduper.counts)
 
 
-async def _write_results(settings: Settings, batch_id: str, out: TextIO) -> tuple[ExportDeduper, int]:
+def _write_failures(deduper: ExportDeduper, line_format: LineFormat, out: TextIO) -> int:
+    written = 0
+    for custom_id, failure in deduper.failures():
+        out.write(json.dumps(line_format.error_line(custom_id, failure), ensure_ascii=False) + "\n")
+        written += 1
+    return written
+
+
+async def _write_results(settings: Settings, batch_id: str, out: TextIO,
+                         line_format: LineFormat) -> tuple[ExportDeduper, int]:
     """Write result lines as they are read; hold failures in the deduper (a later result may beat them)."""
     topology = settings.topology()
     failure_topics = sorted(topology.failed(layer) for layer in FailureLayer)
@@ -57,8 +74,8 @@ async def _write_results(settings: Settings, batch_id: str, out: TextIO) -> tupl
                 try:
                     if record.topic == topology.results:
                         result = codec.decode(record.value, InferenceResult)
-                        if result.batch_id == batch_id and (line := deduper.add_result(result)) is not None:
-                            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+                        if result.batch_id == batch_id and deduper.add_result(result):
+                            out.write(json.dumps(line_format.output_line(result), ensure_ascii=False) + "\n")
                             written += 1
                     else:
                         failure = codec.decode(record.value, FailureEvent)

@@ -1,4 +1,4 @@
-"""Export lines in OpenAI's batch output and error shapes, and one outcome per custom_id."""
+"""One outcome per custom_id, whatever the format, and the line ids every format shares."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import pytest
 
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.ops.output_format import ExportCounts, ExportDeduper, error_line, output_line
+from streamproc.ops.output_format import ExportCounts, ExportDeduper, HeldFailure, line_id
 
-RESPONSE = {
+RESPONSE: dict[str, Any] = {
     "id": "chatcmpl-123",
     "object": "chat.completion",
+    "created": 1_764_000_000,
     "model": "mock-small",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "spam"}, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
@@ -36,111 +37,45 @@ def result(custom_id: str = "req-1", response: Any = RESPONSE, batch_id: str | N
 
 def failure(custom_id: str = "req-1", *, terminal: bool = True, last_ms: int = 2_000, status: int | None = 429,
             layer: FailureLayer = FailureLayer.SERVICE, code: str = "rate_limit_exceeded",
-            message: str = "HTTP 429 rate_limit_exceeded: Rate limit reached") -> FailureEvent:
+            message: str = "HTTP 429 rate_limit_exceeded: Rate limit reached", body: str | None = None,
+            provider_id: str | None = None) -> FailureEvent:
     request = InferenceRequest(custom_id, BODY_JSON, batch_id="batch-1", submitted_ms=500)
     return FailureEvent(request, layer, code, message, attempt=5, terminal=terminal, first_failure_ms=1_000,
-                        last_failure_ms=last_ms, http_status=status)
+                        last_failure_ms=last_ms, http_status=status, response_body=body,
+                        provider_request_id=provider_id)
 
 
-# --- output lines ------------------------------------------------------------------------------------------
+def settled(dedupe: ExportDeduper) -> list[tuple[str, str]]:
+    """The failures the deduper hands out, as (custom_id, error_code)."""
+    return [(custom_id, held.error_code) for custom_id, held in dedupe.failures()]
 
 
-def test_output_line_is_openais_shape_with_the_provider_response_id() -> None:
-    assert output_line(result()) == {
-        "id": "batch_req_" + digest("batch-1", "req-1"),
-        "custom_id": "req-1",
-        "response": {"status_code": 200, "request_id": "chatcmpl-123", "body": RESPONSE},
-        "error": None,
-    }
+# --- line ids ----------------------------------------------------------------------------------------------
 
 
-def test_output_line_id_is_stable_and_depends_on_batch_and_custom_id() -> None:
-    line_id = output_line(result())["id"]
-    assert line_id == output_line(result(content="other"))["id"]
-    assert len(line_id) == len("batch_req_") + 24
-    assert output_line(result(batch_id="batch-2"))["id"] != line_id
-    assert output_line(result(custom_id="req-2"))["id"] != line_id
+def test_a_line_id_is_stable_and_depends_on_batch_and_custom_id() -> None:
+    assert line_id("batch-1", "req-1") == "batch_req_" + digest("batch-1", "req-1")
+    assert line_id(None, "req-1") == "batch_req_" + digest("", "req-1")
+    assert line_id("batch-2", "req-1") != line_id("batch-1", "req-1") != line_id("batch-1", "req-2")
     # ("ab", "c") and ("a", "bc") would collide on plain concatenation
-    assert output_line(result("c", batch_id="ab"))["id"] != output_line(result("bc", batch_id="a"))["id"]
+    assert line_id("ab", "c") != line_id("a", "bc")
 
 
-def test_output_line_without_batch_hashes_an_empty_batch_id() -> None:
-    assert output_line(result(batch_id=None))["id"] == "batch_req_" + digest("", "req-1")
+# --- what a held failure keeps -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("response_id", [None, "", 42])
-def test_output_line_derives_request_id_when_the_response_has_no_usable_id(response_id: Any) -> None:
-    response = {k: v for k, v in RESPONSE.items() if k != "id"}
-    if response_id is not None:
-        response["id"] = response_id
-    line = output_line(result(response=response))
-    assert line["response"] == {"status_code": 200, "request_id": "req_" + digest("batch-1", "req-1"),
-                                "body": response}
+def test_a_held_failure_keeps_the_providers_answer_and_not_the_request_body() -> None:
+    held = HeldFailure.of(failure(body='{"error": {"message": "slow down"}}', provider_id="req_9"))
+    assert (held.response_body, held.provider_request_id) == ('{"error": {"message": "slow down"}}', "req_9")
+    assert held.body_object() == {"error": {"message": "slow down"}}
+    assert BODY_JSON not in repr(held)
 
 
-def test_output_line_keeps_a_body_that_is_not_json_as_text() -> None:
-    line = output_line(result(response='{"choices": [ cut off'))
-    assert line["response"] == {"status_code": 200, "request_id": "req_" + digest("batch-1", "req-1"),
-                                "body": '{"choices": [ cut off'}
+@pytest.mark.parametrize("body", [None, "", "<html>502 Bad Gateway</html>", '{"cut": "of', "[1, 2]", "[" * 100_000])
+def test_a_body_that_is_not_a_json_object_has_no_body_object(body: str | None) -> None:
+    assert HeldFailure.of(failure(body=body)).body_object() is None
 
 
-def test_output_line_round_trips_through_json() -> None:
-    line = output_line(result())
-    assert json.loads(json.dumps(line)) == line
-
-
-# --- error lines -------------------------------------------------------------------------------------------
-
-
-def test_error_line_with_an_http_status_carries_openais_error_response() -> None:
-    assert error_line(failure()) == {
-        "id": "batch_req_" + digest("batch-1", "req-1"),
-        "custom_id": "req-1",
-        "response": {
-            "status_code": 429,
-            "request_id": "req_" + digest("batch-1", "req-1"),
-            "body": {"error": {"message": "HTTP 429 rate_limit_exceeded: Rate limit reached",
-                               "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}},
-        },
-        "error": {"code": "rate_limit_exceeded", "message": "HTTP 429 rate_limit_exceeded: Rate limit reached"},
-        "streamproc": {"layer": "service", "error_code": "rate_limit_exceeded", "attempts": 5,
-                       "first_failure_ms": 1_000, "last_failure_ms": 2_000, "batch_id": "batch-1"},
-    }
-
-
-def test_error_line_without_an_http_status_has_no_response() -> None:
-    line = error_line(failure(status=None, layer=FailureLayer.TRANSPORT, code="read_timeout",
-                              message="read timed out after 60 s"))
-    assert line == {
-        "id": "batch_req_" + digest("batch-1", "req-1"),
-        "custom_id": "req-1",
-        "response": None,
-        "error": {"code": "read_timeout", "message": "read timed out after 60 s"},
-        "streamproc": {"layer": "transport", "error_code": "read_timeout", "attempts": 5,
-                       "first_failure_ms": 1_000, "last_failure_ms": 2_000, "batch_id": "batch-1"},
-    }
-
-
-def test_a_semantic_failure_on_a_200_has_no_error_response() -> None:
-    line = error_line(failure(status=200, layer=FailureLayer.SEMANTIC, code="invalid_json", message="not JSON"))
-    assert line["response"] is None
-    assert line["error"] == {"code": "invalid_json", "message": "not JSON"}
-    assert line["streamproc"]["layer"] == "semantic"
-
-
-@pytest.mark.parametrize(
-    ("status", "error_type"),
-    [(400, "invalid_request_error"), (413, "invalid_request_error"), (429, "rate_limit_error"),
-     (500, "server_error"), (529, "server_error"), (408, "invalid_request_error")],
-)
-def test_error_type_follows_the_status(status: int, error_type: str) -> None:
-    response = error_line(failure(status=status))["response"]
-    assert response["status_code"] == status
-    assert response["body"]["error"]["type"] == error_type
-
-
-def test_error_and_output_lines_of_one_request_share_the_line_id() -> None:
-    assert error_line(failure("x"))["id"] == output_line(result("x"))["id"]
 
 
 # --- one outcome per custom_id -----------------------------------------------------------------------------
@@ -148,20 +83,19 @@ def test_error_and_output_lines_of_one_request_share_the_line_id() -> None:
 
 def test_first_result_wins_over_later_duplicates() -> None:
     dedupe = ExportDeduper()
-    first = result(response={**RESPONSE, "id": "chatcmpl-first"})
-    assert dedupe.add_result(first) == output_line(first)
-    assert dedupe.add_result(result(response={**RESPONSE, "id": "chatcmpl-again"})) is None
-    assert dedupe.add_result(result()) is None
-    assert list(dedupe.error_lines()) == []
+    assert dedupe.add_result(result(response={**RESPONSE, "id": "chatcmpl-first"}))
+    assert not dedupe.add_result(result(response={**RESPONSE, "id": "chatcmpl-again"}))
+    assert not dedupe.add_result(result())
+    assert settled(dedupe) == []
     assert dedupe.counts == ExportCounts(results=1, duplicate_results=2)
 
 
 def test_a_result_wins_over_failures_before_and_after_it() -> None:
     dedupe = ExportDeduper()
     dedupe.add_failure(failure("a", last_ms=1))
-    assert dedupe.add_result(result("a")) is not None
+    assert dedupe.add_result(result("a"))
     dedupe.add_failure(failure("a", last_ms=99))
-    assert list(dedupe.error_lines()) == []
+    assert settled(dedupe) == []
     assert dedupe.counts == ExportCounts(results=1, failures_after_success=2)
 
 
@@ -171,16 +105,15 @@ def test_the_latest_terminal_failure_wins_whatever_the_arrival_order() -> None:
     dedupe.add_failure(failure("a", last_ms=200))
     dedupe.add_failure(late)
     dedupe.add_failure(failure("a", last_ms=100, code="overloaded", status=529))
-    assert list(dedupe.error_lines()) == [error_line(late)]
+    assert list(dedupe.failures()) == [("a", HeldFailure.of(late))]
     assert dedupe.counts == ExportCounts(superseded_failures=2)
 
 
 def test_between_failures_at_the_same_time_the_later_arrival_wins() -> None:
     dedupe = ExportDeduper()
     dedupe.add_failure(failure("a", last_ms=100, code="first"))
-    second = failure("a", last_ms=100, code="second")
-    dedupe.add_failure(second)
-    assert list(dedupe.error_lines()) == [error_line(second)]
+    dedupe.add_failure(failure("a", last_ms=100, code="second"))
+    assert settled(dedupe) == [("a", "second")]
 
 
 def test_non_terminal_failures_are_never_an_outcome() -> None:
@@ -188,18 +121,18 @@ def test_non_terminal_failures_are_never_an_outcome() -> None:
     dedupe.add_failure(failure("a", terminal=False, last_ms=500))
     dedupe.add_failure(failure("b", terminal=False))
     dedupe.add_failure(failure("a", last_ms=100))
-    assert list(dedupe.error_lines()) == [error_line(failure("a", last_ms=100))]
+    assert list(dedupe.failures()) == [("a", HeldFailure.of(failure("a", last_ms=100)))]
     assert dedupe.counts == ExportCounts(non_terminal=2)
 
 
-def test_error_lines_come_in_order_of_each_ids_first_failure() -> None:
+def test_failures_come_in_order_of_each_ids_first_failure() -> None:
     dedupe = ExportDeduper()
     for custom_id, last_ms in [("c", 1), ("a", 2), ("b", 3), ("c", 4)]:
         dedupe.add_failure(failure(custom_id, last_ms=last_ms))
-    assert [line["custom_id"] for line in dedupe.error_lines()] == ["c", "a", "b"]
+    assert [custom_id for custom_id, _ in dedupe.failures()] == ["c", "a", "b"]
 
 
-def test_any_interleaving_of_the_topics_gives_the_same_lines() -> None:
+def test_any_interleaving_of_the_topics_gives_the_same_outcomes() -> None:
     """Results and failure topics are read one after the other or merged: only each topic's own order counts."""
     results = [result("a", response={**RESPONSE, "id": "first"}), result("a", response={**RESPONSE, "id": "dup"}),
                result("c")]
@@ -212,18 +145,17 @@ def test_any_interleaving_of_the_topics_gives_the_same_lines() -> None:
         written = []
         for slot in range(len(results) + len(failures)):
             if slot in slots:
-                line = dedupe.add_result(next(pending_results))
-                if line is not None:
-                    written.append(line)
+                answer = next(pending_results)
+                if dedupe.add_result(answer):
+                    written.append(answer)
             else:
                 dedupe.add_failure(next(pending_failures))
-        errors = list(dedupe.error_lines())
-        outcome = json.dumps([sorted(written, key=lambda x: x["custom_id"]), errors], sort_keys=True)
-        seen.add(outcome)
-        assert sorted((x["custom_id"], x["response"]["request_id"]) for x in written) == [
+        held = list(dedupe.failures())
+        seen.add(json.dumps([sorted(r.response_json for r in written), [(c, list(h)) for c, h in held]]))
+        assert sorted((r.request_id, json.loads(r.response_json)["id"]) for r in written) == [
             ("a", "first"), ("c", "chatcmpl-123")
         ]
-        assert errors == [error_line(failures[2])]
+        assert held == [("b", HeldFailure.of(failures[2]))]
         assert dedupe.counts == ExportCounts(results=2, duplicate_results=1, failures_after_success=2,
                                              superseded_failures=1)
     assert len(seen) == 1
@@ -232,19 +164,17 @@ def test_any_interleaving_of_the_topics_gives_the_same_lines() -> None:
 # --- batch-scoped request ids ------------------------------------------------------------------------------
 
 
-def test_lines_carry_the_users_custom_id_not_the_batch_scoped_request_id() -> None:
-    scoped = output_line(result("batch-1/req-1"))
-    assert scoped == output_line(result("req-1"))  # the same line as an id written before ids were scoped
-    assert scoped["custom_id"] == "req-1"
-    assert error_line(failure("batch-1/req-1"))["custom_id"] == "req-1"
-    assert error_line(failure("batch-1/req-1"))["id"] == error_line(failure("req-1"))["id"]
-
-
 def test_deduper_settles_a_scoped_and_an_unscoped_id_of_one_custom_id_on_one_line() -> None:
     deduper = ExportDeduper()
     deduper.add_failure(failure("batch-1/req-1"))
-    assert deduper.add_result(result("req-1")) is not None
-    assert deduper.add_result(result("batch-1/req-1")) is None
-    assert list(deduper.error_lines()) == []
+    assert deduper.add_result(result("req-1"))
+    assert not deduper.add_result(result("batch-1/req-1"))
+    assert settled(deduper) == []
     counts = deduper.counts
     assert (counts.results, counts.duplicate_results, counts.failures_after_success) == (1, 1, 1)
+
+
+def test_failures_carry_the_users_custom_id_not_the_batch_scoped_request_id() -> None:
+    deduper = ExportDeduper()
+    deduper.add_failure(failure("batch-1/req-1"))
+    assert settled(deduper) == [("req-1", "rate_limit_exceeded")]
