@@ -271,9 +271,9 @@ async def test_worker_serves_metrics_that_match_the_batch_and_the_lag(settings: 
         else:
             raise AssertionError(f"metrics did not settle: {state}\n{worker.log_tail()}")
 
-        assert samples["streamproc_requests_started_total"] == 12
+        assert samples['streamproc_llm_calls_total{model="mock-small",outcome="success"}'] == 12
         assert samples["streamproc_results_total"] == 12
-        assert samples["streamproc_llm_latency_seconds_count"] == 12
+        assert samples['streamproc_llm_latency_seconds_count{model="mock-small",outcome="success"}'] == 12
         assert samples["streamproc_in_flight"] == 0
         assert not any(k.startswith("streamproc_failures_total{") for k in samples)
         assert samples["streamproc_consumer_lag_updated_timestamp_seconds"] > time.time() - 60
