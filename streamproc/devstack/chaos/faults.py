@@ -38,9 +38,9 @@ class Fault:
 
 
 # the window of progress the faults are spread over: late enough that work is in flight, early enough that
-# the last fault still meets a backlog
+# the last fault still meets a backlog although a broker restart before it held the schedule for 30 s
 FIRST_FRACTION = 0.05
-LAST_FRACTION = 0.8
+LAST_FRACTION = 0.7
 
 
 def spread(count: int, low: float = FIRST_FRACTION, high: float = LAST_FRACTION) -> list[float]:
@@ -54,20 +54,27 @@ def spread(count: int, low: float = FIRST_FRACTION, high: float = LAST_FRACTION)
 
 def plan_faults(*, workers: int, kills: int, kill_pause_s: float, broker_restarts: int, broker_down_s: float,
                 outage_s: float, poison_waves: int = 1) -> list[Fault]:
-    """Kills spread over the window and alternating between workers; broker restarts between kills; the
-    outage a third in (so the retries it causes meet later kills); further poison waves after the middle."""
+    """Kills spread over the window and alternating between workers; each broker restart halfway between
+    the two kills around its place in the middle third, so that it never coincides with a kill; the outage
+    a third in (so the retries it causes meet later kills); further poison waves after the middle."""
+    kill_at = spread(kills)
     faults = [Fault(FaultKind.KILL_WORKER, at, worker=i % workers, seconds=kill_pause_s)
-              for i, at in enumerate(spread(kills))]
-    # offset by half a step so that a restart never coincides with a kill
-    step = (LAST_FRACTION - FIRST_FRACTION) / max(kills, 1) / 2
-    faults += [Fault(FaultKind.RESTART_BROKER, min(LAST_FRACTION, at + step), seconds=broker_down_s)
-               for at in spread(broker_restarts, 0.35, 0.65)]
+              for i, at in enumerate(kill_at)]
+    faults += [Fault(FaultKind.RESTART_BROKER, between_kills(at, kill_at), seconds=broker_down_s)
+               for at in spread(broker_restarts, 0.35, 0.55)]
     if outage_s > 0:
         faults.append(Fault(FaultKind.LLM_OUTAGE, 0.3, seconds=outage_s))
     faults += [Fault(FaultKind.POISON_WAVE, at, wave=wave)
-               for wave, at in enumerate(spread(poison_waves, 0.55, 0.7), start=2)]
+               for wave, at in enumerate(spread(poison_waves, 0.55, LAST_FRACTION - 0.05), start=2)]
     order = list(FaultKind)
     return sorted(faults, key=lambda f: (f.at_fraction, order.index(f.kind)))
+
+
+def between_kills(at: float, kill_at: list[float]) -> float:
+    """The midpoint of the two kills around ``at`` (``at`` itself when no kill is on both sides)."""
+    before = [k for k in kill_at if k <= at]
+    after = [k for k in kill_at if k > at]
+    return round((before[-1] + after[0]) / 2, 4) if before and after else at
 
 
 def due(fault: Fault, progress: float, since_previous_s: float, max_gap_s: float) -> bool:

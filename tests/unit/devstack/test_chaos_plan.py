@@ -26,12 +26,20 @@ def test_faults_are_spread_over_the_batch_and_kills_alternate() -> None:
     plan = plan_faults(workers=2, kills=5, kill_pause_s=5, broker_restarts=1, broker_down_s=5, outage_s=30)
     kills = [f for f in plan if f.kind is FaultKind.KILL_WORKER]
     assert [f.worker for f in kills] == [0, 1, 0, 1, 0]
-    assert [f.at_fraction for f in kills] == spread(5) == [0.05, 0.2375, 0.425, 0.6125, 0.8]
-    assert [f.kind for f in plan].count(FaultKind.RESTART_BROKER) == 1
+    assert [f.at_fraction for f in kills] == spread(5) == [0.05, 0.2125, 0.375, 0.5375, 0.7]
+    [restart] = [f for f in plan if f.kind is FaultKind.RESTART_BROKER]
+    assert restart.at_fraction == 0.4562  # halfway between the third and the fourth kill
     assert [f.kind for f in plan].count(FaultKind.LLM_OUTAGE) == 1
     assert [f.at_fraction for f in plan] == sorted(f.at_fraction for f in plan)
     assert len({f.at_fraction for f in plan}) == len(plan)  # no two faults at once
-    assert all(0 < f.at_fraction <= 0.8 for f in plan)
+    assert all(0 < f.at_fraction <= 0.7 for f in plan)
+
+
+def test_with_two_kills_the_restart_falls_between_them_well_before_the_last() -> None:
+    plan = plan_faults(workers=2, kills=2, kill_pause_s=3, broker_restarts=1, broker_down_s=3, outage_s=10)
+    assert [(f.kind, f.at_fraction) for f in plan] == [
+        (FaultKind.KILL_WORKER, 0.05), (FaultKind.LLM_OUTAGE, 0.3), (FaultKind.RESTART_BROKER, 0.375),
+        (FaultKind.POISON_WAVE, 0.6), (FaultKind.KILL_WORKER, 0.7)]
 
 
 def test_no_outage_and_no_kills_plan_nothing_of_them() -> None:
