@@ -1,0 +1,164 @@
+"""``streamproc sink`` on the real broker, into SQLite and a throwaway PostgreSQL: a realistic batch with a
+SIGKILL of the worker and one of the sink, and a backfill after an outage."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from streamproc.core.identity import custom_id_of
+from streamproc.devstack.postgres import ThrowawayPostgres
+from streamproc.processes import stop_process
+from streamproc.settings import Settings
+from tests.integration.pipeline import (
+    OutcomeReader,
+    Outcomes,
+    WorkerProcess,
+    chat_request,
+    produce_requests,
+    start_mock,
+    worker_env,
+)
+from tests.unit.sink.readme import readme_queries
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Database:
+    """The sink's database as the test reads it, whichever it is."""
+
+    url: str
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        if self.url.startswith("sqlite:///"):
+            with sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=30) as connection:
+                return connection.execute(sql).fetchall()
+        with psycopg.connect(self.url) as connection:
+            return connection.execute(sql).fetchall()
+
+    def count(self, sql: str) -> int:
+        try:
+            return int(self.query(sql)[0][0])
+        except (sqlite3.OperationalError, psycopg.errors.UndefinedTable):
+            return 0  # the sink has not created its tables yet
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    if request.param == "sqlite":
+        yield Database(f"sqlite:///{tmp_path / 'sink.db'}")
+        return
+    with ThrowawayPostgres() as server:
+        yield Database(server.url)
+
+
+@dataclass
+class SinkProcess:
+    """``streamproc sink --to URL`` as a child process, following until stopped."""
+
+    env: dict[str, str]
+    url: str
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "streamproc", "sink", "--to", self.url],
+                                            env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        assert self.process.wait(10) == -signal.SIGKILL
+
+    def stop(self) -> int | None:
+        return None if self.process is None else stop_process(self.process, 30)
+
+    def drain(self) -> str:
+        """A second sink in the same group, ``--until-idle``: what is left, then exit 0."""
+        done = subprocess.run([sys.executable, "-m", "streamproc", "sink", "--to", self.url, "--until-idle"],
+                              env=self.env, capture_output=True, text=True, timeout=180, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+
+async def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.3)
+
+
+def sink_env(settings: Settings, llm_url: str, tmp_path: Path) -> dict[str, str]:
+    return worker_env(settings, llm_url, tmp_path / "sink-data")
+
+
+def assert_database_matches(database: Database, outcomes: Outcomes, ids: list[str]) -> None:
+    """Exactly one results row per succeeded request, one row per failed attempt, one latest outcome each."""
+    succeeded = {custom_id_of(request_id, "b1") for request_id in ids if outcomes.results.get(request_id)}
+    failed = {custom_id_of(request_id, "b1") for request_id in ids if outcomes.terminal(request_id)}
+    attempts = {(custom_id_of(event.request.request_id, "b1"), event.attempt)
+                for events in outcomes.failures.values() for event in events}
+    assert database.count("SELECT COUNT(*) FROM results") == len(succeeded)
+    assert {row[0] for row in database.query("SELECT custom_id FROM results WHERE batch = 'b1'")} == succeeded
+    assert database.count("SELECT COUNT(*) FROM requests") == len(ids)
+    statuses = dict(database.query("SELECT custom_id, status FROM requests"))
+    assert statuses == {**dict.fromkeys(failed - succeeded, "failed"), **dict.fromkeys(succeeded, "succeeded")}
+    assert set(database.query("SELECT custom_id, attempt FROM failures")) == attempts
+    # resolved exactly when the request has a result
+    for custom_id, resolved in database.query("SELECT custom_id, resolved FROM failures"):
+        assert bool(resolved) == (custom_id in succeeded), custom_id
+
+
+async def test_a_batch_with_a_killed_worker_and_a_killed_sink(settings: Settings, database: Database,
+                                                              tmp_path: Path) -> None:
+    """A realistic batch (failures on every layer); SIGKILL the worker, then the sink, mid-way; restart both.
+    The database holds exactly one results row per succeeded request and one latest outcome per request."""
+    assert settings.kafka_bootstrap is not None
+    mock = start_mock("realistic", 15)
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1"), tmp_path / "worker.log")
+    sink = SinkProcess(sink_env(settings, mock.url, tmp_path), database.url, tmp_path / "sink.log")
+    requests = [chat_request(f"s-{i}", i, json_schema=i % 3 == 0) for i in range(800)]
+    ids = [r.request_id for r in requests]
+    try:
+        worker.start()
+        sink.start()
+        await produce_requests(settings.kafka_bootstrap, settings, requests)
+        await wait_for(lambda: mock.stats()["calls"] >= 200, 120, "200 calls")
+        worker.signal(signal.SIGKILL)
+        assert worker.process is not None and worker.process.wait(10) == -signal.SIGKILL
+        worker.start()
+        await wait_for(lambda: database.count("SELECT COUNT(*) FROM results") >= 300, 120, "300 results rows")
+        sink.kill()
+        rows_at_kill = database.count("SELECT COUNT(*) FROM results")
+        sink.start()
+        async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
+            outcomes = await reader.wait_until_ended(ids, 300, worker)
+        assert not outcomes.unfinished(ids), worker.log_tail()
+        assert sink.stop() == 0, sink.log_path.read_text()[-3000:]  # SIGTERM: ends its transaction, exits 0
+        drained = sink.drain()
+    finally:
+        worker.stop()
+        sink.stop()
+        mock.stop()
+    duplicates = sum(len(results) - 1 for results in outcomes.results.values())
+    print(f"{database.url.split(':')[0]}: results rows at the sink's kill {rows_at_kill}, duplicated results on "
+          f"the topic {duplicates}; drain: {drained.strip().splitlines()[-1]}")
+    assert 0 < rows_at_kill < len(ids)
+    assert "sink: idle" in drained
+    assert any(outcomes.terminal(i) for i in ids) and any(outcomes.failures.values())  # failures were sunk too
+    assert_database_matches(database, outcomes, ids)
+    for query in readme_queries("b1"):  # the README's examples run as they are on both databases
+        assert database.query(query), query
