@@ -153,13 +153,18 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return ms / 1000
 
 
+_REUSE_HELP = ("Answer a request whose model and body got an answer before (any batch of this deployment) with "
+               "that answer, without an LLM call; exported with streamproc.reused_from.")
+
+
 @cli.command("submit")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--batch-id", required=True, help="Name of the batch (status, results and backfill use it).")
 @click.option("--skip-invalid", is_flag=True, help="Send the valid lines even when some are invalid.")
 @click.option("--completion-window", "window", callback=_duration, metavar="DURATION",
               help="e.g. 24h (OpenAI's), 90m: requests not called by then end as batch_expired. Default: none.")
-def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None) -> None:
+@click.option("--reuse-results", is_flag=True, help=_REUSE_HELP)
+def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, reuse_results: bool) -> None:
     """Validate FILE (OpenAI Batch JSONL, or {"id", "prompt", ...} lines) and send its requests.
 
     The whole file is checked first; an invalid line (with its number and reason) means nothing is sent,
@@ -171,7 +176,7 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None) 
     """
     with Progress(f"sending {file.name}") as bar:
         report = _run(submit_file(Settings(), file, batch_id, skip_invalid=skip_invalid, progress=bar,
-                                  completion_window_s=window))
+                                  completion_window_s=window, reuse_results=reuse_results))
     skipped = f", {report.skipped_invalid} invalid line(s) skipped" if report.skipped_invalid else ""
     click.echo(f"batch {report.batch_id}: {report.sent} requests submitted in {report.seconds:.1f}s{skipped}")
 
@@ -295,8 +300,9 @@ def sink(url: str, group: str | None, until_idle: bool) -> None:
               help="Profile of the built-in mock server, used only when STREAMPROC_LLM_BASE_URL is unset.")
 @click.option("--workers", type=click.IntRange(min=0),
               help="Worker processes to start here [default: 1 with the built-in broker, else 0].")
+@click.option("--reuse-results", is_flag=True, help=_REUSE_HELP)
 def run(file: Path, output: Path, errors: Path | None, batch_id: str | None, timeout: float, mock_profile: str,
-        workers: int | None) -> None:
+        workers: int | None, reuse_results: bool) -> None:
     """Submit FILE, show progress until the batch converged, export results (and errors).
 
     With no STREAMPROC_KAFKA_BOOTSTRAP it starts the built-in broker and a worker; with no
@@ -307,7 +313,8 @@ def run(file: Path, output: Path, errors: Path | None, batch_id: str | None, tim
       streamproc run requests.jsonl --output out.jsonl --errors errors.jsonl
     """
     batch_id = batch_id or f"{file.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    report = run_batch(Settings(), file, output, errors, batch_id, timeout, mock_profile, workers, _warn)
+    report = run_batch(Settings(), file, output, errors, batch_id, timeout, mock_profile, workers, _warn,
+                       reuse_results)
     click.echo(f"batch {batch_id} converged")
     click.echo(format_outcome(report))
 

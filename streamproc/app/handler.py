@@ -47,6 +47,7 @@ from streamproc.core.request_state import (
     superseded,
 )
 from streamproc.core.retry_policy import Retry, RetryPolicy, Tier, spends_budget
+from streamproc.core.reuse import on_reused
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import Caller, CallResult, answer_content, request_body
 from streamproc.llm.completion import billed_tokens
@@ -87,6 +88,13 @@ class Sink(Protocol):
     async def dead_letter(self, record: Record, headers: headers.Headers) -> None: ...
 
 
+class Reuse(Protocol):
+    """Earlier answers to the same input, for batches that opted in (``--reuse-results``, app.result_index)."""
+
+    async def answer(self, request: InferenceRequest, record_headers: Mapping[str, bytes], digest: str,
+                     now_ms: int) -> InferenceResult | None: ...
+
+
 class StateStore(Protocol):
     """The request_state table, seen through the partition of the record being handled."""
 
@@ -104,7 +112,8 @@ class Handler:
     def __init__(self, caller: Caller | Guards, sink: Sink, store: StateStore, policy: RetryPolicy,
                  on_configuration_problem: Callable[[ConfigurationProblem], None],
                  clock_ms: Callable[[], int] = _now_ms, rng: random.Random | None = None,
-                 observer: Observer | None = None, closed: Callable[[str | None], str | None] | None = None) -> None:
+                 observer: Observer | None = None, closed: Callable[[str | None], str | None] | None = None,
+                 reuse: Reuse | None = None) -> None:
         self._guards = caller if isinstance(caller, Guards) else Guards(caller)  # a bare caller: no guards
         self._sink = sink
         self._store = store
@@ -114,6 +123,7 @@ class Handler:
         self._rng = rng or random.Random()
         self._observer = guarded(observer)  # metrics; never raises into the handler
         self._closed = closed or _never  # batch id -> why its requests are not called any more, or None
+        self._reuse = reuse
 
     async def handle(self, record: Record) -> Disposition:
         """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
@@ -156,6 +166,12 @@ class Handler:
             await self._terminal(request, Failure(
                 FailureLayer.BUSINESS, closed, f"batch {request.batch_id!r} {why} before request "
                 f"{request.request_id!r} was called"), hop.attempt, hop.first_failure_ms or now, origin, state)
+            return Disposition.ACK
+        if self._reuse is not None and (reused := await self._reuse.answer(
+                request, record.headers, state.input_hash, now)) is not None:
+            await self._sink.result(reused)  # a normal result event that names its origin; no call is made
+            self._observer.on_result()
+            self._store.put(on_reused(state, reused, self._clock_ms()))  # result first, then state (design §4)
             return Disposition.ACK
 
         try:  # after admission, so that the terminal failure below also ends the state (a repair hop can fail here)

@@ -36,10 +36,15 @@ class BatchSizes:
         self._sizes: dict[str, int] = {}
         self._cancelled: set[str] = set()
         self._expires: dict[str, int] = {}
+        self._reusing: set[str] = set()
         self._clock_ms = clock_ms
 
     def submitted(self, batch_id: str) -> int | None:
         return self._sizes.get(batch_id)
+
+    def reuses(self, batch_id: str | None) -> bool:
+        """Whether the batch was submitted with ``--reuse-results`` (as far as its manifest is known yet)."""
+        return batch_id in self._reusing
 
     def closed(self, batch_id: str | None) -> str | None:
         """Why a request of the batch must not be called any more (OpenAI's error codes): ``batch_cancelled``
@@ -65,6 +70,8 @@ class BatchSizes:
             self._cancelled.add(manifest.batch_id)
         if manifest.expires_ms is not None:
             self._expires[manifest.batch_id] = manifest.expires_ms
+        if manifest.reuse_results:
+            self._reusing.add(manifest.batch_id)
 
     async def load(self, bootstrap: str, topic: str) -> None:
         """Read the manifests topic up to now (at start-up, before any request is handled)."""

@@ -7,7 +7,7 @@ used: these reads never disturb the workers' committed offsets.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -17,10 +17,13 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 
 class TopicReader:
-    """An assigned (group-less) consumer over every partition of some topics, from the beginning."""
+    """An assigned (group-less) consumer over every partition of some topics, from the beginning (or from the
+    offsets in ``start``, for a reader that keeps its own position across restarts)."""
 
-    def __init__(self, bootstrap: str, topics: Iterable[str]) -> None:
+    def __init__(self, bootstrap: str, topics: Iterable[str],
+                 start: Mapping[TopicPartition, int] | None = None) -> None:
         self._topics = list(topics)
+        self._start = dict(start or {})
         self._bootstrap = bootstrap
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                           auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1024 * 1024)
@@ -51,6 +54,9 @@ class TopicReader:
         for tp, offset in positions.items():
             self._consumer.seek(tp, offset)
         await self._consumer.seek_to_beginning(*new)
+        for tp in new:
+            if tp in self._start:
+                self._consumer.seek(tp, self._start[tp])
 
     async def _describe(self, topics: list[str]) -> dict[str, list[int]]:
         """Partition ids of the topics that exist (the consumer's own metadata cache misses new topics)."""

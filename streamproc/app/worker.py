@@ -39,6 +39,7 @@ from streamproc.app.manifest_follower import BatchSizes
 from streamproc.app.metrics import serve_worker_metrics, watch_worker
 from streamproc.app.observe import Observer
 from streamproc.app.reconciler import reconcile_periodically
+from streamproc.app.result_index import ResultIndex, ResultReuse
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core import headers
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
@@ -136,12 +137,15 @@ class WorkerRuntime:
         self.llm = LLMClient(settings)
         self.batch_sizes = batch_sizes or BatchSizes()
         self.guards = Guards.from_settings(settings, self.llm, self._expected_first_attempts)
+        self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
+                                        resolve_bootstrap(settings), self.topology.results)
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
         self.handler = Handler(self.guards, self.sink, TableStore(self.table), settings.retry_policy(),
                                self._on_configuration_problem, rng=random.Random(), observer=observer,
-                               closed=self.batch_sizes.closed)
+                               closed=self.batch_sizes.closed,
+                               reuse=ResultReuse(self.result_index, self.batch_sizes.reuses))
         self._register_agents()
 
     def _expected_first_attempts(self, batch_id: str) -> float:

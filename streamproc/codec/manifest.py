@@ -22,6 +22,7 @@ class BatchManifest:
     invalid_skipped: int = 0
     cancelled_ms: int | None = None  # set by ``streamproc cancel``: requests not called yet end batch_cancelled
     expires_ms: int | None = None  # ``submit --completion-window``: what is not called by then ends batch_expired
+    reuse_results: bool = False  # ``submit --reuse-results``: answer inputs that succeeded before from their result
 
 
 def encode_manifest(manifest: BatchManifest) -> bytes:
@@ -38,7 +39,8 @@ def decode_manifest(data: bytes) -> BatchManifest:
                              created_ms=int(fields["created_ms"]), source=str(fields.get("source", "")),
                              invalid_skipped=int(fields.get("invalid_skipped", 0)),
                              cancelled_ms=_optional_int(fields.get("cancelled_ms")),
-                             expires_ms=_optional_int(fields.get("expires_ms")))
+                             expires_ms=_optional_int(fields.get("expires_ms")),
+                             reuse_results=fields.get("reuse_results") is True)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not a batch manifest: {exc}") from None
 

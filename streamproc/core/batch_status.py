@@ -35,7 +35,11 @@ class BatchStatus:
     last_progress_ms: int = 0
     """When a request of the batch last ended, or the batch started when none has: how long it has not moved."""
     usage: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Per model, (prompt, completion) tokens of the answers that became results."""
+    """Per model, (prompt, completion) tokens of the answers that became results (a reused answer spent none)."""
+    reused: int = 0
+    """Of ``succeeded``, the requests answered from an earlier result without a call (``--reuse-results``)."""
+    first_started_ms: int = 0
+    """When a worker first took a request of the batch (0: none yet)."""
 
     @property
     def ended(self) -> int:
@@ -53,7 +57,8 @@ class BatchStatus:
     def as_json(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "submitted": self.submitted, "succeeded": self.succeeded,
                 "failed": dict(self.failed), "retrying": self.retrying, "in_flight": self.in_flight,
-                "pending": self.pending, "converged": self.converged, "usage": self.usage_json()}
+                "pending": self.pending, "converged": self.converged, "usage": self.usage_json(),
+                "reused": self.reused}
 
     def usage_json(self) -> dict[str, Any]:
         """OpenAI's usage keys for the batch's results, in total and per model."""
@@ -73,7 +78,7 @@ def format_status(status: BatchStatus) -> str:
     rows = [
         ("batch", status.batch_id),
         ("submitted", str(status.submitted)),
-        ("succeeded", str(status.succeeded)),
+        ("succeeded", str(status.succeeded) + (f" ({status.reused} reused, no call)" if status.reused else "")),
         ("failed", f"{status.terminal_failures} ({failed})"),
         ("retrying", str(status.retrying)),
         ("in flight", str(status.in_flight)),
@@ -98,6 +103,7 @@ class _Entry(NamedTuple):
     model: str | None
     prompt_tokens: int
     completion_tokens: int
+    reused: bool
 
 
 @dataclass
@@ -112,7 +118,7 @@ class StatusFold:
             if state.batch_id == self.batch_id:
                 self._latest[state.request_id] = _Entry(state.status, state.last_layer, state.last_error_code,
                                                         state.created_ms, state.updated_ms, state.model,
-                                                        state.prompt_tokens, state.completion_tokens)
+                                                        state.prompt_tokens, state.completion_tokens, state.reused)
 
     @property
     def first_created_ms(self) -> int:
@@ -130,9 +136,11 @@ class StatusFold:
         failed = dict.fromkeys((layer.value for layer in FailureLayer), 0)
         parked: Counter[str] = Counter()
         usage: dict[str, tuple[int, int]] = {}
+        reused = 0
         progress_ms = started_ms or self.first_created_ms
         for entry in self._latest.values():
             by_status[entry.status] += 1
+            reused += entry.status is RequestStatus.SUCCEEDED and entry.reused
             if entry.status is RequestStatus.SUCCEEDED and entry.model is not None:
                 prompt, completion = usage.get(entry.model, (0, 0))
                 usage[entry.model] = (prompt + entry.prompt_tokens, completion + entry.completion_tokens)
@@ -147,7 +155,8 @@ class StatusFold:
         return BatchStatus(
             batch_id=self.batch_id, submitted=total, succeeded=by_status[RequestStatus.SUCCEEDED], failed=failed,
             retrying=by_status[RequestStatus.RETRYING], in_flight=by_status[RequestStatus.IN_FLIGHT],
-            pending=total - seen, parked=dict(parked), last_progress_ms=progress_ms, usage=usage,
+            pending=total - seen, parked=dict(parked), last_progress_ms=progress_ms, usage=usage, reused=reused,
+            first_started_ms=self.first_created_ms,
         )
 
 

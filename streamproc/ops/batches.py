@@ -13,8 +13,9 @@ from typing import Any
 from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest
+from streamproc.core.batch_lifecycle import Lifecycle
 from streamproc.core.batch_status import BatchesFold, BatchStatus
-from streamproc.ops.status import decode_records
+from streamproc.ops.status import decode_records, lifecycle_of
 from streamproc.settings import Settings
 
 COLUMNS = ("BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING")
@@ -29,26 +30,23 @@ class BatchEntry:
     manifest: BatchManifest | None
 
     @property
+    def lifecycle(self) -> Lifecycle:
+        """OpenAI's batch status and its times (core.batch_lifecycle): ``in_progress`` until every request ended
+        (``cancelling`` after a cancel), then ``completed``, ``cancelled`` or ``expired``."""
+        return lifecycle_of(self.status, self.manifest)
+
+    @property
     def state(self) -> str:
-        """OpenAI's batch status vocabulary: ``completed`` once every request ended, else ``in_progress``; a
-        cancelled batch is ``cancelling`` until its calls in flight ended, then ``cancelled``; one whose last
-        request ended after its completion window is ``expired``."""
-        manifest, status = self.manifest, self.status
-        if manifest is not None and manifest.cancelled_ms is not None:
-            return "cancelled" if status.converged else "cancelling"
-        if not status.converged:
-            return "in_progress"
-        expired = manifest is not None and manifest.expires_ms is not None and \
-            status.last_progress_ms >= manifest.expires_ms
-        return "expired" if expired else "completed"
+        return self.lifecycle.status
 
     def as_json(self) -> dict[str, Any]:
-        """OpenAI's batch object's keys (``id``, ``created_at`` in seconds, ``status``, ``request_counts``), plus
-        our counts as ``status --json`` has them."""
+        """OpenAI's batch object's keys (``id``, ``status``, the ``*_at`` times in seconds, ``request_counts``,
+        ``usage``), plus our counts as ``status --json`` has them."""
         status = self.status
-        return {"id": status.batch_id, "object": "batch", "created_at": self.created_ms // 1000, "status": self.state,
+        return {"id": status.batch_id, "object": "batch", **self.lifecycle.as_json(),
                 "request_counts": {"total": status.submitted, "completed": status.succeeded,
                                    "failed": status.terminal_failures},
+                "usage": status.usage_json(),
                 "source": None if self.manifest is None else self.manifest.source,
                 "counts": status.as_json()}
 

@@ -78,12 +78,13 @@ def _news(stall: BatchStall | None, told: dict[str, int] | None) -> bool:
 
 
 def run_batch(settings: Settings, file: Path, output: Path, errors: Path | None, batch_id: str,
-              timeout_s: float, mock_profile: str, workers: int | None, notify: Notify | None = None) -> RunReport:
+              timeout_s: float, mock_profile: str, workers: int | None, notify: Notify | None = None,
+              reuse_results: bool = False) -> RunReport:
     started = time.monotonic()
     with LocalStack(settings, mock_profile=mock_profile, workers=workers) as stack:
         effective = stack.settings
         with Progress(f"submitting {file.name}") as bar:
-            submitted = asyncio.run(submit_file(effective, file, batch_id, progress=bar))
+            submitted = asyncio.run(submit_file(effective, file, batch_id, progress=bar, reuse_results=reuse_results))
         with Progress("processing") as bar:
             status = asyncio.run(follow_until_converged(effective, batch_id, timeout_s, stack, bar, notify))
         exported = export_results(effective, batch_id, output, errors)

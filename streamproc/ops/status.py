@@ -16,6 +16,7 @@ from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.lag_reader import GroupNotFound, LagError, read_lag
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest, decode_manifest
+from streamproc.core.batch_lifecycle import Lifecycle, lifecycle
 from streamproc.core.batch_stall import BatchStall, GroupView, diagnose, needs_group
 from streamproc.core.batch_status import BatchStatus, StatusFold, format_status
 from streamproc.core.events import RequestState
@@ -36,22 +37,32 @@ class StatusReport:
 
     status: BatchStatus
     stall: BatchStall | None = None
-    cancelled_ms: int | None = None  # when ``streamproc cancel`` ran for the batch
-    expires_ms: int | None = None  # the end of its completion window
+    manifest: BatchManifest | None = None  # None for a batch produced without ``submit``
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return lifecycle_of(self.status, self.manifest)
 
     def as_json(self) -> dict[str, Any]:
-        """``status --json``: the counts' keys, plus ``stalled`` (null while the batch moves or ended) and
-        ``cancelled_at`` and ``expires_at`` (Unix seconds, null unless cancelled or given a window)."""
+        """``status --json``: the counts' keys, ``stalled`` (null while the batch moves or ended), and OpenAI's
+        batch ``status`` with its ``*_at`` times (Unix seconds, null until reached; core.batch_lifecycle)."""
         return {**self.status.as_json(), "stalled": None if self.stall is None else self.stall.as_json(),
-                "cancelled_at": None if self.cancelled_ms is None else self.cancelled_ms // 1000,
-                "expires_at": None if self.expires_ms is None else self.expires_ms // 1000}
+                **self.lifecycle.as_json()}
 
     def format(self) -> str:
         text = format_status(self.status)
-        if self.cancelled_ms is not None:
-            at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.cancelled_ms / 1000))
+        steps = self.lifecycle
+        if steps.cancelling_ms is not None:
+            at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(steps.cancelling_ms / 1000))
             text += f"\n{'cancelled':<10} at {at}"
         return text if self.stall is None else f"{text}\n{'stalled':<10} {self.stall.describe()}"
+
+
+def lifecycle_of(status: BatchStatus, manifest: BatchManifest | None) -> Lifecycle:
+    """The batch's OpenAI status and times; a batch without a manifest was created when a worker first saw it."""
+    if manifest is None:
+        return lifecycle(status, status.first_started_ms)
+    return lifecycle(status, manifest.created_ms, manifest.cancelled_ms, manifest.expires_ms)
 
 
 async def read_status(settings: Settings, batch_id: str) -> StatusReport:
@@ -62,9 +73,7 @@ async def read_status(settings: Settings, batch_id: str) -> StatusReport:
     if reader.manifest is None and current.submitted == 0:
         raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {settings.topology().batches} and "
                                 "no request state names it)")
-    manifest = reader.manifest
-    return StatusReport(current, stall, manifest.cancelled_ms if manifest else None,
-                        manifest.expires_ms if manifest else None)
+    return StatusReport(current, stall, reader.manifest)
 
 
 class BatchStatusReader:

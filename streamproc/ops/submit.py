@@ -19,6 +19,7 @@ from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.identity import batch_id_problem
+from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
 from streamproc.errors import UserFacingError
 from streamproc.ops.input_file import iter_requests, validate_file
 from streamproc.ops.input_lines import BatchLimits, LineError
@@ -56,9 +57,13 @@ def limits_of(settings: Settings) -> BatchLimits:
 
 
 async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_invalid: bool = False,
-                      progress: Progress | None = None, completion_window_s: float | None = None) -> SubmitReport:
+                      progress: Progress | None = None, completion_window_s: float | None = None,
+                      reuse_results: bool = False) -> SubmitReport:
     """Validate ``path``, send its requests keyed by (batch, custom_id), then write the batch manifest (with the
-    end of the completion window, when one is given: what is not called by then ends ``batch_expired``)."""
+    end of the completion window, when one is given: what is not called by then ends ``batch_expired``).
+
+    ``reuse_results``: a request whose input already got an answer is answered with it, without a call; each
+    record says so (the manifest does too, but comes last; core.reuse)."""
     started = time.monotonic()
     if (problem := batch_id_problem(batch_id)) is not None:
         raise SubmitError(f"--batch-id {batch_id!r}: {problem}")
@@ -83,17 +88,19 @@ async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_inv
                                 max_batch_size=512 * 1024, compression_type="gzip")
     await producer.start()
     sent = 0
+    reuse_headers = [(REUSE_RESULTS, REUSE_RESULTS_ON)] if reuse_results else None
     try:
         pending: list[asyncio.Future[object]] = []
         submitted_ms = int(time.time() * 1000)
         for request in iter_requests(path, limits, batch_id, submitted_ms, skip_invalid):
             pending.append(await producer.send(topology.requests, key=request.request_id.encode(),
-                                               value=codec.encode(request)))
+                                               value=codec.encode(request), headers=reuse_headers))
             if len(pending) >= _CONFIRM_EVERY:
                 sent += await _confirm(pending, progress)
         sent += await _confirm(pending, progress)
         expires_ms = None if completion_window_s is None else submitted_ms + round(completion_window_s * 1000)
-        manifest = BatchManifest(batch_id, sent, submitted_ms, str(path), report.error_count, expires_ms=expires_ms)
+        manifest = BatchManifest(batch_id, sent, submitted_ms, str(path), report.error_count, expires_ms=expires_ms,
+                                 reuse_results=reuse_results)
         await producer.send_and_wait(topology.batches, key=batch_id.encode(), value=encode_manifest(manifest))
     finally:
         await producer.stop()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +31,7 @@ from streamproc.core.request_state import (
     on_terminal_failure,
 )
 from streamproc.core.retry_policy import DEFAULT_MAX_ATTEMPTS, RetryPolicy, Tier
+from streamproc.core.reuse import REUSE_RESULTS, reuse_wanted, reused_result
 from streamproc.core.verdict import classify_http_error
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import CallResult
@@ -865,3 +866,64 @@ async def test_a_redelivered_record_of_an_ended_request_writes_its_state_again_f
     rig.log.clear()
     assert await rig.handle(record) is Disposition.ACK  # the redelivery after the crash
     assert rig.log == ["state succeeded"] and len(rig.sink.results) == 1 and len(rig.caller.calls) == 1
+
+
+class IndexedAnswers:
+    """A fake of the result index behind ``--reuse-results``: answers by input hash, for opted-in records."""
+
+    def __init__(self, answers: dict[str, InferenceResult]) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+
+    async def answer(self, request: InferenceRequest, record_headers: Mapping[str, bytes], digest: str,
+                     now_ms: int) -> InferenceResult | None:
+        self.asked.append(digest)
+        if not reuse_wanted(record_headers, batch_reuses=False) or digest not in self.answers:
+            return None
+        return reused_result(self.answers[digest], request, digest, now_ms)
+
+
+def reusing_rig(replies: list[Reply], answers: dict[str, InferenceResult]) -> tuple[Rig, IndexedAnswers]:
+    rig = Rig(replies)
+    index = IndexedAnswers(answers)
+    rig.handler = Handler(rig.caller, rig.sink, rig.store, rig.policy, rig.problems.append, clock_ms=rig.clock,
+                          rng=random.Random(SEED), reuse=index)
+    return rig, index
+
+
+async def test_an_input_answered_before_is_answered_again_without_a_call_result_first_then_state() -> None:
+    request = make_request("batch-1/c-1")
+    earlier = InferenceResult("batch-0/c-1", "batch-0", "gpt-test-0613", '{"id": "x"}', "spam", 1, 40, 1,
+                              input_hash(request))
+    rig, _ = reusing_rig([], {input_hash(request): earlier})
+
+    assert await rig.handle(submission(request, hdrs={REUSE_RESULTS: b"1"})) is Disposition.ACK
+
+    assert rig.caller.calls == []
+    [result] = rig.sink.results
+    assert (result.request_id, result.reused_from, result.content) == ("batch-1/c-1", "batch-0/c-1", "spam")
+    assert rig.log == ["state in_flight", "result batch-1/c-1", "state succeeded"]
+    state = rig.state("batch-1/c-1")
+    assert state.reused and state.model == "gpt-test-0613" and state.prompt_tokens == 0
+
+
+async def test_without_the_opt_in_or_without_an_earlier_answer_the_request_is_called() -> None:
+    request = make_request("batch-1/c-1")
+    earlier = InferenceResult("batch-0/c-1", "batch-0", "gpt-test-0613", "{}", "spam", 1, 40, 1, input_hash(request))
+    rig, index = reusing_rig([answer("fresh"), answer("new")], {input_hash(request): earlier})
+    await rig.handle(submission(request))  # no opt-in
+    other = make_request("batch-1/c-2", {**BODY, "temperature": 0.5})  # another input: nothing to reuse
+    await rig.handle(submission(other, offset=OFFSET + 1, hdrs={REUSE_RESULTS: b"1"}))
+    assert len(rig.caller.calls) == 2 and len(index.asked) == 2
+    assert [result.reused_from for result in rig.sink.results] == [None, None]
+    assert not rig.state("batch-1/c-1").reused
+
+
+async def test_a_redelivered_reused_request_already_succeeded_is_skipped() -> None:
+    request = make_request("batch-1/c-1")
+    earlier = InferenceResult("batch-0/c-1", "batch-0", "gpt-test-0613", "{}", "spam", 1, 40, 1, input_hash(request))
+    rig, index = reusing_rig([], {input_hash(request): earlier})
+    record = submission(request, hdrs={REUSE_RESULTS: b"1"})
+    await rig.handle(record)
+    await rig.handle(record)  # redelivered after the state was written: already_succeeded
+    assert len(rig.sink.results) == 1 and len(index.asked) == 1

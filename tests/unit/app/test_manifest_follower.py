@@ -41,3 +41,11 @@ def test_a_batch_closes_at_the_end_of_its_completion_window() -> None:
     assert sizes.closed("b") is None
     now[0] = 2_000
     assert sizes.closed("b") == "batch_expired"
+
+
+def test_a_manifest_that_reuses_results_says_so_for_its_batch_only() -> None:
+    sizes = BatchSizes()
+    sizes.apply(encode_manifest(BatchManifest("again", 10, 5, "in.jsonl", reuse_results=True)))
+    sizes.apply(encode_manifest(BatchManifest("fresh", 10, 5, "in.jsonl")))
+    assert (sizes.reuses("again"), sizes.reuses("fresh"), sizes.reuses("unknown"), sizes.reuses(None)) == (
+        True, False, False, False)

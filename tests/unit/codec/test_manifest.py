@@ -23,3 +23,9 @@ def test_a_cancelled_manifest_round_trips_and_an_old_one_reads_as_not_cancelled(
     assert decode_manifest(encode_manifest(cancelled)) == cancelled
     old = b'{"batch_id":"b","submitted":10,"created_ms":5,"source":"in.jsonl"}'
     assert decode_manifest(old).cancelled_ms is None
+
+
+def test_a_manifest_that_reuses_results_round_trips_and_an_old_one_does_not_reuse() -> None:
+    reusing = BatchManifest("b", 10, 5, "in.jsonl", reuse_results=True)
+    assert decode_manifest(encode_manifest(reusing)) == reusing
+    assert not decode_manifest(b'{"batch_id":"b","submitted":10,"created_ms":5}').reuse_results

@@ -24,7 +24,7 @@ def test_counts_add_up_and_latest_state_wins() -> None:
                                 "failed": {"transport": 0, "service": 0, "semantic": 0, "business": 0},
                                 "retrying": 1, "in_flight": 1, "pending": 2, "converged": False,
                                 "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
-                                          "by_model": {}}}
+                                          "by_model": {}}, "reused": 0}
 
 
 def test_converged_when_every_request_ended() -> None:
@@ -57,3 +57,14 @@ def test_token_usage_is_summed_per_model_over_the_results_latest_state_only() ->
                      "by_model": {"large": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
                                   "small": {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}}}
     assert "tokens     40 (30 prompt, 10 completion)" in format_status(fold.status(submitted=4))
+
+
+def test_reused_results_are_counted_among_the_succeeded_and_spent_no_tokens() -> None:
+    fold = StatusFold("b")
+    fold.apply([replace(state("1", RequestStatus.SUCCEEDED), model="m", reused=True),
+                replace(state("2", RequestStatus.SUCCEEDED), model="m", prompt_tokens=4, completion_tokens=2),
+                replace(state("3", RequestStatus.IN_FLIGHT), reused=True)])  # not an end: not counted
+    status = fold.status(submitted=3)
+    assert (status.succeeded, status.reused, status.usage) == (2, 1, {"m": (4, 2)})
+    assert status.as_json()["reused"] == 1
+    assert "succeeded  2 (1 reused, no call)" in format_status(status).splitlines()

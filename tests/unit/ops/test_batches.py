@@ -38,6 +38,8 @@ def test_entry_has_openais_batch_keys_and_the_table_lines_up() -> None:
         "id": "a", "object": "batch", "created_at": 1_700_000_000, "status": "completed",
         "request_counts": {"total": 2, "completed": 1, "failed": 1}, "source": "in.jsonl"}
     assert document["counts"]["converged"] is True
+    assert (document["completed_at"], document["cancelled_at"], document["expired_at"]) == (1_700_000_000, None, None)
+    assert document["usage"]["total_tokens"] == 0
     assert running.state == "in_progress"
     assert format_batches([done, running]).splitlines() == [
         "BATCH           CREATED              STATUS       TOTAL  SUCCEEDED  FAILED  WAITING",

@@ -1,0 +1,119 @@
+"""The answers that succeeded, by input hash: what ``--reuse-results`` answers from (design §4, "Result reuse").
+
+Each worker keeps it in its own RocksDB (rocksdict, under the data dir), as a view of the results topic: every
+result called for (not reused) is put under its input hash, the first answer of a hash stays, and the offsets
+read so far are stored beside them, so a restarted worker reads only the results written since.
+
+Why not a faust table: a table partition holds the keys of its own partition, and the request that reuses an
+answer lives on another partition than the request that got it (its id differs), often on another worker; a
+lookup by input hash must see every partition. faust's GlobalTable would, but faust documents that it can leave
+an app in an endless recovery loop, and it would add a recovery phase to every worker start inside the
+machinery the project already patches (``faust_fixes``). The results topic is the record of what succeeded
+anyway; reading it is all the index needs.
+
+The index is read only for batches that opted in, and brought up to date only when a lookup misses: it then
+reads the results topic up to its end, so everything answered before the request was handled counts, and
+lookups that miss together share one read. A worker that never reuses never reads the results topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from aiokafka.structs import TopicPartition
+from rocksdict import Options, Rdict
+
+from streamproc import codec
+from streamproc.app.topic_reader import TopicReader
+from streamproc.core.events import InferenceRequest, InferenceResult
+from streamproc.core.reuse import indexable, reuse_wanted, reused_result
+
+log = logging.getLogger(__name__)
+
+_OFFSETS = b"\x00offsets"  # {partition: the next offset to read}, as JSON (input hashes are hex, never this)
+
+
+class ResultIndex:
+    """input hash -> the first result called for it, read from the results topic into a local RocksDB."""
+
+    def __init__(self, path: Path, bootstrap: str, results_topic: str) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self._db = Rdict(str(path), Options(raw_mode=True))  # bytes in, bytes out: the records as on the topic
+        stored = self._db.get(_OFFSETS)
+        self._offsets = {} if stored is None else {int(part): int(at) for part, at in json.loads(stored).items()}
+        self._bootstrap = bootstrap
+        self._topic = results_topic
+        self._reading = asyncio.Lock()
+        self._next_read: asyncio.Future[None] | None = None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def get(self, digest: str) -> InferenceResult | None:
+        """The answer indexed for ``digest`` so far (no read of the topic)."""
+        raw = self._db.get(digest.encode())
+        return None if raw is None else codec.decode(raw, InferenceResult)
+
+    async def find(self, digest: str) -> InferenceResult | None:
+        """The answer for ``digest``, counting every result on the topic when the call began; None when there is
+        none, or when the topic could not be read (the request is then called: reuse saves calls, it never
+        costs a request)."""
+        found = self.get(digest)
+        if found is not None:
+            return found
+        try:
+            await self.catch_up()
+        except Exception as exc:  # a broker problem: answer without reuse rather than fail the request
+            log.warning("result index: could not read %s (%s); calling instead of reusing", self._topic, exc)
+            return None
+        return self.get(digest)
+
+    async def catch_up(self) -> None:
+        """Return once a read of the results topic that began after this call reached its end. Callers that come
+        while a read runs share the next one."""
+        if self._next_read is None:
+            self._next_read = asyncio.ensure_future(self._read_after_current())
+        await asyncio.shield(self._next_read)
+
+    async def _read_after_current(self) -> None:
+        async with self._reading:
+            self._next_read = None  # who comes from now on needs a read that starts later than this one
+            await self._read_new()
+
+    async def _read_new(self) -> None:
+        start = {TopicPartition(self._topic, partition): offset for partition, offset in self._offsets.items()}
+        async with TopicReader(self._bootstrap, [self._topic], start) as reader:
+            async for chunk in reader.chunks_to_end():
+                for record in chunk:
+                    self._add(record.value)
+                    self._offsets[record.partition] = max(self._offsets.get(record.partition, 0), record.offset + 1)
+                self._db[_OFFSETS] = json.dumps(self._offsets).encode()  # after the answers: a crash rereads some
+
+    def _add(self, value: bytes | None) -> None:
+        try:
+            result = codec.decode(value, InferenceResult)
+        except codec.CodecError:
+            return  # a foreign record: answers nothing
+        key = result.input_hash.encode()
+        if indexable(result) and self._db.get(key) is None:  # the first answer of an input stays its answer
+            self._db[key] = value
+
+
+class ResultReuse:
+    """What the handler asks before a call: an earlier answer to this very input, when the record's batch opted in."""
+
+    def __init__(self, index: ResultIndex, batch_reuses: Callable[[str | None], bool]) -> None:
+        self._index = index
+        self._batch_reuses = batch_reuses  # batch id -> its manifest asks for reuse
+
+    async def answer(self, request: InferenceRequest, record_headers: Mapping[str, bytes], digest: str,
+                     now_ms: int) -> InferenceResult | None:
+        """The result event answering ``request`` from the index, or None (no opt-in, or nothing to reuse)."""
+        if not reuse_wanted(record_headers, self._batch_reuses(request.batch_id)):
+            return None
+        original = await self._index.find(digest)
+        return None if original is None else reused_result(original, request, digest, now_ms)
