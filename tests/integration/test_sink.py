@@ -30,6 +30,7 @@ from tests.integration.pipeline import (
     start_mock,
     worker_env,
 )
+from tests.integration.test_operations import batch_file, cli, wait_converged
 from tests.unit.sink.readme import readme_queries
 
 pytestmark = pytest.mark.integration
@@ -162,3 +163,47 @@ async def test_a_batch_with_a_killed_worker_and_a_killed_sink(settings: Settings
     assert_database_matches(database, outcomes, ids)
     for query in readme_queries("b1"):  # the README's examples run as they are on both databases
         assert database.query(query), query
+
+
+async def test_backfill_after_an_outage_resolves_the_failure_rows(settings: Settings, tmp_path: Path) -> None:
+    """An outage burns some requests' retries; the sink follows throughout. After backfill, the replayed requests'
+    failure rows are resolved, the view shows their new outcome, and no row is doubled."""
+    database = Database(f"sqlite:///{tmp_path / 'sink.db'}")
+    mock = start_mock("clean", 10, "--latency", "0.5")
+    # as in test_operations: no breaker and no retry budget, so the outage's requests spend their retries
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", in_flight="8", breaker_enabled="false",
+                                      retry_budget_ratio="100"), tmp_path / "worker.log")
+    sink = SinkProcess(sink_env(settings, mock.url, tmp_path), database.url, tmp_path / "sink.log")
+
+    def view(sql: str) -> int:
+        return database.count(f"SELECT COUNT(*) FROM requests WHERE batch = 'outage' AND {sql}")
+
+    try:
+        worker.start()
+        sink.start()
+        assert cli(settings, "submit", str(batch_file(tmp_path / "in.jsonl", 200, "o")), "--batch-id",
+                   "outage").returncode == 0
+        await wait_for(lambda: mock.stats()["calls"] >= 40, 60, "40 calls")
+        mock.post("/control/outage", {"seconds": 40})  # longer than the 5 retries of the test tiers
+        first = wait_converged(settings, "outage", 180, worker)[-1]
+        await wait_for(lambda: view("status <> 'retrying'") == 200, 60, "the view to show every first outcome")
+        failed_first = {row[0] for row in database.query(
+            "SELECT custom_id FROM requests WHERE batch = 'outage' AND status = 'failed'")}
+        assert len(failed_first) == first["failed"]["service"] + first["failed"]["transport"] > 0, first
+        assert database.count("SELECT COUNT(*) FROM failures WHERE resolved") == 0
+        replayed = cli(settings, "backfill", "--batch-id", "outage", "--rate", "200")
+        assert replayed.returncode == 0, replayed.stderr
+        assert wait_converged(settings, "outage", 180, worker)[-1]["succeeded"] == 200
+        await wait_for(lambda: view("status = 'succeeded'") == 200, 60, "the view to show the replays' results")
+        assert sink.stop() == 0
+        sink.drain()
+    finally:
+        worker.stop()
+        sink.stop()
+        mock.stop()
+    assert database.count("SELECT COUNT(*) FROM results WHERE batch = 'outage'") == 200
+    assert view("1 = 1") == 200
+    assert {row[0] for row in database.query("SELECT DISTINCT custom_id FROM failures WHERE terminal")} == failed_first
+    assert database.count("SELECT COUNT(*) FROM failures WHERE NOT resolved") == 0
+    unresolved_query = readme_queries("outage")[1]
+    assert database.query(unresolved_query) == []
