@@ -34,12 +34,15 @@ def output_line(result: InferenceResult) -> dict[str, Any]:
         body = json.loads(result.response_json)
     except ValueError:  # kept as received: the export must not fail on one odd record
         body = result.response_json
-    return {
+    line: dict[str, Any] = {
         "id": line_id(result.batch_id, custom_id),
         "custom_id": custom_id,
         "response": {"status_code": 200, "request_id": result.provider_request_id, "body": body},
         "error": None,
     }
+    if result.reused_from is not None:  # answered from an earlier identical request, without a call (core.reuse)
+        line["streamproc"] = {"reused_from": result.reused_from}
+    return line
 
 
 def error_line(custom_id: str, failure: HeldFailure) -> dict[str, Any]:
