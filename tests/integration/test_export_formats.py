@@ -112,10 +112,10 @@ def test_a_realistic_batch_exports_as_openai_and_anthropic_write_theirs(settings
 
     # the same batch as Anthropic's Message Batches results: one file, every outcome
     assert anthropic.returncode == 0, anthropic.stderr
-    lines = [parse_anthropic_line(line) for line in (tmp_path / "anthropic.jsonl").read_text().splitlines()]
-    assert sorted(line.custom_id for line in lines) == sorted(bodies)
-    assert sum(isinstance(line.result, MessageBatchSucceededResult) for line in lines) == len(results)
-    for line in lines:
-        if line.custom_id in business:
-            assert isinstance(line.result, MessageBatchErroredResult)
-            assert line.result.error.error.message == business[line.custom_id]["error"]["message"]
+    entries = [parse_anthropic_line(text) for text in (tmp_path / "anthropic.jsonl").read_text().splitlines()]
+    assert sorted(entry.custom_id for entry in entries) == sorted(bodies)
+    assert sum(isinstance(entry.result, MessageBatchSucceededResult) for entry in entries) == len(results)
+    for entry in entries:
+        if entry.custom_id in business:
+            assert isinstance(entry.result, MessageBatchErroredResult)
+            assert entry.result.error.error.message == business[entry.custom_id]["error"]["message"]
