@@ -64,6 +64,8 @@ class ResultRow(NamedTuple):
     latency_ms: int
     finished_at: str
     input_hash: str
+    provider_request_id: str | None  # the provider's id for the call, when it sent one
+    reused_from: str | None  # the request whose answer this reuses (no call made)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -87,6 +89,8 @@ class FailureRow(NamedTuple):
     url: str
     body: str  # the request body, so the failure can be read and replayed from the database alone
     metadata: str  # JSON object
+    provider_body: str | None  # what the provider answered (bounded), when an HTTP answer came
+    provider_request_id: str | None
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -125,7 +129,8 @@ def result_row(result: InferenceResult) -> ResultRow:
         usage=None if usage is None else json.dumps(usage), prompt_tokens=tokens("prompt_tokens"),
         completion_tokens=tokens("completion_tokens"), total_tokens=tokens("total_tokens"),
         attempt=result.attempts, latency_ms=result.latency_ms, finished_at=iso_ms(result.completed_ms),
-        input_hash=result.input_hash)
+        input_hash=result.input_hash, provider_request_id=result.provider_request_id,
+        reused_from=result.reused_from)
 
 
 def failure_row(failure: FailureEvent) -> FailureRow:
@@ -136,7 +141,8 @@ def failure_row(failure: FailureEvent) -> FailureRow:
         message=failure.message, http_status=failure.http_status, retry_after_ms=failure.retry_after_ms,
         terminal=failure.terminal, model=_requested_model(request.body_json),
         first_failed_at=iso_ms(failure.first_failure_ms), failed_at=iso_ms(failure.last_failure_ms),
-        url=request.url, body=request.body_json, metadata=json.dumps(request.metadata, sort_keys=True))
+        url=request.url, body=request.body_json, metadata=json.dumps(request.metadata, sort_keys=True),
+        provider_body=failure.response_body, provider_request_id=failure.provider_request_id)
 
 
 def dead_letter_row(record: Record) -> DeadLetterRow:

@@ -36,7 +36,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             content TEXT NOT NULL, response TEXT NOT NULL, usage TEXT,
             prompt_tokens BIGINT, completion_tokens BIGINT, total_tokens BIGINT,
             attempt INTEGER NOT NULL, latency_ms BIGINT NOT NULL, finished_at TIMESTAMPTZ NOT NULL,
-            input_hash TEXT NOT NULL,
+            input_hash TEXT NOT NULL, provider_request_id TEXT, reused_from TEXT,
             PRIMARY KEY (batch, custom_id))""",
         """CREATE TABLE failures (
             batch TEXT NOT NULL, custom_id TEXT NOT NULL, attempt INTEGER NOT NULL, request_id TEXT NOT NULL,
@@ -45,6 +45,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             resolved BOOLEAN NOT NULL DEFAULT FALSE, model TEXT,
             first_failed_at TIMESTAMPTZ NOT NULL, failed_at TIMESTAMPTZ NOT NULL,
             url TEXT NOT NULL, body TEXT NOT NULL, metadata TEXT NOT NULL,
+            provider_body TEXT, provider_request_id TEXT,
             PRIMARY KEY (batch, custom_id, attempt))""",
         "CREATE INDEX failures_by_code ON failures (batch, layer, code)",
         """CREATE TABLE dead_letters (

@@ -30,7 +30,9 @@ def failure(custom_id: str = "req-1", batch: str | None = "b1", *, attempt: int 
     request_id = custom_id if batch is None else request_id_for(batch, custom_id)
     request = InferenceRequest(request_id, BODY, batch_id=batch, submitted_ms=1_000, metadata={"team": "x"})
     return FailureEvent(request, layer, code, message, attempt, terminal, first_failure_ms=4_000,
-                        last_failure_ms=failed_ms, http_status=status, retry_after_ms=None)
+                        last_failure_ms=failed_ms, http_status=status, retry_after_ms=None,
+                        response_body=None if status is None else '{"error": {"code": "rate_limit_exceeded"}}',
+                        provider_request_id=None if status is None else "req_abc")
 
 
 @dataclass

@@ -38,6 +38,10 @@ def test_a_failure_row_keeps_what_a_replay_needs() -> None:
     assert (row.layer, row.code, row.http_status, row.model) == ("transport", "read_timeout", None, "mock-small")
     assert row.body == BODY and json.loads(row.metadata) == {"team": "x"} and row.url == "/v1/chat/completions"
     assert (row.first_failed_at, row.failed_at) == (iso_ms(4_000), iso_ms(5_000))
+    assert (row.provider_body, row.provider_request_id) == (None, None)  # no HTTP answer came
+    answered = failure_row(failure("req-3"))
+    assert answered.provider_body == '{"error": {"code": "rate_limit_exceeded"}}'
+    assert answered.provider_request_id == "req_abc"
 
 
 def test_a_dead_letter_row_reads_its_headers() -> None:
