@@ -23,7 +23,7 @@ from streamproc.devstack.real_llm import RealLLM
 from streamproc.errors import UserFacingError
 from streamproc.mockllm.cli import mock_llm
 from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
-from streamproc.ops.batches import format_batches, list_batches
+from streamproc.ops.batches import batch_object, format_batches, list_batches
 from streamproc.ops.cancel import cancel_batch
 from streamproc.ops.progress import Progress
 from streamproc.ops.results import FORMATS, ONE_FILE_FORMATS, export_results
@@ -254,7 +254,10 @@ def batches(limit: int, as_json: bool) -> None:
 @click.option("--format", "format_name", type=click.Choice(sorted(FORMATS)), default="openai", show_default=True,
               help="openai: Batch API output and error lines; anthropic: Message Batches result lines "
                    "(succeeded, errored, canceled, expired).")
-def results(batch_id: str, output: Path, errors: Path | None, format_name: str) -> None:
+@click.option("--summary", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the batch's summary: OpenAI's batch object (status, created_at, in_progress_at, "
+                   "completed_at, cancelled_at, expired_at..., request_counts, usage) as JSON.")
+def results(batch_id: str, output: Path, errors: Path | None, format_name: str, summary: Path | None) -> None:
     """Export a batch: exactly one line per custom_id, even when the results topic holds duplicates.
 
     \b
@@ -269,6 +272,9 @@ def results(batch_id: str, output: Path, errors: Path | None, format_name: str) 
         click.echo(f"{report.results} results and {report.failures} failures to {output}")
     else:
         click.echo(f"{report.results} results to {output} ({report.failures} failures not written)")
+    if summary is not None:
+        summary.write_text(json.dumps(_run(batch_object(Settings(), batch_id)), indent=2) + "\n", encoding="utf-8")
+        click.echo(f"batch summary to {summary}")
 
 
 @cli.command("sink")

@@ -15,7 +15,7 @@ from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest
 from streamproc.core.batch_lifecycle import Lifecycle
 from streamproc.core.batch_status import BatchesFold, BatchStatus
-from streamproc.ops.status import decode_records, lifecycle_of
+from streamproc.ops.status import decode_records, lifecycle_of, read_status
 from streamproc.settings import Settings
 
 COLUMNS = ("BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING")
@@ -70,6 +70,12 @@ async def list_batches(settings: Settings) -> list[BatchEntry]:
             entries.append(BatchEntry(fold.status(batch_id, manifest.submitted, manifest.created_ms),
                                       manifest.created_ms, manifest))
     return sorted(entries, key=lambda entry: (entry.created_ms, entry.status.batch_id), reverse=True)
+
+
+async def batch_object(settings: Settings, batch_id: str) -> dict[str, Any]:
+    """One batch's object as ``batches --json`` lists it: the summary ``results --summary`` writes."""
+    report = await read_status(settings, batch_id)
+    return BatchEntry(report.status, report.lifecycle.created_ms, report.manifest).as_json()
 
 
 def format_batches(entries: list[BatchEntry]) -> str:

@@ -1,7 +1,7 @@
 """``--reuse-results`` on the real broker with two workers: a corrected re-run of a converged batch calls the LLM
 only for what did not succeed before (the mock's ``/stats`` counts the calls), the reused answers are exported
 as the earlier ones and marked, ``status`` counts them, and nothing is reused without the opt-in. The batches'
-OpenAI status and times are checked on the way."""
+OpenAI status and times are checked on the way, and the results' batch summary."""
 
 from __future__ import annotations
 
@@ -87,6 +87,8 @@ def test_a_corrected_rerun_calls_only_what_did_not_succeed_and_reuses_the_rest(s
         fresh, fresh_calls = submit_and_converge(settings, corrected, "fresh", mock, workers)
         exported = {batch_id: export(settings, batch_id, tmp_path) for batch_id in ("first", "rerun")}
         listed = {entry["id"]: entry for entry in json.loads(cli(settings, "batches", "--json").stdout)["data"]}
+        summarised = cli(settings, "results", "--batch-id", "rerun", "--output", str(tmp_path / "again.jsonl"),
+                         "--summary", str(tmp_path / "summary.json"))
     finally:
         for worker in workers:
             worker.stop()
@@ -121,3 +123,9 @@ def test_a_corrected_rerun_calls_only_what_did_not_succeed_and_reuses_the_rest(s
         assert document["created_at"] <= document["in_progress_at"] <= document["completed_at"], document
         assert document["cancelled_at"] is None and document["expired_at"] is None
     assert listed["rerun"]["completed_at"] == rerun["completed_at"]
+    # the results' batch summary: the same batch object
+    assert summarised.returncode == 0, summarised.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == listed["rerun"]
+    assert summary["request_counts"] == {"total": COUNT + len(TWINS), "completed": COUNT + len(TWINS), "failed": 0}
+    assert summary["usage"] == rerun["usage"]
