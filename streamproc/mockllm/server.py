@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 import socket
 import struct
 from collections.abc import Mapping
@@ -91,6 +92,7 @@ class MockLLMServer:
         app.router.add_post("/control/reset", self.control_reset)
         app.router.add_route("*", "/{tail:.*}", self.fallback)
         app.on_shutdown.append(self._on_shutdown)
+        app.on_response_prepare.append(_stamp_request_id)
         return app
 
     async def _on_shutdown(self, app: web.Application) -> None:
@@ -321,6 +323,12 @@ class MockLLMServer:
         if request.path in known:
             return _error_response(errors.method_not_allowed(request.method, request.path))
         return _error_response(errors.not_found_route(request.method, request.path))
+
+
+async def _stamp_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer carries a request id of the server's own in ``x-request-id``, as OpenAI's do (vLLM and
+    llama.cpp send none): the id a user quotes to the provider, which the export keeps."""
+    response.headers.setdefault("x-request-id", f"req_{secrets.token_hex(16)}")
 
 
 def _client_request_id(headers: Mapping[str, str]) -> str | None:

@@ -92,6 +92,15 @@ async def test_status_faults_raise_the_matching_error(
     assert caught.value.code == code
 
 
+async def test_every_answer_carries_a_request_id_of_the_servers_own(client: openai.AsyncOpenAI) -> None:
+    first, second = await create(client), await create(client)
+    assert first._request_id is not None and first._request_id.startswith("req_")
+    assert first._request_id != second._request_id
+    with pytest.raises(openai.InternalServerError) as caught:
+        await create(client, "server_error")
+    assert caught.value.request_id is not None and caught.value.request_id.startswith("req_")
+
+
 async def test_rate_limit_error_carries_the_retry_hint(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.RateLimitError) as caught:
         await create(client, "rate_limit")
