@@ -80,7 +80,8 @@ def test_a_realistic_batch_exports_as_openai_and_anthropic_write_theirs(settings
     for line, body in results:
         assert line.error is None and line.response is not None and line.response.status_code == 200
         assert isinstance(body, ChatCompletion)
-        assert line.response.request_id is None  # the mock sends no x-request-id, and none is made up
+        assert line.response.request_id is not None and line.response.request_id.startswith("req_")  # the mock's
+    assert len({line.response.request_id for line, _ in results if line.response}) == len(results)
 
     # HTTP failures: the provider's status and body, verbatim (its message unchanged), and no error
     http = [(line, body) for line, body in errors if line.response is not None and line.response.status_code != 200]
@@ -88,6 +89,7 @@ def test_a_realistic_batch_exports_as_openai_and_anthropic_write_theirs(settings
     for line, body in http:
         assert line.error is None and isinstance(body, ErrorObject)
         assert line.streamproc is not None and "body_rebuilt" not in line.streamproc
+        assert line.response is not None and (line.response.request_id or "").startswith("req_")
     too_long = [f"x-{i}" for i in range(TOO_LONG)]
     assert set(too_long) <= set(business)
     for custom_id, answer in business.items():
