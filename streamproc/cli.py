@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,16 +16,19 @@ from typing import Any, TypeVar
 import click
 
 from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.lag_reader import read_lag, sample_lag
 from streamproc.core.durations import parse_duration_ms
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import LocalBroker
 from streamproc.devstack.chaos.cli import chaos
 from streamproc.devstack.real_llm import RealLLM
-from streamproc.errors import UserFacingError
+from streamproc.errors import ExitCode, UserFacingError, exit_codes_help
 from streamproc.mockllm.cli import mock_llm
+from streamproc.mockllm.profiles import ProfileError, load_profile
 from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
 from streamproc.ops.batches import batch_object, format_batches, list_batches
 from streamproc.ops.cancel import cancel_batch
+from streamproc.ops.lag_report import dumps, format_table
 from streamproc.ops.progress import Progress
 from streamproc.ops.results import FORMATS, ONE_FILE_FORMATS, export_results
 from streamproc.ops.run import format_outcome, run_batch
@@ -35,13 +39,64 @@ from streamproc.sink.follow import default_group, run_sink
 from streamproc.sink.target import parse_target
 
 T = TypeVar("T")
+FC = TypeVar("FC", bound=Callable[..., Any])
 
 
 def _run(work: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(work)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Refused(click.ClickException):
+    """A :class:`UserFacingError` as click reports it: its one line on stderr, its row of :class:`ExitCode`."""
+
+    def __init__(self, error: UserFacingError) -> None:
+        super().__init__(str(error))
+        self.exit_code = error.exit_code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True, file=file)
+
+
+class _Commands(click.Group):
+    """The command tree; an error the user can act on ends any command with its reason and exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserFacingError as exc:
+            raise _Refused(exc) from exc
+
+
+_BOOTSTRAP = "streamproc.bootstrap_server"
+
+
+def _keep_bootstrap(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.meta[_BOOTSTRAP] = value
+
+
+bootstrap_option = click.option(
+    "-b", "--bootstrap-server", metavar="HOST:PORT[,...]", expose_value=False, callback=_keep_bootstrap,
+    help="The Kafka cluster [default: $STREAMPROC_KAFKA_BOOTSTRAP, else the built-in broker].")
+"""``-b/--bootstrap-server``, as faust and Kafka's own tools spell it, on every command that talks to Kafka."""
+
+
+def _settings() -> Settings:
+    """The environment's settings, with ``-b/--bootstrap-server`` over ``STREAMPROC_KAFKA_BOOTSTRAP``."""
+    bootstrap = click.get_current_context().meta.get(_BOOTSTRAP)
+    return Settings(kafka_bootstrap=bootstrap) if bootstrap else Settings()
+
+
+def json_option(what: str) -> Callable[[FC], FC]:
+    """``--json``: the report as one JSON document on stdout, for every command that reports."""
+    return click.option("--json", "as_json", is_flag=True, help=f"Print {what} as one JSON document.")
+
+
+def _echo_json(document: Any) -> None:
+    click.echo(json.dumps(document))
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]}, epilog=exit_codes_help())
 @click.version_option(package_name="streamproc")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
@@ -74,18 +129,22 @@ def broker_stop() -> None:
 
 
 @broker.command("status")
-@click.option("--bootstrap", "bootstrap_only", is_flag=True, help="Print only host:port (exit 1 when stopped).")
-def broker_status(bootstrap_only: bool) -> None:
-    """Say whether the local broker runs, and where."""
+@click.option("--bootstrap", "bootstrap_only", is_flag=True, help="Print only host:port.")
+@json_option("running, pid, bootstrap and version")
+def broker_status(bootstrap_only: bool, as_json: bool) -> None:
+    """Say whether the local broker runs, and where (exit 1 when it is stopped)."""
     status = LocalBroker(Settings()).status()
     if bootstrap_only:
         if not status.running:
             raise click.ClickException("the local broker is not running")
         click.echo(status.bootstrap)
         return
-    click.echo(status.describe())
+    if as_json:
+        _echo_json(dataclasses.asdict(status))
+    else:
+        click.echo(status.describe())
     if not status.running:
-        sys.exit(3)
+        sys.exit(ExitCode.FAILED)
 
 
 @cli.group("real-llm")
@@ -109,22 +168,26 @@ def real_llm_stop() -> None:
 
 
 @real_llm.command("status")
-def real_llm_status() -> None:
-    """Print the base URL of the running server (exit 3 when it is not running)."""
+@json_option("running, pid and base_url")
+def real_llm_status(as_json: bool) -> None:
+    """Print the base URL of the running server (exit 1 when it is not running)."""
     status = RealLLM(Settings()).status()
+    if as_json:
+        _echo_json({"running": status.running, **dataclasses.asdict(status)})
+    else:
+        click.echo(status.base_url if status.running else "not running")
     if not status.running:
-        click.echo("not running")
-        sys.exit(3)
-    click.echo(status.base_url)
+        sys.exit(ExitCode.FAILED)
 
 
 @cli.command("roundtrip")
+@bootstrap_option
 @click.option("--records", default=1000, show_default=True, help="Keys sent in each of the two passes.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False),
               help="Where the worker's output goes [default: $STREAMPROC_DATA_DIR/roundtrip-worker.log].")
 def roundtrip(records: int, log_path: str | None) -> None:
     """Check the stack: records through a faust worker with a RocksDB table, restart it, check the table."""
-    settings = Settings()
+    settings = _settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or str(settings.data_dir / "roundtrip-worker.log")
     from streamproc.app.roundtrip import run_round_trip  # faust is imported by the commands that run it only
@@ -143,6 +206,23 @@ cli.add_command(mock_llm)
 cli.add_command(chaos)
 
 
+class IsoDateTime(click.ParamType):
+    """A time in ISO 8601, as Kafka's tools take one (``--to-datetime``): 2026-11-29, 2026-11-29T08:00,
+    2026-11-29 08:00:00.5, with Z or +01:00; a time without a zone is UTC."""
+
+    name = "datetime"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            self.fail(f"{value!r} is not an ISO 8601 time such as 2026-11-29T08:00 or 2026-11-29T08:00:00Z",
+                      param, ctx)
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     """A --completion-window such as 24h, 90m, 1h30m or bare seconds, as seconds."""
     if value is None:
@@ -158,13 +238,16 @@ _REUSE_HELP = ("Answer a request whose model and body got an answer before (any 
 
 
 @cli.command("submit")
+@bootstrap_option
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--batch-id", required=True, help="Name of the batch (status, results and backfill use it).")
 @click.option("--skip-invalid", is_flag=True, help="Send the valid lines even when some are invalid.")
 @click.option("--completion-window", "window", callback=_duration, metavar="DURATION",
               help="e.g. 24h (OpenAI's), 90m: requests not called by then end as batch_expired. Default: none.")
 @click.option("--reuse-results", is_flag=True, help=_REUSE_HELP)
-def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, reuse_results: bool) -> None:
+@json_option("batch_id, submitted, skipped_invalid and seconds")
+def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, reuse_results: bool,
+           as_json: bool) -> None:
     """Validate FILE (OpenAI Batch JSONL, or {"id", "prompt", ...} lines) and send its requests.
 
     The whole file is checked first; an invalid line (with its number and reason) means nothing is sent,
@@ -175,15 +258,19 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
       streamproc submit requests.jsonl --batch-id labels-2026-11 --completion-window 24h
     """
     with Progress(f"sending {file.name}") as bar:
-        report = _run(submit_file(Settings(), file, batch_id, skip_invalid=skip_invalid, progress=bar,
+        report = _run(submit_file(_settings(), file, batch_id, skip_invalid=skip_invalid, progress=bar,
                                   completion_window_s=window, reuse_results=reuse_results))
+    if as_json:
+        _echo_json(report.as_json())
+        return
     skipped = f", {report.skipped_invalid} invalid line(s) skipped" if report.skipped_invalid else ""
     click.echo(f"batch {report.batch_id}: {report.sent} requests submitted in {report.seconds:.1f}s{skipped}")
 
 
 @cli.command("status")
+@bootstrap_option
 @click.option("--batch-id", required=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the counts as one JSON object.")
+@json_option("the counts")
 def status(batch_id: str, as_json: bool) -> None:
     """Counts of a batch: submitted, succeeded, failed per layer, retrying, in flight, pending, converged.
 
@@ -194,17 +281,18 @@ def status(batch_id: str, as_json: bool) -> None:
     Example:
       streamproc status --batch-id labels-2026-11 --json
     """
-    settings = Settings()
-    current = _run(read_status(settings, batch_id))
+    current = _run(read_status(_settings(), batch_id))
     if as_json:
-        click.echo(json.dumps(current.as_json()))
+        _echo_json(current.as_json())
         return
     click.echo(current.format())
 
 
 @cli.command("cancel")
+@bootstrap_option
 @click.option("--batch-id", required=True)
-def cancel(batch_id: str) -> None:
+@json_option("batch_id and cancelled_at (seconds)")
+def cancel(batch_id: str, as_json: bool) -> None:
     """Cancel a batch: its requests not called yet end as batch_cancelled failures; calls in flight finish.
 
     The batch then converges (status shows cancelling, then cancelled in `streamproc batches`), and
@@ -214,13 +302,17 @@ def cancel(batch_id: str) -> None:
     Example:
       streamproc cancel --batch-id labels-2026-11
     """
-    manifest = _run(cancel_batch(Settings(), batch_id))
+    manifest = _run(cancel_batch(_settings(), batch_id))
+    if as_json:
+        _echo_json({"batch_id": batch_id, "cancelled_at": (manifest.cancelled_ms or 0) // 1000})
+        return
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((manifest.cancelled_ms or 0) / 1000))
     click.echo(f"batch {batch_id} cancelled at {when}: requests not called yet end as batch_cancelled; calls in "
                "flight finish")
 
 
 @cli.command("batches")
+@bootstrap_option
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=0),
               help="Show the newest N batches; 0: all.")
 @click.option("--json", "as_json", is_flag=True,
@@ -234,16 +326,17 @@ def batches(limit: int, as_json: bool) -> None:
     Example:
       streamproc batches --limit 5
     """
-    entries = _run(list_batches(Settings()))
+    entries = _run(list_batches(_settings()))
     shown = entries[:limit] if limit else entries
     if as_json:
-        click.echo(json.dumps({"object": "list", "data": [entry.as_json() for entry in shown],
-                               "has_more": len(shown) < len(entries)}))
+        _echo_json({"object": "list", "data": [entry.as_json() for entry in shown],
+                    "has_more": len(shown) < len(entries)})
         return
     click.echo(format_batches(shown))
 
 
 @cli.command("results")
+@bootstrap_option
 @click.option("--batch-id", required=True)
 @click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="One line per succeeded custom_id (OpenAI's batch output file); with --format anthropic and "
@@ -257,7 +350,9 @@ def batches(limit: int, as_json: bool) -> None:
 @click.option("--summary", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the batch's summary: OpenAI's batch object (status, created_at, in_progress_at, "
                    "completed_at, cancelled_at, expired_at..., request_counts, usage) as JSON.")
-def results(batch_id: str, output: Path, errors: Path | None, format_name: str, summary: Path | None) -> None:
+@json_option("batch_id, format, output, results, errors, failures and summary")
+def results(batch_id: str, output: Path, errors: Path | None, format_name: str, summary: Path | None,
+            as_json: bool) -> None:
     """Export a batch: exactly one line per custom_id, even when the results topic holds duplicates.
 
     \b
@@ -265,7 +360,14 @@ def results(batch_id: str, output: Path, errors: Path | None, format_name: str, 
       streamproc results --batch-id labels-2026-11 --output out.jsonl --errors errors.jsonl
       streamproc results --batch-id labels-2026-11 --format anthropic --output results.jsonl
     """
-    report = export_results(Settings(), batch_id, output, errors, format_name)
+    settings = _settings()
+    report = export_results(settings, batch_id, output, errors, format_name)
+    if summary is not None:
+        summary.write_text(json.dumps(_run(batch_object(settings, batch_id)), indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        _echo_json({"batch_id": batch_id, "format": format_name, **report.as_json(),
+                    "summary": None if summary is None else str(summary)})
+        return
     if errors is not None:
         click.echo(f"{report.results} results to {output}, {report.failures} failures to {errors}")
     elif format_name in ONE_FILE_FORMATS:
@@ -273,11 +375,11 @@ def results(batch_id: str, output: Path, errors: Path | None, format_name: str, 
     else:
         click.echo(f"{report.results} results to {output} ({report.failures} failures not written)")
     if summary is not None:
-        summary.write_text(json.dumps(_run(batch_object(Settings(), batch_id)), indent=2) + "\n", encoding="utf-8")
         click.echo(f"batch summary to {summary}")
 
 
 @cli.command("sink")
+@bootstrap_option
 @click.option("--to", "url", required=True, metavar="URL",
               help="sqlite:///relative.db, sqlite:////absolute.db or postgresql://user@host:5432/db")
 @click.option("--group", help="Consumer group of the sink [default: <app id>.sink]; one per database.")
@@ -290,37 +392,55 @@ def sink(url: str, group: str | None, until_idle: bool) -> None:
     Example:
       streamproc sink --to sqlite:///outcomes.db --until-idle
     """
-    settings = Settings()
+    settings = _settings()
     target = parse_target(url)
     _run(run_sink(settings, target, group=group or default_group(settings), until_idle=until_idle,
                   report=click.echo))
 
 
+def _mock_profile(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --mock-llm profile the mock server will load (checked before anything starts)."""
+    if value is not None:
+        try:
+            load_profile(value)
+        except ProfileError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 @cli.command("run")
+@bootstrap_option
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--errors", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--batch-id", help="Default: the file name and the time.")
 @click.option("--timeout", default=3600.0, show_default=True, help="Seconds to wait for the batch to converge.")
-@click.option("--mock-profile", default="realistic", show_default=True,
-              help="Profile of the built-in mock server, used only when STREAMPROC_LLM_BASE_URL is unset.")
+@click.option("--mock-llm", "mock_profile", metavar="PROFILE", callback=_mock_profile,
+              help="Answer with the built-in mock LLM server (fake answers) with this profile: clean, flaky, "
+                   "realistic, outage, strict or a profile file. Without it, STREAMPROC_LLM_BASE_URL is required.")
 @click.option("--workers", type=click.IntRange(min=0),
               help="Worker processes to start here [default: 1 with the built-in broker, else 0].")
 @click.option("--reuse-results", is_flag=True, help=_REUSE_HELP)
-def run(file: Path, output: Path, errors: Path | None, batch_id: str | None, timeout: float, mock_profile: str,
-        workers: int | None, reuse_results: bool) -> None:
+@json_option("the outcome (batch_id, seconds, llm_calls, submit, status, export)")
+def run(file: Path, output: Path, errors: Path | None, batch_id: str | None, timeout: float,
+        mock_profile: str | None, workers: int | None, reuse_results: bool, as_json: bool) -> None:
     """Submit FILE, show progress until the batch converged, export results (and errors).
 
-    With no STREAMPROC_KAFKA_BOOTSTRAP it starts the built-in broker and a worker; with no
-    STREAMPROC_LLM_BASE_URL it starts the mock LLM server (and says so).
+    With no Kafka cluster (-b or STREAMPROC_KAFKA_BOOTSTRAP) it starts the built-in broker and a worker.
+    The LLM is STREAMPROC_LLM_BASE_URL's; with none it refuses (exit 3) unless --mock-llm asks for the
+    built-in mock server, so a real file never gets fake answers by accident.
 
     \b
-    Example:
+    Examples:
       streamproc run requests.jsonl --output out.jsonl --errors errors.jsonl
+      streamproc run requests.jsonl --output out.jsonl --mock-llm realistic
     """
     batch_id = batch_id or f"{file.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    report = run_batch(Settings(), file, output, errors, batch_id, timeout, mock_profile, workers, _warn,
+    report = run_batch(_settings(), file, output, errors, batch_id, timeout, mock_profile, workers, _warn,
                        reuse_results)
+    if as_json:
+        _echo_json(report.as_json())
+        return
     click.echo(f"batch {batch_id} converged")
     click.echo(format_outcome(report))
 
@@ -330,17 +450,18 @@ def _warn(text: str) -> None:
 
 
 @cli.command("backfill")
+@bootstrap_option
 @click.option("--batch-id", help="Only this batch.")
 @click.option("--layer", "layers", multiple=True, type=click.Choice([layer.value for layer in FailureLayer]),
               help="Only these failure layers (repeatable).")
 @click.option("--error-code", "error_codes", multiple=True, help="Only these error codes (repeatable).")
-@click.option("--since", type=click.DateTime(), help="Only failures at or after this time (UTC).")
-@click.option("--until", type=click.DateTime(), help="Only failures before this time (UTC).")
+@click.option("--since", type=IsoDateTime(), help="Only failures at or after this time (ISO 8601; no zone: UTC).")
+@click.option("--until", type=IsoDateTime(), help="Only failures before this time (ISO 8601; no zone: UTC).")
 @click.option("--include-business", is_flag=True, help="Also replay business failures (after fixing the input).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and send nothing.")
 @click.option("--rate", default=50.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Replays sent per second.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@json_option("the plan (and replayed: how many were sent)")
 def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[str, ...], since: datetime | None,
              until: datetime | None, include_business: bool, dry_run: bool, rate: float, as_json: bool) -> None:
     """Replay terminal failures from the failure topics (after printing the plan).
@@ -352,32 +473,33 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
     Example:
       streamproc backfill --batch-id labels-2026-11 --layer transport --layer service --dry-run
     """
-    settings = Settings()
+    settings = _settings()
     selection = BackfillFilter(
         batch_id=batch_id, layers=frozenset(FailureLayer(v) for v in layers) or frozenset(FailureLayer),
         error_codes=frozenset(error_codes), since_ms=_epoch_ms(since), until_ms=_epoch_ms(until),
         include_business=include_business)
     failures, states = _run(read_for_backfill(resolve_bootstrap(settings), settings.topology()))
     plan = plan_backfill(failures, states, selection)
-    if as_json:
-        click.echo(json.dumps({**plan.summary(), "dry_run": dry_run}))
-    else:
+    if not as_json:
         click.echo(f"backfill plan: {len(plan.replays)} to replay, {plan.to_skip} to skip")
         for row in plan.rows():
             click.echo(f"  {row['layer']:<10} {row['error_code']:<28} {row['count']:>7}  {row['decision']}")
-    if dry_run or not plan.replays:
-        return
-    with Progress("replaying") as bar:
-        sent = _run(replay(settings, plan, rate, bar))
-    if not as_json:
+    sent = 0
+    if plan.replays and not dry_run:
+        with Progress("replaying") as bar:
+            sent = _run(replay(settings, plan, rate, bar))
+    if as_json:
+        _echo_json({**plan.summary(), "dry_run": dry_run, "replayed": sent})
+    elif sent:
         click.echo(f"replayed {sent} requests; follow them with `streamproc status`")
 
 
 def _epoch_ms(moment: datetime | None) -> int | None:
-    return None if moment is None else int(moment.replace(tzinfo=moment.tzinfo or UTC).timestamp() * 1000)
+    return None if moment is None else int(moment.timestamp() * 1000)
 
 
 @cli.command("worker")
+@bootstrap_option
 @click.option("--loglevel", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def worker(loglevel: str) -> None:
@@ -386,24 +508,22 @@ def worker(loglevel: str) -> None:
     Start more workers with the same STREAMPROC_APP_ID (on any machine) to scale out: they share the
     partitions as one consumer group. Stop with SIGTERM or Ctrl-C: in-flight calls finish first.
     Exit code 3: the LLM endpoint refused the configuration (key, quota, endpoint); fix it and restart.
-    Exit code 4: a record could neither be handled nor its outcome written (Kafka refused the writes);
+    Exit code 1: a record could neither be handled nor its outcome written (Kafka refused the writes);
     restart it: the record is read again (a supervisor such as systemd or Kubernetes does that).
     """
     from streamproc.app.worker import run_worker  # faust is imported by the commands that run it only
 
-    sys.exit(run_worker(Settings(), loglevel.upper()))
-
-
-EXIT_OVER_MAX_LAG = 4
+    sys.exit(run_worker(_settings(), loglevel.upper()))
 
 
 @cli.command("lag")
+@bootstrap_option
 @click.option("--group", "groups", multiple=True, metavar="GROUP",
               help="Consumer group; repeatable [default: STREAMPROC_APP_ID, the workers' group].")
 @click.option("--all-groups", is_flag=True, help="Every consumer group of the cluster.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (keys in the README).")
+@json_option("the lag (keys in the README)")
 @click.option("--max-lag", type=click.IntRange(min=0), metavar="N",
-              help=f"Exit {EXIT_OVER_MAX_LAG} when the total lag of a group exceeds N.")
+              help=f"Exit {int(ExitCode.THRESHOLD)} when the total lag of a group exceeds N.")
 @click.option("--interval", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds between the two readings the consumption rate comes from.")
 @click.option("--no-rate", is_flag=True, help="One reading: no rate and no time-to-drain estimate.")
@@ -416,48 +536,33 @@ def lag(groups: tuple[str, ...], all_groups: bool, as_json: bool, max_lag: int |
     topics (table changelogs) are shown with a * and not counted.
 
     \b
-    Exit codes: 0 ok; 2 broker unreachable or unknown group; 4 a group's lag is over --max-lag.
+    Exit codes: 0 ok; 2 unknown group; 3 broker unreachable; 4 a group's lag is over --max-lag.
 
     \b
     Example:
       streamproc lag --max-lag 10000
       streamproc lag --group streamproc --json --interval 10
     """
-    import logging  # local imports: this command is self-contained in a file others edit too
-
-    from streamproc.app.bootstrap import resolve_bootstrap as _bootstrap_of
-    from streamproc.app.lag_reader import LagError, read_lag, sample_lag
-    from streamproc.ops.lag_report import dumps, format_table
-
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # its connection errors are reported below
-    settings = Settings()
-    bootstrap = _bootstrap_of(settings)
+    settings = _settings()
+    bootstrap = resolve_bootstrap(settings)
     wanted = None if all_groups else list(groups) or [settings.app_id]
     topology = settings.topology()  # the workers' inputs are listed even before their first commit
     inputs = {settings.app_id: topology.inputs}
-    try:
-        if no_rate:
-            report = asyncio.run(read_lag(bootstrap, wanted, inputs))
-        else:
-            if sys.stderr.isatty():
-                click.echo(f"reading offsets twice, {interval:g}s apart (--no-rate: once)...", err=True)
-            report = asyncio.run(sample_lag(bootstrap, wanted, interval, inputs))
-    except LagError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    if no_rate:
+        report = _run(read_lag(bootstrap, wanted, inputs))
+    else:
+        if sys.stderr.isatty():
+            click.echo(f"reading offsets twice, {interval:g}s apart (--no-rate: once)...", err=True)
+        report = _run(sample_lag(bootstrap, wanted, interval, inputs))
     click.echo(dumps(report, max_lag) if as_json else format_table(report))
     if max_lag is not None and (over := report.over(max_lag)):
         worst = max(over, key=lambda group: group.lag)
         others = f" (and {len(over) - 1} more group(s))" if len(over) > 1 else ""
         click.echo(f"lag: group {worst.group!r} has a lag of {worst.lag} records, over --max-lag {max_lag}{others}",
                    err=True)
-        sys.exit(EXIT_OVER_MAX_LAG)
+        sys.exit(ExitCode.THRESHOLD)
 
 
 def main() -> None:
-    """Entry point: known failures become a one-line reason and a non-zero exit, not a traceback."""
-    try:
-        cli(standalone_mode=True)
-    except UserFacingError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    """Entry point of the ``streamproc`` script."""
+    cli()

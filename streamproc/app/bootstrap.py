@@ -21,7 +21,7 @@ def resolve_bootstrap(settings: Settings) -> str:
     status = LocalBroker(settings).status()
     if status.bootstrap is None:
         raise NoBrokerError(
-            "no Kafka broker: set STREAMPROC_KAFKA_BOOTSTRAP=host:port or start the built-in one "
-            "with `streamproc broker start`"
+            "no Kafka broker: pass -b host:port, set STREAMPROC_KAFKA_BOOTSTRAP=host:port, or start the built-in "
+            "one with `streamproc broker start`"
         )
     return status.bootstrap

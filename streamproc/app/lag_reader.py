@@ -23,9 +23,10 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from streamproc.core.lag import DrainEstimator, GroupLag, LagReport, PartitionLag
+from streamproc.errors import ExitCode, UserFacingError
 
 
-class LagError(RuntimeError):
+class LagError(UserFacingError):
     """Lag could not be read; the message is one line for the operator."""
 
 
@@ -35,6 +36,8 @@ class BrokerUnavailable(LagError):
 
 class GroupNotFound(LagError):
     """A requested consumer group is unknown to the cluster (no members and no committed offsets)."""
+
+    exit_code = ExitCode.USAGE
 
 
 class LagReader:

@@ -47,14 +47,13 @@ from streamproc.core.outcome import ConfigurationProblem
 from streamproc.core.request_state import RecordRef
 from streamproc.core.retry_policy import Tier, due_within_tier
 from streamproc.core.topology import Topology
+from streamproc.errors import ExitCode
 from streamproc.llm.client import LLMClient
 from streamproc.llm.guarded import Guards, adaptive_bounds
 from streamproc.settings import Settings
 
 log = logging.getLogger("streamproc.app.worker")
 
-EXIT_CONFIGURATION = 3
-EXIT_STUCK = 4  # a record could neither be handled nor its outcome written: stop, so it is read again
 _REBALANCE_POLL_S = 0.2
 
 
@@ -238,7 +237,7 @@ class WorkerRuntime:
         self._halted.set()
         log.critical("STOPPING: the LLM endpoint refused the configuration (%s, HTTP %s): %s. %s",
                      problem.code, problem.http_status, problem.message, _what_to_fix(problem))
-        asyncio.get_running_loop().create_task(self._halt(EXIT_CONFIGURATION))
+        asyncio.get_running_loop().create_task(self._halt(ExitCode.CONFIGURATION))
 
     def _on_stuck(self, lane: object, offset: int, why: str) -> None:
         """A record that can never be acked would stop its partition's commits for good: stop the worker
@@ -248,7 +247,7 @@ class WorkerRuntime:
         self._halted.set()
         log.critical("STOPPING: the record at offset %d of %s could neither be handled nor its outcome written "
                      "(%s); exiting so that it is read again instead of stalling its partition", offset, lane, why)
-        asyncio.get_running_loop().create_task(self._halt(EXIT_STUCK))
+        asyncio.get_running_loop().create_task(self._halt(ExitCode.FAILED))
 
     async def _halt(self, exit_code: int) -> None:
         """Let the other in-flight calls finish, commit what is acked, and exit without acking the rest."""
@@ -309,7 +308,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     except OSError as exc:
         log.critical("STOPPING: cannot serve /metrics on %s:%d (%s); change STREAMPROC_WORKER_METRICS_PORT",
                      settings.worker_metrics_host, settings.worker_metrics_port, exc)
-        return EXIT_CONFIGURATION
+        return ExitCode.CONFIGURATION
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.run_until_complete(wait_for_broker(bootstrap))

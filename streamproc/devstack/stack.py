@@ -1,4 +1,5 @@
-"""Start whatever the configuration lacks: the built-in broker, the mock LLM server, worker processes.
+"""Start whatever the configuration lacks: the built-in broker, worker processes, and the mock LLM server
+when it is asked for by name (never by default: a real file must not get fake answers by accident).
 
 ``run`` and the demo use it so that one command works on a fresh machine; everything it started is
 stopped again on exit, and everything that was configured is left alone.
@@ -27,7 +28,7 @@ class LocalStack:
     """The effective settings (with the addresses of what was started) and the processes to stop."""
 
     settings: Settings
-    mock_profile: str = "realistic"
+    mock_profile: str | None = None  # a profile name: the mock LLM server answers, whatever URL is configured
     workers: int | None = None  # None: one worker when the broker is local, else none
     mock: MockLLMProcess | None = None
     worker_processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -50,9 +51,10 @@ class LocalStack:
                 click.echo("no STREAMPROC_KAFKA_BOOTSTRAP: starting the built-in Kafka broker...", err=True)
                 self.started_broker = broker
             updates["kafka_bootstrap"] = broker.start().bootstrap
-        if not settings.llm_base_url:
-            click.secho(f"WARNING: no STREAMPROC_LLM_BASE_URL: using the built-in MOCK LLM server (profile "
-                        f"{self.mock_profile}); its answers are fake", err=True, fg="yellow", bold=True)
+        if self.mock_profile is not None:
+            ignored = f" instead of {settings.llm_base_url}" if settings.llm_base_url else ""
+            click.secho(f"WARNING: --mock-llm: using the built-in MOCK LLM server (profile {self.mock_profile})"
+                        f"{ignored}; its answers are fake", err=True, fg="yellow", bold=True)
             self.mock = MockLLMProcess.start("--profile", self.mock_profile, "--seed", "1")
             updates["llm_base_url"] = self.mock.url
         self.settings = settings.model_copy(update=updates)

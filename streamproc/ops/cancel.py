@@ -16,13 +16,15 @@ from aiokafka import AIOKafkaProducer
 from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest, encode_manifest
-from streamproc.errors import UserFacingError
+from streamproc.errors import ExitCode, UserFacingError
 from streamproc.ops.status import decode_records
 from streamproc.settings import Settings
 
 
 class NoManifestError(UserFacingError):
     """The batch has no manifest (unknown, or produced without ``submit``)."""
+
+    exit_code = ExitCode.USAGE
 
 
 async def cancel_batch(settings: Settings, batch_id: str) -> BatchManifest:

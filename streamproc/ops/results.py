@@ -11,7 +11,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from streamproc import codec
 from streamproc.app.bootstrap import resolve_bootstrap
@@ -34,6 +34,11 @@ class ExportReport:
     results: int
     failures: int
     counts: ExportCounts
+
+    def as_json(self) -> dict[str, Any]:
+        """``results --json``: where the lines went and how many (failures are counted when not written too)."""
+        return {"output": str(self.output), "results": self.results,
+                "errors": None if self.errors_path is None else str(self.errors_path), "failures": self.failures}
 
 
 def export_results(settings: Settings, batch_id: str, output: Path, errors: Path | None,

@@ -11,12 +11,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.core.batch_stall import BatchStall
 from streamproc.core.batch_status import BatchStatus
 from streamproc.devstack.stack import LocalStack
-from streamproc.errors import UserFacingError
+from streamproc.errors import ExitCode, UserFacingError
 from streamproc.ops.progress import Progress
 from streamproc.ops.results import ExportReport, export_results
 from streamproc.ops.status import BatchStatusReader
@@ -27,6 +28,12 @@ from streamproc.settings import Settings
 class RunError(UserFacingError):
     """The batch did not converge (a worker died, or the timeout passed)."""
 
+    exit_code = ExitCode.FAILED
+
+
+class NoLLMError(UserFacingError):
+    """No LLM endpoint is configured and the mock was not asked for: a real file never gets fake answers."""
+
 
 @dataclass(frozen=True)
 class RunReport:
@@ -35,6 +42,11 @@ class RunReport:
     export: ExportReport
     seconds: float
     llm_calls: int | None  # known when the mock server answered
+
+    def as_json(self) -> dict[str, Any]:
+        """``run --json``: what was sent, how the batch ended (``status --json``), where the lines went."""
+        return {"batch_id": self.status.batch_id, "seconds": round(self.seconds, 3), "llm_calls": self.llm_calls,
+                "submit": self.submit.as_json(), "status": self.status.as_json(), "export": self.export.as_json()}
 
 
 Notify = Callable[[str], None]
@@ -78,8 +90,13 @@ def _news(stall: BatchStall | None, told: dict[str, int] | None) -> bool:
 
 
 def run_batch(settings: Settings, file: Path, output: Path, errors: Path | None, batch_id: str,
-              timeout_s: float, mock_profile: str, workers: int | None, notify: Notify | None = None,
+              timeout_s: float, mock_profile: str | None, workers: int | None, notify: Notify | None = None,
               reuse_results: bool = False) -> RunReport:
+    """Submit, follow and export, starting what the configuration lacks; the mock LLM server only when
+    ``mock_profile`` names one (it then answers instead of any configured endpoint)."""
+    if mock_profile is None and not settings.llm_base_url:
+        raise NoLLMError("no LLM endpoint: set STREAMPROC_LLM_BASE_URL (and STREAMPROC_LLM_API_KEY), or pass "
+                         "--mock-llm realistic to try the built-in mock server, whose answers are fake")
     started = time.monotonic()
     with LocalStack(settings, mock_profile=mock_profile, workers=workers) as stack:
         effective = stack.settings

@@ -21,7 +21,7 @@ from streamproc.core.batch_stall import BatchStall, GroupView, diagnose, needs_g
 from streamproc.core.batch_status import BatchStatus, StatusFold, format_status
 from streamproc.core.events import RequestState
 from streamproc.core.topology import Topology
-from streamproc.errors import UserFacingError
+from streamproc.errors import ExitCode, UserFacingError
 from streamproc.settings import Settings
 
 GROUP_REFRESH_S = 10.0  # a stalled batch is polled every second by `run`; its group need not be
@@ -29,6 +29,8 @@ GROUP_REFRESH_S = 10.0  # a stalled batch is polled every second by `run`; its g
 
 class UnknownBatchError(UserFacingError):
     """Neither a manifest nor any request state names this batch."""
+
+    exit_code = ExitCode.USAGE
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -20,7 +21,7 @@ from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.identity import batch_id_problem
 from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
-from streamproc.errors import UserFacingError
+from streamproc.errors import ExitCode, UserFacingError
 from streamproc.ops.input_file import iter_requests, validate_file
 from streamproc.ops.input_lines import BatchLimits, LineError
 from streamproc.ops.progress import Progress
@@ -32,6 +33,8 @@ _CONFIRM_EVERY = 5_000  # deliveries awaited in chunks: bounded memory, still pi
 
 class SubmitError(UserFacingError):
     """The batch was not sent; the message is the one-line reason."""
+
+    exit_code = ExitCode.USAGE
 
 
 class InvalidBatchFile(SubmitError):
@@ -50,6 +53,11 @@ class SubmitReport:
     sent: int
     skipped_invalid: int
     seconds: float
+
+    def as_json(self) -> dict[str, Any]:
+        """``submit --json``."""
+        return {"batch_id": self.batch_id, "submitted": self.sent, "skipped_invalid": self.skipped_invalid,
+                "seconds": round(self.seconds, 3)}
 
 
 def limits_of(settings: Settings) -> BatchLimits:

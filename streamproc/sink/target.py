@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from streamproc.errors import UserFacingError
+from streamproc.errors import ExitCode, UserFacingError
 
 FORMS = "sqlite:///relative/path.db, sqlite:////absolute/path.db or postgresql://user@host:5432/dbname"
 
 
 class DatabaseUrlError(UserFacingError):
     """A ``--to`` URL that names no database streamproc can write to."""
+
+    exit_code = ExitCode.USAGE
 
 
 @dataclass(frozen=True)

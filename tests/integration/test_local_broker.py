@@ -45,7 +45,7 @@ def test_start_status_restart_stop(tmp_path: Path) -> None:
 
         assert streamproc(tmp_path, "broker", "stop").stdout.strip() == "stopped"
         stopped = streamproc(tmp_path, "broker", "status")
-        assert stopped.returncode == 3 and stopped.stdout.strip() == "stopped"
+        assert stopped.returncode == 1 and stopped.stdout.strip() == "stopped"
         assert streamproc(tmp_path, "broker", "stop").stdout.strip() == "not running"
 
         restarted = streamproc(tmp_path, "broker", "start")
@@ -62,7 +62,7 @@ def test_start_after_crash_and_stop_after_crash(tmp_path: Path) -> None:
     try:
         assert started.returncode == 0, started.stderr
         os.kill(pid_of(started.stdout), signal.SIGKILL)
-        assert streamproc(tmp_path, "broker", "status").returncode == 3
+        assert streamproc(tmp_path, "broker", "status").returncode == 1
         assert streamproc(tmp_path, "broker", "stop").stdout.strip() == "not running"
 
         restarted = streamproc(tmp_path, "broker", "start")  # the crashed broker's data dir is reused

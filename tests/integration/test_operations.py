@@ -174,10 +174,11 @@ def test_outage_then_backfill_recovers_every_failure(settings: Settings, tmp_pat
 
 
 def test_run_command_submits_follows_and_exports(settings: Settings, tmp_path: Path) -> None:
-    """`run` with a configured broker but no LLM URL: it starts a worker and the mock server (loudly)."""
+    """`run` with a configured broker and --mock-llm: it starts a worker and the mock server (loudly)."""
     path = batch_file(tmp_path / "in.jsonl", 150, "r")
     result = cli(settings, "run", str(path), "--output", str(tmp_path / "out.jsonl"), "--errors",
-                 str(tmp_path / "err.jsonl"), "--batch-id", "run1", "--workers", "1", "--timeout", "240")
+                 str(tmp_path / "err.jsonl"), "--batch-id", "run1", "--workers", "1", "--timeout", "240",
+                 "--mock-llm", "realistic")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MOCK LLM server" in result.stderr
     assert "batch run1 converged" in result.stdout and "LLM calls spent" in result.stdout

@@ -11,9 +11,8 @@ import click
 
 from streamproc.devstack.chaos.config import ChaosConfig
 from streamproc.devstack.chaos.run import run_chaos
-from streamproc.devstack.chaos.stack import ChaosError
 from streamproc.devstack.chaos.tally import format_table
-from streamproc.errors import UserFacingError
+from streamproc.errors import ExitCode, UserFacingError
 
 _DEFAULTS = ChaosConfig()
 
@@ -77,9 +76,9 @@ def chaos(requests: int, workers: int, kills: int, kill_pause: float, broker_res
 
     try:
         report = asyncio.run(run_chaos(config, say))
-    except (ChaosError, UserFacingError) as exc:
+    except UserFacingError as exc:  # a ChaosError too
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (run_chaos cancels itself)
         click.echo("interrupted; everything the run started was stopped", err=True)
         sys.exit(130)
@@ -88,4 +87,4 @@ def chaos(requests: int, workers: int, kills: int, kill_pause: float, broker_res
         click.echo(line)
     if not report.result.ok:
         click.echo(f"logs and data: {report.work_dir}")
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)

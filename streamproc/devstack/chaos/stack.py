@@ -24,13 +24,16 @@ from aiokafka.errors import KafkaError
 from streamproc.devstack.broker import LocalBroker, free_port
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames
 from streamproc.devstack.chaos.proxy import LLMProxy
+from streamproc.errors import ExitCode, UserFacingError
 from streamproc.mockllm.runner import MockLLMProcess
 from streamproc.processes import stop_processes
 from streamproc.settings import Settings
 
 
-class ChaosError(RuntimeError):
+class ChaosError(UserFacingError):
     """The run itself could not go on (a command it needs failed); the message says which and why."""
+
+    exit_code = ExitCode.FAILED
 
 
 def clean_env() -> dict[str, str]:
