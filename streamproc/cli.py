@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from aiokafka.errors import KafkaConnectionError
 
 from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.lag_reader import read_lag, sample_lag
@@ -65,6 +66,8 @@ class _Commands(click.Group):
             return super().invoke(ctx)
         except UserFacingError as exc:
             raise _Refused(exc) from exc
+        except KafkaConnectionError as exc:  # any command: an address that answers nothing is configuration
+            raise _Refused(UserFacingError(f"Kafka is not reachable: {exc}")) from exc
 
 
 _BOOTSTRAP = "streamproc.bootstrap_server"

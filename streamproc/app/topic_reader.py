@@ -30,8 +30,8 @@ class TopicReader:
         self._partitions: list[TopicPartition] = []
 
     async def __aenter__(self) -> TopicReader:
-        await self._consumer.start()
         try:
+            await self._consumer.start()  # inside: a consumer that could not bootstrap is closed too
             await self._discover()
         except BaseException:
             await self._consumer.stop()
