@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, NonNegativeFloat, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streamproc.core.replication import ReplicationRequest
 from streamproc.core.retry_policy import RetryPolicy
 from streamproc.core.topology import DEFAULT_PREFIX, Topology, default_app_id, parse_tiers
 
@@ -44,6 +45,14 @@ class Settings(BaseSettings):
     )
     local_kafka_controller_port: int = Field(default=9093, ge=0, le=65535)
     local_kafka_heap_mb: int = Field(default=512, ge=256)
+    local_kafka_node_heap_mb: int = Field(default=320, ge=256, description="Heap of each node of a local cluster "
+                                          "(`broker start --nodes 3`: three JVMs share the machine).")
+    replication_factor: int = Field(default=0, ge=0, description="Replicas of every topic streamproc creates; "
+                                    "0: min(3, brokers in the cluster), read from the cluster at creation.")
+    min_insync_replicas: int = Field(default=0, ge=0, description="min.insync.replicas of every topic streamproc "
+                                     "creates (writes use acks=all); 0: 2 with 3 or more replicas, else 1.")
+    kafka_idempotence: bool = Field(default=True, description="Idempotent producers (a retried send is written "
+                                    "once); off only for a cluster whose ACLs refuse IdempotentWrite.")
 
     kafka_session_timeout_s: float = Field(
         default=30.0, ge=6.0, le=300.0,
@@ -137,6 +146,15 @@ class Settings(BaseSettings):
     def topology(self) -> Topology:
         """Every topic name and size, derived from these settings in one place."""
         return Topology(self.topic_prefix, self.partitions, parse_tiers(self.retry_tiers), self.app_id)
+
+    def replication(self) -> ReplicationRequest:
+        """The replication every topic is created with, settled against the cluster's size at creation."""
+        return ReplicationRequest(self.replication_factor, self.min_insync_replicas)
+
+    def producer_options(self) -> dict[str, str | bool]:
+        """Every producer's durability: acknowledged only once on all in-sync replicas (the guarantees of
+        design §5.1 rest on it, so it is not a setting), and written once however often a send is retried."""
+        return {"acks": "all", "enable_idempotence": self.kafka_idempotence}
 
     def retry_policy(self) -> RetryPolicy:
         """The retry policy the workers apply: the tiers and the backoff base."""

@@ -2,24 +2,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import faust
+from faust.transport.drivers.aiokafka import Producer
+from faust.types import ProducerT
 
 import streamproc.app.faust_fixes  # noqa: F401  (applies the recovery fixes to faust before any app exists)
 from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.settings import Settings
 
 
-def make_faust_app(settings: Settings, app_id: str, partitions: int) -> faust.App:
-    """A faust App with RocksDB (rocksdict) tables under the data dir, no web server, full acks."""
+class _DurableProducer(Producer):
+    """faust's producer with the deployment's producer options: faust turns idempotence on only inside
+    transactions, so a send it retries after a broker failure could otherwise be written twice."""
+
+    options: Mapping[str, Any] = {}
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), **self.options}
+
+
+class _DurableApp(faust.App):
+    """A faust App whose producer carries :meth:`Settings.producer_options`."""
+
+    producer_options: Mapping[str, Any] = {}
+
+    def _new_producer(self) -> ProducerT:
+        producer = _DurableProducer(self.transport, loop=self.loop, beacon=self.beacon)
+        producer.options = self.producer_options
+        return producer
+
+
+def make_faust_app(settings: Settings, app_id: str, partitions: int, replication_factor: int) -> faust.App:
+    """A faust App with RocksDB (rocksdict) tables under the data dir, no web server, acks=all and idempotent
+    sends; the topics faust creates itself (its leader topic) get ``replication_factor`` replicas."""
     datadir = settings.data_dir / "faust" / app_id
     datadir.mkdir(parents=True, exist_ok=True)
-    return faust.App(
+    app = _DurableApp(
         app_id,
         broker=f"kafka://{resolve_bootstrap(settings)}",
         store="rocksdb://",
         datadir=str(datadir),
         topic_partitions=partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=replication_factor,
         producer_acks=-1,
         # batch sends for up to 10 ms (faust's default is 0): results and table changelog records from
         # hundreds of concurrent calls then share produce requests, which halves the broker's CPU per
@@ -31,3 +58,5 @@ def make_faust_app(settings: Settings, app_id: str, partitions: int) -> faust.Ap
         broker_session_timeout=settings.kafka_session_timeout_s,
         broker_heartbeat_interval=settings.kafka_session_timeout_s / 10,
     )
+    app.producer_options = settings.producer_options()
+    return app

@@ -2,7 +2,7 @@
 
 The agent adds each record's value to a per-key total in a rocksdict-backed table and emits the new total.
 Running it twice across a worker restart proves the table survives (RocksDB files plus the changelog).
-Run a worker with ``python -m streamproc.app.roundtrip APP_ID IN_TOPIC OUT_TOPIC PARTITIONS``.
+Run a worker with ``python -m streamproc.app.roundtrip APP_ID IN_TOPIC OUT_TOPIC PARTITIONS REPLICATION_FACTOR``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from streamproc.processes import stop_process
 from streamproc.settings import Settings
 
 
-def build_app(settings: Settings, app_id: str, in_topic: str, out_topic: str, partitions: int) -> faust.App:
+def build_app(settings: Settings, app_id: str, in_topic: str, out_topic: str, partitions: int,
+              replication_factor: int) -> faust.App:
     """The round-trip app: ``totals[key] += value`` in a RocksDB table, then emit ``(key, total)``."""
-    app = make_faust_app(settings, app_id, partitions)
+    app = make_faust_app(settings, app_id, partitions, replication_factor)
     source = app.topic(in_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", partitions=partitions)
     sink = app.topic(out_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
@@ -55,6 +56,7 @@ class Worker:
     in_topic: str
     out_topic: str
     partitions: int
+    replication_factor: int
     log_path: str
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
@@ -64,7 +66,7 @@ class Worker:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "streamproc.app.roundtrip", self.app_id, self.in_topic, self.out_topic,
-                 str(self.partitions)],
+                 str(self.partitions), str(self.replication_factor)],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
 
@@ -76,8 +78,8 @@ class Worker:
         return stop_process(self.process, timeout)
 
 
-async def produce(bootstrap: str, topic: str, records: Iterable[tuple[str, int]]) -> int:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+async def produce(settings: Settings, bootstrap: str, topic: str, records: Iterable[tuple[str, int]]) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **settings.producer_options())
     await producer.start()
     sent = 0
     try:
@@ -128,13 +130,15 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
     bootstrap = resolve_bootstrap(settings)
     in_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.in"
     out_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.out"
-    await ensure_topics(bootstrap, {in_topic: partitions, out_topic: partitions})
-    worker = Worker(settings, f"streamproc-roundtrip-{run_id}", in_topic, out_topic, partitions, log_path)
+    replication = await ensure_topics(bootstrap, {in_topic: partitions, out_topic: partitions},
+                                      replication=settings.replication())
+    worker = Worker(settings, f"streamproc-roundtrip-{run_id}", in_topic, out_topic, partitions, replication.factor,
+                    log_path)
     keys = [f"key-{i}" for i in range(records)]
 
     worker.start()
     try:
-        await produce(bootstrap, in_topic, ((k, 1) for k in keys))
+        await produce(settings, bootstrap, in_topic, ((k, 1) for k in keys))
         first = await read_all(bootstrap, out_topic, records, wait_s=120, alive=worker.alive)
     finally:
         worker.stop()
@@ -142,7 +146,7 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
 
     worker.start()
     try:
-        await produce(bootstrap, in_topic, ((k, 1) for k in keys))
+        await produce(settings, bootstrap, in_topic, ((k, 1) for k in keys))
         both = await read_all(bootstrap, out_topic, 2 * records, wait_s=120, alive=worker.alive)
     finally:
         worker.stop()
@@ -154,8 +158,8 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
 
 
 def main(argv: list[str]) -> None:
-    app_id, in_topic, out_topic, partitions = argv
-    app = build_app(Settings(), app_id, in_topic, out_topic, int(partitions))
+    app_id, in_topic, out_topic, partitions, replication_factor = argv
+    app = build_app(Settings(), app_id, in_topic, out_topic, int(partitions), int(replication_factor))
     faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
 
 

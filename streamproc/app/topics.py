@@ -15,12 +15,17 @@ from aiokafka.errors import TopicAlreadyExistsError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt, wait_fixed
 
 from streamproc.app.namespace import refuse_legacy_takeover
+from streamproc.core.replication import AUTOMATIC, Replication, ReplicationRequest, ReplicationUnsatisfiable
 from streamproc.core.topology import Topology
 from streamproc.errors import UserFacingError
 
 
 class TopicMismatchError(UserFacingError):
     """An existing topic has another partition count than streamproc needs."""
+
+
+class ReplicationError(UserFacingError):
+    """The cluster cannot hold the replicas the settings ask for."""
 
 
 def _partition_counts(metadata: list[dict[str, object]]) -> dict[str, int]:
@@ -55,15 +60,23 @@ async def _described_partitions(admin: AIOKafkaAdminClient, names: list[str]) ->
     return counts
 
 
-async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], replication: int = 1,
-                        configs: Mapping[str, Mapping[str, str]] | None = None) -> None:
-    """Create the missing topics (with ``configs`` per topic, e.g. compaction); raise
-    :class:`TopicMismatchError` for an existing one of the wrong size."""
+async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int],
+                        configs: Mapping[str, Mapping[str, str]] | None = None,
+                        replication: ReplicationRequest = AUTOMATIC) -> Replication:
+    """Create the missing topics (with ``configs`` per topic, e.g. compaction, and ``replication`` settled against
+    the cluster's broker count); raise :class:`TopicMismatchError` for an existing one of the wrong size.
+    Returns the replication used, for the topics faust creates itself."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
+        brokers = len((await admin.describe_cluster())["brokers"])
+        try:
+            plan = replication.plan(brokers)
+        except ReplicationUnsatisfiable as exc:
+            raise ReplicationError(str(exc)) from exc
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, count, replication, topic_configs=dict((configs or {}).get(name, {})))
+        missing = [NewTopic(name, count, plan.factor,
+                            topic_configs={**plan.topic_configs(), **(configs or {}).get(name, {})})
                    for name, count in partitions_by_topic.items() if name not in existing]
         if missing:
             with contextlib.suppress(TopicAlreadyExistsError):  # another worker created them first
@@ -78,11 +91,13 @@ async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int], 
                 f"topic partition counts differ from the configuration: {details}; every request-carrying "
                 "topic must have the same partition count: recreate the topics or change the setting"
             )
+        return plan
     finally:
         await admin.close()
 
 
-async def ensure_pipeline_topics(bootstrap: str, topology: Topology) -> None:
+async def ensure_pipeline_topics(bootstrap: str, topology: Topology,
+                                 replication: ReplicationRequest = AUTOMATIC) -> Replication:
     """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests compacted.
 
     The state table's changelog is created here too, before any worker starts: when faust creates it
@@ -92,6 +107,7 @@ async def ensure_pipeline_topics(bootstrap: str, topology: Topology) -> None:
     """
     await refuse_legacy_takeover(bootstrap, topology)
     compacted = {"cleanup.policy": "compact"}
-    await ensure_topics(bootstrap, {**topology.all_topics(), topology.state_changelog: topology.partitions,
-                                    topology.batches: 1},
-                        configs={topology.batches: compacted, topology.state_changelog: compacted})
+    return await ensure_topics(bootstrap, {**topology.all_topics(), topology.state_changelog: topology.partitions,
+                                           topology.batches: 1},
+                               configs={topology.batches: compacted, topology.state_changelog: compacted},
+                               replication=replication)

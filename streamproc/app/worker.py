@@ -117,12 +117,12 @@ class TableStore:
 class WorkerRuntime:
     """The app and its parts, built once per process."""
 
-    def __init__(self, settings: Settings, observer: Observer | None = None,
+    def __init__(self, settings: Settings, replication_factor: int, observer: Observer | None = None,
                  batch_sizes: BatchSizes | None = None) -> None:
         self.settings = settings
         self.topology = settings.topology()
         self._tiers = {self.topology.retry(tier): tier for tier in self.topology.tiers}  # topic -> its tier
-        self.app = make_faust_app(settings, settings.app_id, settings.partitions)
+        self.app = make_faust_app(settings, settings.app_id, settings.partitions, replication_factor)
         self.app.conf.stream_buffer_maxsize = max(settings.in_flight * 2, 1024)
         self.table = self.app.Table("request_state", key_type=bytes, value_type=bytes,
                                     partitions=settings.partitions, options={"driver": "rocksdict"})
@@ -312,10 +312,10 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.run_until_complete(wait_for_broker(bootstrap))
-    loop.run_until_complete(ensure_pipeline_topics(bootstrap, topology))
+    replication = loop.run_until_complete(ensure_pipeline_topics(bootstrap, topology, settings.replication()))
     batch_sizes = BatchSizes()
     loop.run_until_complete(batch_sizes.load(bootstrap, topology.batches))
-    runtime = WorkerRuntime(settings, observer=metrics, batch_sizes=batch_sizes)
+    runtime = WorkerRuntime(settings, observer=metrics, batch_sizes=batch_sizes, replication_factor=replication.factor)
 
     async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
         await batch_sizes.follow(bootstrap, topology.batches)

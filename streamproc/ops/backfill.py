@@ -125,7 +125,7 @@ async def read_for_backfill(bootstrap: str, topology: Topology) -> tuple[list[Fa
 async def replay(settings: Settings, plan: BackfillPlan, rate_per_s: float, progress: Progress | None) -> int:
     """Send the plan's replays, at most ``rate_per_s`` a second (a backlog must not hit the provider at once)."""
     topology = settings.topology()
-    producer = AIOKafkaProducer(bootstrap_servers=resolve_bootstrap(settings), acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(bootstrap_servers=resolve_bootstrap(settings), **settings.producer_options())
     await producer.start()
     interval = 1.0 / rate_per_s
     started = time.monotonic()

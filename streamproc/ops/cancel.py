@@ -43,7 +43,7 @@ async def cancel_batch(settings: Settings, batch_id: str) -> BatchManifest:
     if manifest.cancelled_ms is not None:
         return manifest
     cancelled = replace(manifest, cancelled_ms=int(time.time() * 1000))
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **settings.producer_options())
     await producer.start()
     try:
         await producer.send_and_wait(topology.batches, key=batch_id.encode(), value=encode_manifest(cancelled))

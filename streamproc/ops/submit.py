@@ -83,7 +83,7 @@ async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_inv
         raise SubmitError(f"{path}: no valid request to send ({report.lines} lines)")
     bootstrap = resolve_bootstrap(settings)
     topology = settings.topology()
-    await ensure_pipeline_topics(bootstrap, topology)
+    await ensure_pipeline_topics(bootstrap, topology, settings.replication())
     async with BatchStatusReader(bootstrap, topology, batch_id) as existing:
         await existing.refresh()
         if existing.manifest is not None:
@@ -92,7 +92,7 @@ async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_inv
 
     if progress is not None:
         progress.start(report.valid)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=20,
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **settings.producer_options(), linger_ms=20,
                                 max_batch_size=512 * 1024, compression_type="gzip")
     await producer.start()
     sent = 0

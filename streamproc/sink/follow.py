@@ -75,7 +75,7 @@ async def run_sink(settings: Settings, target: Target, *, group: str, until_idle
     try:
         bootstrap = resolve_bootstrap(settings)
         topology = settings.topology()
-        await ensure_pipeline_topics(bootstrap, topology)
+        await ensure_pipeline_topics(bootstrap, topology, settings.replication())
         kinds = topic_kinds(topology)
         consumer = AIOKafkaConsumer(*kinds, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
                                     auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1024 * 1024)

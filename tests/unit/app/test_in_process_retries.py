@@ -14,8 +14,9 @@ from aiokafka.errors import KafkaConnectionError
 
 from streamproc.app import manifest_follower, topics, worker
 from streamproc.app.manifest_follower import BatchSizes
-from streamproc.app.topics import TopicMismatchError, ensure_topics
+from streamproc.app.topics import ReplicationError, TopicMismatchError, ensure_topics
 from streamproc.codec.manifest import BatchManifest, encode_manifest
+from streamproc.core.replication import Replication, ReplicationRequest
 
 _real_sleep = asyncio.sleep
 
@@ -35,12 +36,13 @@ def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 class FakeAdmin:
     """Stands in for ``AIOKafkaAdminClient``: ``start`` fails ``failures`` times; topics get partitions on the
-    ``ready_after``-th describe (never when None)."""
+    ``ready_after``-th describe (never when None); the cluster has ``brokers`` brokers."""
 
-    def __init__(self, failures: int = 0, ready_after: int | None = 1, partitions: int = 4) -> None:
-        self.failures, self.ready_after, self.partitions = failures, ready_after, partitions
+    def __init__(self, failures: int = 0, ready_after: int | None = 1, partitions: int = 4, brokers: int = 1) -> None:
+        self.failures, self.ready_after, self.partitions, self.brokers = failures, ready_after, partitions, brokers
         self.starts = self.closes = self.describes = 0
         self.created: list[str] = []
+        self.new_topics: list[Any] = []
 
     def __call__(self, **_config: Any) -> FakeAdmin:
         return self
@@ -58,6 +60,10 @@ class FakeAdmin:
 
     async def create_topics(self, new_topics: list[Any]) -> None:
         self.created += [topic.name for topic in new_topics]
+        self.new_topics += new_topics
+
+    async def describe_cluster(self) -> dict[str, Any]:
+        return {"brokers": [{"node_id": n} for n in range(1, self.brokers + 1)], "controller_id": 1}
 
     async def describe_topics(self, names: list[str]) -> list[dict[str, object]]:
         self.describes += 1
@@ -110,6 +116,26 @@ async def test_topics_that_never_get_partitions_are_a_mismatch_after_fifty_tries
     with pytest.raises(TopicMismatchError, match=r"a has 0 \(needs 4\), b has 0 \(needs 4\)"):
         await ensure_topics("k:9092", {"a": 4, "b": 4})
     assert (admin.describes, len(slept), admin.closes) == (50, 49, 1)
+
+
+async def test_topics_get_three_replicas_and_a_minimum_of_two_on_a_three_broker_cluster(
+        monkeypatch: pytest.MonkeyPatch, slept: list[float]) -> None:
+    admin = FakeAdmin(brokers=3)
+    monkeypatch.setattr(topics, "AIOKafkaAdminClient", admin)
+    plan = await ensure_topics("k:9092", {"a": 4, "c": 4}, configs={"c": {"cleanup.policy": "compact"}})
+    assert plan == Replication(3, 2)
+    assert [(t.name, t.replication_factor, t.topic_configs) for t in admin.new_topics] == [
+        ("a", 3, {"min.insync.replicas": "2"}),
+        ("c", 3, {"min.insync.replicas": "2", "cleanup.policy": "compact"})]
+
+
+async def test_more_replicas_than_brokers_is_refused_before_any_topic_is_created(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = FakeAdmin(brokers=1)
+    monkeypatch.setattr(topics, "AIOKafkaAdminClient", admin)
+    with pytest.raises(ReplicationError, match="replication factor 3 needs 3 brokers but the cluster has 1"):
+        await ensure_topics("k:9092", {"a": 4}, replication=ReplicationRequest(factor=3))
+    assert (admin.created, admin.closes) == ([], 1)
 
 
 async def test_a_wrong_partition_count_is_not_retried(monkeypatch: pytest.MonkeyPatch, slept: list[float]) -> None:
