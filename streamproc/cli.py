@@ -37,6 +37,7 @@ from streamproc.ops.status import read_status
 from streamproc.ops.submit import submit_file
 from streamproc.settings import Settings
 from streamproc.sink.follow import default_group, run_sink
+from streamproc.sink.ledger import read_ledger
 from streamproc.sink.target import parse_target
 
 T = TypeVar("T")
@@ -464,10 +465,13 @@ def _warn(text: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan and send nothing.")
 @click.option("--rate", default=50.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Replays sent per second.")
+@click.option("--from-db", "from_db", metavar="URL",
+              help="Select from the database `streamproc sink --to URL` writes, not from the failure topics.")
 @json_option("the plan (and replayed: how many were sent)")
 def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[str, ...], since: datetime | None,
-             until: datetime | None, include_business: bool, dry_run: bool, rate: float, as_json: bool) -> None:
-    """Replay terminal failures from the failure topics (after printing the plan).
+             until: datetime | None, include_business: bool, dry_run: bool, rate: float, from_db: str | None,
+             as_json: bool) -> None:
+    """Replay terminal failures from the failure topics, or the sink's database (after printing the plan).
 
     Requests that succeeded since are skipped; semantic failures are replayed with a repair prompt;
     business failures only with --include-business. Running it twice is safe.
@@ -475,14 +479,18 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
     \b
     Example:
       streamproc backfill --batch-id labels-2026-11 --layer transport --layer service --dry-run
+      streamproc backfill --batch-id labels-2026-11 --from-db sqlite:///outcomes.db
     """
     settings = _settings()
     selection = BackfillFilter(
         batch_id=batch_id, layers=frozenset(FailureLayer(v) for v in layers) or frozenset(FailureLayer),
         error_codes=frozenset(error_codes), since_ms=_epoch_ms(since), until_ms=_epoch_ms(until),
         include_business=include_business)
-    failures, states = _run(read_for_backfill(resolve_bootstrap(settings), settings.topology()))
-    plan = plan_backfill(failures, states, selection)
+    if from_db is None:
+        failures, statuses = _run(read_for_backfill(resolve_bootstrap(settings), settings.topology()))
+    else:
+        failures, statuses = read_ledger(parse_target(from_db), batch_id)
+    plan = plan_backfill(failures, statuses, selection)
     if not as_json:
         click.echo(f"backfill plan: {len(plan.replays)} to replay, {plan.to_skip} to skip")
         for row in plan.rows():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,17 +67,17 @@ class BackfillPlan:
         return {"to_replay": len(self.replays), "to_skip": self.to_skip, "rows": self.rows()}
 
 
-def plan_backfill(failures: Iterable[FailureEvent], states: dict[str, RequestState],
+def plan_backfill(failures: Iterable[FailureEvent], statuses: Mapping[str, RequestStatus],
                   selection: BackfillFilter) -> BackfillPlan:
-    """The latest matching terminal failure per request id, and what to do with it."""
+    """The latest matching terminal failure per request id, and what to do with it given the request's
+    status now (from the state table, or from the sink's database with ``--from-db``)."""
     latest: dict[str, FailureEvent] = {}
     for failure in failures:
         if failure.terminal and selection.matches(failure):
             latest[failure.request.request_id] = failure
     plan = BackfillPlan()
     for request_id, failure in latest.items():
-        state = states.get(request_id)
-        decision = _decide(failure, state, selection)
+        decision = _decide(failure, statuses.get(request_id), selection)
         plan.counts[(failure.layer.value, failure.error_code, decision)] += 1
         if decision == REPLAY:
             request = failure.request
@@ -87,10 +87,10 @@ def plan_backfill(failures: Iterable[FailureEvent], states: dict[str, RequestSta
     return plan
 
 
-def _decide(failure: FailureEvent, state: RequestState | None, selection: BackfillFilter) -> str:
-    if state is not None and state.status is RequestStatus.SUCCEEDED:
+def _decide(failure: FailureEvent, status: RequestStatus | None, selection: BackfillFilter) -> str:
+    if status is RequestStatus.SUCCEEDED:
         return "skip: succeeded since"
-    if state is not None and state.status in (RequestStatus.IN_FLIGHT, RequestStatus.RETRYING):
+    if status in (RequestStatus.IN_FLIGHT, RequestStatus.RETRYING):
         return "skip: already being retried"
     if failure.layer is FailureLayer.BUSINESS and not selection.include_business:
         return "skip: business (fix the input, then --include-business)"
@@ -99,10 +99,10 @@ def _decide(failure: FailureEvent, state: RequestState | None, selection: Backfi
     return REPLAY
 
 
-async def read_for_backfill(bootstrap: str, topology: Topology) -> tuple[list[FailureEvent], dict[str, RequestState]]:
-    """Terminal failures of every layer, and the latest state per request id."""
+async def read_for_backfill(bootstrap: str, topology: Topology) -> tuple[list[FailureEvent], dict[str, RequestStatus]]:
+    """Terminal failures of every layer, and the latest status per request id (the state table's)."""
     failures: list[FailureEvent] = []
-    states: dict[str, RequestState] = {}
+    statuses: dict[str, RequestStatus] = {}
     topics = [topology.failed(layer) for layer in FailureLayer]
     async with TopicReader(bootstrap, [*topics, topology.state_changelog]) as reader:
         async for chunk in reader.chunks_to_end():
@@ -112,14 +112,14 @@ async def read_for_backfill(bootstrap: str, topology: Topology) -> tuple[list[Fa
                 try:
                     if record.topic == topology.state_changelog:
                         state = codec.decode(record.value, RequestState)
-                        states[state.request_id] = state
+                        statuses[state.request_id] = state.status
                     else:
                         event = codec.decode(record.value, FailureEvent)
                         if event.terminal:
                             failures.append(event)
                 except codec.CodecError:
                     continue
-    return failures, states
+    return failures, statuses
 
 
 async def replay(settings: Settings, plan: BackfillPlan, rate_per_s: float, progress: Progress | None) -> int:

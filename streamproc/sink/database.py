@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -91,6 +91,17 @@ class SinkDatabase:
                                       (schema.RESOLVE, sorted(rows.touched()))):
                 if values:
                     cursor.executemany(self._sql(statement), values)
+
+    def read(self, statement: str, values: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        """The rows one query gives (one statement: one snapshot). No write lock is taken, so a sink keeps
+        writing meanwhile."""
+        cursor = self._connection.cursor()
+        try:
+            cursor.execute(self._sql(statement), values)
+            return [tuple(row) for row in cursor.fetchall()]
+        finally:
+            cursor.close()
+            self._connection.rollback()  # ends the transaction psycopg opens for any statement
 
     def close(self) -> None:
         self._connection.close()

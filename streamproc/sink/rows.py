@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, NamedTuple, Protocol
@@ -91,6 +91,8 @@ class FailureRow(NamedTuple):
     metadata: str  # JSON object
     provider_body: str | None  # what the provider answered (bounded), when an HTTP answer came
     provider_request_id: str | None
+    submitted_ms: int  # the request's own, so a replay from the database is the record a topic replay sends
+    repair: str | None  # the request's repair context as JSON ({"bad_output", "reason"}), when it carried one
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -142,7 +144,9 @@ def failure_row(failure: FailureEvent) -> FailureRow:
         terminal=failure.terminal, model=_requested_model(request.body_json),
         first_failed_at=iso_ms(failure.first_failure_ms), failed_at=iso_ms(failure.last_failure_ms),
         url=request.url, body=request.body_json, metadata=json.dumps(request.metadata, sort_keys=True),
-        provider_body=failure.response_body, provider_request_id=failure.provider_request_id)
+        provider_body=failure.response_body, provider_request_id=failure.provider_request_id,
+        submitted_ms=request.submitted_ms,
+        repair=None if request.repair is None else json.dumps(asdict(request.repair), sort_keys=True))
 
 
 def dead_letter_row(record: Record) -> DeadLetterRow:

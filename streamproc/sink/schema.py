@@ -69,6 +69,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             WHERE latest = 1 AND NOT EXISTS (
                 SELECT 1 FROM results r WHERE r.batch = ranked.batch AND r.custom_id = ranked.custom_id)""",
     )),
+    # backfill --from-db rebuilds the failure event from its row; rows written before read as a request
+    # submitted at 0 without a repair context (what InferenceRequest defaults to)
+    Migration(2, "failures keep the request's submitted_ms and repair context, for backfill --from-db", (
+        "ALTER TABLE failures ADD COLUMN submitted_ms BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE failures ADD COLUMN repair TEXT",
+    )),
 )
 
 

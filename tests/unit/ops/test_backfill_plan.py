@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamproc.core.events import FailureEvent, InferenceRequest, RequestState
+from streamproc.core.events import FailureEvent, InferenceRequest
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.ops.backfill import REPLAY, BackfillFilter, plan_backfill
 
@@ -22,8 +22,7 @@ def test_replays_retryable_layers_and_skips_with_reasons() -> None:
         failure("done", FailureLayer.SERVICE, "http_503"),
         failure("n", FailureLayer.TRANSPORT, "connect_error", terminal=False),  # not terminal: not replayed
     ]
-    states = {"done": RequestState("done", RequestStatus.SUCCEEDED, "h")}
-    plan = plan_backfill(failures, states, BackfillFilter())
+    plan = plan_backfill(failures, {"done": RequestStatus.SUCCEEDED}, BackfillFilter())
     assert [r.request_id for r in plan.replays] == ["t", "s", "m"]
     assert plan.replays[2].repair is not None and "invalid_json happened" in plan.replays[2].repair.reason
     assert plan.replays[0].repair is None

@@ -11,7 +11,7 @@ import pytest
 from streamproc.core.events import FailureEvent, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.sink.database import DatabaseError, SinkDatabase, open_database
-from streamproc.sink.schema import SchemaTooNewError
+from streamproc.sink.schema import MIGRATIONS, SchemaTooNewError
 from streamproc.sink.target import SqliteTarget
 from tests.unit.sink.events import failure, result, rows_of
 
@@ -38,9 +38,10 @@ def query(path: Path, sql: str) -> list[tuple[object, ...]]:
 
 
 def test_migrating_twice_applies_each_version_once(path: Path, database: SinkDatabase) -> None:
-    assert database.migrate() == 1
+    assert database.migrate() == len(MIGRATIONS)
     open_database(SqliteTarget(path)).close()
-    assert query(path, "SELECT version FROM schema_version") == [(1,)]
+    assert query(path, "SELECT version FROM schema_version ORDER BY version") == [
+        (migration.version,) for migration in MIGRATIONS]
 
 
 def test_a_database_from_a_newer_streamproc_is_refused(path: Path, database: SinkDatabase) -> None:
