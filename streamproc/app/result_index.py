@@ -41,36 +41,46 @@ class ResultIndex:
     """input hash -> the first result called for it, read from the results topic into a local RocksDB."""
 
     def __init__(self, path: Path, bootstrap: str, results_topic: str) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        self._db = Rdict(str(path), Options(raw_mode=True))  # bytes in, bytes out: the records as on the topic
-        stored = self._db.get(_OFFSETS)
-        self._offsets = {} if stored is None else {int(part): int(at) for part, at in json.loads(stored).items()}
+        self._path = path
+        self._db: Rdict | None = None  # opened at the first lookup: a worker that never reuses never opens it
+        self._offsets: dict[int, int] = {}
         self._bootstrap = bootstrap
         self._topic = results_topic
         self._reading = asyncio.Lock()
         self._next_read: asyncio.Future[None] | None = None
 
     def close(self) -> None:
-        self._db.close()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
     def get(self, digest: str) -> InferenceResult | None:
         """The answer indexed for ``digest`` so far (no read of the topic)."""
-        raw = self._db.get(digest.encode())
+        raw = self._store().get(digest.encode())
         return None if raw is None else codec.decode(raw, InferenceResult)
+
+    def _store(self) -> Rdict:
+        if self._db is None:
+            self._path.mkdir(parents=True, exist_ok=True)
+            self._db = Rdict(str(self._path), Options(raw_mode=True))  # bytes in and out: the records as on the topic
+            stored = self._db.get(_OFFSETS)
+            self._offsets = {} if stored is None else {int(part): int(at) for part, at in json.loads(stored).items()}
+        return self._db
 
     async def find(self, digest: str) -> InferenceResult | None:
         """The answer for ``digest``, counting every result on the topic when the call began; None when there is
         none, or when the topic could not be read (the request is then called: reuse saves calls, it never
         costs a request)."""
-        found = self.get(digest)
-        if found is not None:
-            return found
         try:
-            await self.catch_up()
-        except Exception as exc:  # a broker problem: answer without reuse rather than fail the request
-            log.warning("result index: could not read %s (%s); calling instead of reusing", self._topic, exc)
+            found = self.get(digest)
+            if found is None:
+                await self.catch_up()
+                found = self.get(digest)
+        except Exception as exc:  # a broker problem, a locked store: answer without reuse, never fail the request
+            log.warning("result index: could not look up %s (%s: %s); calling instead of reusing", digest,
+                        type(exc).__name__, exc)
             return None
-        return self.get(digest)
+        return found
 
     async def catch_up(self) -> None:
         """Return once a read of the results topic that began after this call reached its end. Callers that come
@@ -85,22 +95,23 @@ class ResultIndex:
             await self._read_new()
 
     async def _read_new(self) -> None:
+        self._store()  # its offsets first
         start = {TopicPartition(self._topic, partition): offset for partition, offset in self._offsets.items()}
         async with TopicReader(self._bootstrap, [self._topic], start) as reader:
             async for chunk in reader.chunks_to_end():
                 for record in chunk:
                     self._add(record.value)
                     self._offsets[record.partition] = max(self._offsets.get(record.partition, 0), record.offset + 1)
-                self._db[_OFFSETS] = json.dumps(self._offsets).encode()  # after the answers: a crash rereads some
+                self._store()[_OFFSETS] = json.dumps(self._offsets).encode()  # after the answers: a crash rereads some
 
     def _add(self, value: bytes | None) -> None:
         try:
             result = codec.decode(value, InferenceResult)
         except codec.CodecError:
             return  # a foreign record: answers nothing
-        key = result.input_hash.encode()
-        if indexable(result) and self._db.get(key) is None:  # the first answer of an input stays its answer
-            self._db[key] = value
+        key, store = result.input_hash.encode(), self._store()
+        if indexable(result) and store.get(key) is None:  # the first answer of an input stays its answer
+            store[key] = value
 
 
 class ResultReuse:
