@@ -4,6 +4,7 @@ SIGKILL of the worker and one of the sink, and a backfill after an outage."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sqlite3
 import subprocess
@@ -165,10 +166,20 @@ async def test_a_batch_with_a_killed_worker_and_a_killed_sink(settings: Settings
         assert database.query(query), query
 
 
-async def test_backfill_after_an_outage_resolves_the_failure_rows(settings: Settings, tmp_path: Path) -> None:
-    """An outage burns some requests' retries; the sink follows throughout. After backfill, the replayed requests'
-    failure rows are resolved, the view shows their new outcome, and no row is doubled."""
-    database = Database(f"sqlite:///{tmp_path / 'sink.db'}")
+def backfill(settings: Settings, *args: str) -> dict[str, Any]:
+    """``backfill --batch-id outage ARGS --json``: its plan and what it replayed."""
+    done = cli(settings, "backfill", "--batch-id", "outage", "--json", *args)
+    assert done.returncode == 0, done.stderr
+    plan: dict[str, Any] = json.loads(done.stdout)
+    return plan
+
+
+@pytest.mark.parametrize("source", ["topics", "database"])
+async def test_backfill_after_an_outage_resolves_the_failure_rows(settings: Settings, database: Database, source: str,
+                                                                  tmp_path: Path) -> None:
+    """An outage burns some requests' retries; the sink follows throughout. Backfill plans the same from the
+    failure topics and, with ``--from-db``, from the sink's database; after it replays from ``source``, the
+    replayed requests' failure rows are resolved, the view shows their new outcome, and no row is doubled."""
     mock = start_mock("clean", 10, "--latency", "0.5")
     # as in test_operations: no breaker and no retry budget, so the outage's requests spend their retries
     worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", in_flight="8", breaker_enabled="false",
@@ -191,10 +202,18 @@ async def test_backfill_after_an_outage_resolves_the_failure_rows(settings: Sett
             "SELECT custom_id FROM requests WHERE batch = 'outage' AND status = 'failed'")}
         assert len(failed_first) == first["failed"]["service"] + first["failed"]["transport"] > 0, first
         assert database.count("SELECT COUNT(*) FROM failures WHERE resolved") == 0
-        replayed = cli(settings, "backfill", "--batch-id", "outage", "--rate", "200")
-        assert replayed.returncode == 0, replayed.stderr
+        from_db = ("--from-db", database.url)
+        planned = backfill(settings, "--dry-run")
+        assert backfill(settings, "--dry-run", *from_db) == planned
+        assert (planned["to_replay"], planned["to_skip"], planned["replayed"]) == (len(failed_first), 0, 0)
+        replayed = backfill(settings, "--rate", "200", *(from_db if source == "database" else ()))
+        assert replayed["replayed"] == len(failed_first)
         assert wait_converged(settings, "outage", 180, worker)[-1]["succeeded"] == 200
         await wait_for(lambda: view("status = 'succeeded'") == 200, 60, "the view to show the replays' results")
+        # the resolved rows are what a topic backfill skips as succeeded since
+        again = backfill(settings, "--dry-run", *from_db)
+        assert again == backfill(settings, "--dry-run")
+        assert (again["to_replay"], again["to_skip"]) == (0, len(failed_first))
         assert sink.stop() == 0
         sink.drain()
     finally:
