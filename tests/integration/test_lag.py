@@ -219,7 +219,7 @@ async def test_cli_errors_are_one_line(scene: Scene) -> None:
     assert unknown.stdout == ""
 
     unreachable = await asyncio.to_thread(run_cli, "127.0.0.1:1", "--no-rate", "--json")
-    assert unreachable.returncode == 2
+    assert unreachable.returncode == 3  # configuration refused: nothing answers at that address
     assert unreachable.stderr.strip().splitlines() == [unreachable.stderr.strip()]
     assert "not reachable" in unreachable.stderr
 
