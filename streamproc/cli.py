@@ -20,8 +20,8 @@ from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.lag_reader import read_lag, sample_lag
 from streamproc.core.durations import parse_duration_ms
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.devstack.broker import LocalBroker
 from streamproc.devstack.chaos.cli import chaos
+from streamproc.devstack.cluster import local_kafka, start_local_kafka, stop_local_kafka
 from streamproc.devstack.real_llm import RealLLM
 from streamproc.errors import ExitCode, UserFacingError, exit_codes_help
 from streamproc.mockllm.cli import mock_llm
@@ -114,37 +114,46 @@ def cli(ctx: click.Context) -> None:
 
 @cli.group()
 def broker() -> None:
-    """The built-in single-node Kafka broker (no Docker needed: JDK 17 and Maven)."""
+    """The built-in Kafka broker, or a local cluster of KRaft nodes (no Docker needed: JDK 17 and Maven)."""
+
+
+_node_option = click.option("--node", type=click.IntRange(min=1), default=None,
+                            help="Only this node of the local cluster (fault tests).")
 
 
 @broker.command("start")
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for the port to open.")
-def broker_start(timeout: float) -> None:
-    """Start the local broker; returns once it accepts connections (a no-op when it runs already)."""
-    status = LocalBroker(Settings()).start(timeout=timeout)
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="A local cluster of this many nodes, one JVM each [default: the cluster this data dir "
+              "holds, else the single broker].")
+@_node_option
+def broker_start(timeout: float, nodes: int | None, node: int | None) -> None:
+    """Start the local broker (or cluster); returns once it accepts connections (a no-op when it runs already)."""
+    status = start_local_kafka(Settings(), nodes, node, timeout)
     click.echo(status.describe())
 
 
 @broker.command("stop")
-def broker_stop() -> None:
-    """Stop the local broker (also cleans up after a crashed one)."""
-    was_running = LocalBroker(Settings()).stop()
+@_node_option
+def broker_stop(node: int | None) -> None:
+    """Stop the local broker or every node of the local cluster (also cleans up after a crashed one)."""
+    was_running = stop_local_kafka(Settings(), node)
     click.echo("stopped" if was_running else "not running")
 
 
 @broker.command("status")
-@click.option("--bootstrap", "bootstrap_only", is_flag=True, help="Print only host:port.")
+@click.option("--bootstrap", "bootstrap_only", is_flag=True, help="Print only host:port[,host:port...].")
 @json_option("running, pid, bootstrap and version")
 def broker_status(bootstrap_only: bool, as_json: bool) -> None:
     """Say whether the local broker runs, and where (exit 1 when it is stopped)."""
-    status = LocalBroker(Settings()).status()
+    status = local_kafka(Settings()).status()
     if bootstrap_only:
         if not status.running:
             raise click.ClickException("the local broker is not running")
         click.echo(status.bootstrap)
         return
     if as_json:
-        _echo_json(dataclasses.asdict(status))
+        _echo_json(status.as_json())
     else:
         click.echo(status.describe())
     if not status.running:

@@ -5,7 +5,7 @@ Kept apart from the faust app so that the ops commands resolve an address withou
 
 from __future__ import annotations
 
-from streamproc.devstack.broker import LocalBroker
+from streamproc.devstack.cluster import local_kafka
 from streamproc.errors import UserFacingError
 from streamproc.settings import Settings
 
@@ -15,10 +15,10 @@ class NoBrokerError(UserFacingError):
 
 
 def resolve_bootstrap(settings: Settings) -> str:
-    """The configured cluster, else the running built-in broker."""
+    """The configured cluster, else the running built-in broker (or local cluster: every node's address)."""
     if settings.kafka_bootstrap:
         return settings.kafka_bootstrap
-    status = LocalBroker(settings).status()
+    status = local_kafka(settings).status()
     if status.bootstrap is None:
         raise NoBrokerError(
             "no Kafka broker: pass -b host:port, set STREAMPROC_KAFKA_BOOTSTRAP=host:port, or start the built-in "

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +73,10 @@ class BrokerStatus:
         if self.running:
             return f"running: Kafka {self.version} pid {self.pid} at {self.bootstrap}"
         return "stopped"
+
+    def as_json(self) -> dict[str, object]:
+        """``broker status --json``."""
+        return dataclasses.asdict(self)
 
 
 def require_tool(name: str, what_to_install: str) -> str:
@@ -130,25 +136,44 @@ def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+@dataclass(frozen=True)
+class NodePorts:
+    """Where one node listens: clients on ``port``, the KRaft quorum on ``controller_port``."""
+
+    port: int
+    controller_port: int
+
+
 def server_properties(port: int, controller_port: int, log_dir: Path) -> str:
     """Broker+controller on loopback with every replication setting a single node can satisfy."""
+    return node_properties(1, [NodePorts(port, controller_port)], log_dir)
+
+
+def node_properties(node_id: int, nodes: Sequence[NodePorts], log_dir: Path) -> str:
+    """Node ``node_id`` (1-based) of a cluster of combined broker+controller nodes on loopback, every node a voter
+    of the KRaft quorum; Kafka's internal topics get min(3, nodes) replicas and a minimum of 2 in sync once
+    there are 3 (on one node: 1 and 1, which its defaults of 3 and 2 would break)."""
+    own = nodes[node_id - 1]
+    replicas = min(3, len(nodes))
+    min_isr = max(1, min(2, replicas - 1))
+    voters = ",".join(f"{i}@127.0.0.1:{node.controller_port}" for i, node in enumerate(nodes, start=1))
     return "\n".join([
         "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        f"node.id={node_id}",
+        f"controller.quorum.voters={voters}",
+        f"listeners=PLAINTEXT://127.0.0.1:{own.port},CONTROLLER://127.0.0.1:{own.controller_port}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{own.port}",
         "inter.broker.listener.name=PLAINTEXT",
         "controller.listener.names=CONTROLLER",
         "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         f"log.dirs={log_dir}",
         "num.partitions=1",
-        "default.replication.factor=1",
-        "min.insync.replicas=1",
-        "offsets.topic.replication.factor=1",
+        f"default.replication.factor={replicas}",
+        f"min.insync.replicas={min_isr}",
+        f"offsets.topic.replication.factor={replicas}",
         "offsets.topic.num.partitions=1",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
+        f"transaction.state.log.replication.factor={replicas}",
+        f"transaction.state.log.min.isr={min_isr}",
         "transaction.state.log.num.partitions=1",
         "group.initial.rebalance.delay.ms=0",
         "log.cleaner.dedupe.buffer.size=16777216",
@@ -157,12 +182,26 @@ def server_properties(port: int, controller_port: int, log_dir: Path) -> str:
     ])
 
 
-class LocalBroker:
-    """One KRaft broker under ``settings.local_kafka_dir``; every method is safe to call in any state."""
+@contextlib.contextmanager
+def locked(home: Path) -> Iterator[None]:
+    """Serialise start/stop of what lives in ``home`` between processes (two test sessions, a user and the demo)."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def __init__(self, settings: Settings) -> None:
+
+class LocalBroker:
+    """One KRaft broker under ``home`` (``settings.local_kafka_dir`` unless it is a node of a local cluster);
+    every method is safe to call in any state."""
+
+    def __init__(self, settings: Settings, home: Path | None = None, heap_mb: int | None = None) -> None:
         self.settings = settings
-        self.home = settings.local_kafka_dir
+        self.home = home or settings.local_kafka_dir
+        self.heap_mb = heap_mb or settings.local_kafka_heap_mb
         self.data_dir = self.home / "data"
         self.logs_dir = self.home / "logs"
         self.state_file = self.home / "broker.json"
@@ -179,16 +218,8 @@ class LocalBroker:
     def _write_state(self, **state: int) -> None:
         self.state_file.write_text(json.dumps(state))
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Serialise start/stop between processes (two test sessions, a user and the demo)."""
-        self.home.mkdir(parents=True, exist_ok=True)
-        with open(self.home / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return locked(self.home)
 
     def _is_our_broker(self, pid: int) -> bool:
         """True if ``pid`` is alive and is the broker of *this* directory: a recycled pid, or another
@@ -229,24 +260,29 @@ class LocalBroker:
                 chosen.append(free_port())
         return chosen[0], chosen[1]
 
-    def _format_storage(self, classpath: str, java: str, properties: Path) -> None:
-        """Format the log dir, reusing its cluster id; a dir that cannot be formatted is wiped and redone."""
+    def _format_storage(self, classpath: str, java: str, properties: Path, cluster_id: str | None) -> None:
+        """Format the log dir with ``cluster_id`` (a cluster's nodes share one), else with the id it has; a dir
+        that cannot be formatted (another cluster's, half-written) is wiped and redone."""
         meta = self.data_dir / "meta.properties"
-        cluster_id = None
+        formatted_id = None
         if meta.exists():
             for line in meta.read_text().splitlines():
                 if line.startswith("cluster.id="):
-                    cluster_id = line.split("=", 1)[1].strip()
+                    formatted_id = line.split("=", 1)[1].strip()
+        if cluster_id and formatted_id and formatted_id != cluster_id:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            formatted_id = None
         for attempt in range(2):
             cmd = [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
-                   "-t", cluster_id or new_cluster_id(), "-c", str(properties), "--ignore-formatted"]
+                   "-t", cluster_id or formatted_id or new_cluster_id(), "-c", str(properties), "--ignore-formatted"]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
                                   env={**os.environ, "KAFKA_LOG4J_OPTS": ""})
             if proc.returncode == 0:
                 return
             if attempt == 0:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
-                cluster_id = None
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+                formatted_id = None
                 continue
             raise LocalKafkaError(f"kafka StorageTool format failed: {(proc.stdout + proc.stderr).strip()}")
 
@@ -256,37 +292,49 @@ class LocalBroker:
             current = self.status()
             if current.running:
                 return current
-            self._kill_stale()
-            java = require_tool("java", "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
-            libs = ensure_jars(self.settings)
-            classpath = str(libs / "*")
+            self.kill_stale()
             port, controller_port = self._choose_ports(self._read_state())
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            self.logs_dir.mkdir(parents=True, exist_ok=True)
-            properties = self.home / "server.properties"
-            properties.write_text(server_properties(port, controller_port, self.data_dir))
-            log4j = self.home / "log4j.properties"
-            log4j.write_text(_LOG4J)
-            self._format_storage(classpath, java, properties)
-            heap = f"{self.settings.local_kafka_heap_mb}m"
-            cmd = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                   f"-Dkafka.logs.dir={self.logs_dir}", f"-Dlog4j.configuration=file:{log4j}",
-                   "-cp", classpath, "kafka.Kafka", str(properties)]
-            with open(self.log_file, "ab") as out:
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-            self._write_state(pid=proc.pid, port=port, controller_port=controller_port)
-
-            def port_open() -> bool:
-                if proc.poll() is not None:
-                    raise LocalKafkaError(f"the broker exited with {proc.returncode}:\n{self._log_tail()}")
-                return port_accepts(port)
-
-            if not poll_until(port_open, timeout, interval_s=0.2):
-                stop_process(proc, 10, group=True)
-                raise LocalKafkaError(
-                    f"the broker did not open port {port} within {timeout:.0f}s:\n{self._log_tail()}")
+            proc = self.launch(server_properties(port, controller_port, self.data_dir), port, controller_port)
+            self.await_ready(proc, port, timeout)
             return self.status()
+
+    def launch(self, properties_text: str, port: int, controller_port: int,
+               cluster_id: str | None = None) -> subprocess.Popen[bytes]:
+        """Write the config, format the log dir and start the JVM in its own session; returns at once (a cluster
+        starts every node before any can be ready: a node opens its port only once the quorum has a leader)."""
+        java = require_tool("java", "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
+        libs = ensure_jars(self.settings)
+        classpath = str(libs / "*")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        properties = self.home / "server.properties"
+        properties.write_text(properties_text)
+        log4j = self.home / "log4j.properties"
+        log4j.write_text(_LOG4J)
+        self._format_storage(classpath, java, properties, cluster_id)
+        heap = f"{self.heap_mb}m"
+        cmd = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+               f"-Dkafka.logs.dir={self.logs_dir}", f"-Dlog4j.configuration=file:{log4j}",
+               "-cp", classpath, "kafka.Kafka", str(properties)]
+        with open(self.log_file, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self._write_state(pid=proc.pid, port=port, controller_port=controller_port)
+        return proc
+
+    def await_ready(self, proc: subprocess.Popen[bytes], port: int, timeout: float) -> None:
+        """Wait until the broker accepts connections on ``port``; stop it and raise with its log if it exits
+        or ``timeout`` s pass first."""
+
+        def port_open() -> bool:
+            if proc.poll() is not None:
+                raise LocalKafkaError(f"the broker exited with {proc.returncode}:\n{self._log_tail()}")
+            return port_accepts(port)
+
+        if not poll_until(port_open, timeout, interval_s=0.2):
+            stop_process(proc, 10, group=True)
+            raise LocalKafkaError(
+                f"the broker did not open port {port} within {timeout:.0f}s:\n{self._log_tail()}")
 
     def _log_tail(self, lines: int = 20) -> str:
         try:
@@ -295,7 +343,7 @@ class LocalBroker:
             return "(no log)"
 
     # -- stop --------------------------------------------------------------------------------------------
-    def _kill_stale(self) -> None:
+    def kill_stale(self) -> None:
         """A broker left behind whose port is closed (hung, half-started) is killed before a new start."""
         pid = self._read_state().get("pid")
         if pid is not None and self._is_our_broker(pid):
@@ -304,6 +352,15 @@ class LocalBroker:
     def _terminate(self, pid: int, grace: float) -> None:
         """SIGTERM the broker's process group, SIGKILL after ``grace`` s; only while ``pid`` is still ours."""
         stop_pid(pid, grace, alive=lambda: self._is_our_broker(pid), group=True)
+
+    def request_stop(self) -> bool:
+        """SIGTERM the broker without waiting (a cluster stops its nodes together); returns whether it ran."""
+        pid = self._read_state().get("pid")
+        if pid is None or not self._is_our_broker(pid):
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        return True
 
     def stop(self, grace: float = 60.0) -> bool:
         """Stop the broker (controlled shutdown, SIGKILL after ``grace`` s); returns whether one was running."""
