@@ -198,7 +198,8 @@ def real_llm_status(as_json: bool) -> None:
 @click.option("--records", default=1000, show_default=True, help="Keys sent in each of the two passes.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False),
               help="Where the worker's output goes [default: $STREAMPROC_DATA_DIR/roundtrip-worker.log].")
-def roundtrip(records: int, log_path: str | None) -> None:
+@json_option("records_per_pass, first_pass_ok, second_pass_ok, ok and seconds")
+def roundtrip(records: int, log_path: str | None, as_json: bool) -> None:
     """Check the stack: records through a faust worker with a RocksDB table, restart it, check the table."""
     settings = _settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -206,11 +207,14 @@ def roundtrip(records: int, log_path: str | None) -> None:
     from streamproc.app.roundtrip import run_round_trip  # faust is imported by the commands that run it only
 
     report = asyncio.run(run_round_trip(settings, records, log_path))
-    click.echo(f"pass 1: {records} keys sent, each total read back as 1: "
-               f"{'ok' if report.first_pass_ok else 'FAILED'}")
-    click.echo(f"worker restarted; pass 2: each total read back as 2 (table recovered): "
-               f"{'ok' if report.second_pass_ok else 'FAILED'}")
-    click.echo(f"round trip {'succeeded' if report.ok else 'FAILED'} in {report.seconds:.1f}s")
+    if as_json:
+        _echo_json({**dataclasses.asdict(report), "ok": report.ok})
+    else:
+        click.echo(f"pass 1: {records} keys sent, each total read back as 1: "
+                   f"{'ok' if report.first_pass_ok else 'FAILED'}")
+        click.echo(f"worker restarted; pass 2: each total read back as 2 (table recovered): "
+                   f"{'ok' if report.second_pass_ok else 'FAILED'}")
+        click.echo(f"round trip {'succeeded' if report.ok else 'FAILED'} in {report.seconds:.1f}s")
     if not report.ok:
         raise click.ClickException(f"the round trip failed; the worker's log is {log_path}")
 

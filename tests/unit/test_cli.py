@@ -20,7 +20,7 @@ NOTHING_LISTENS = "127.0.0.1:1"
 KAFKA_COMMANDS = {("submit",), ("status",), ("cancel",), ("batches",), ("results",), ("sink",), ("run",),
                   ("backfill",), ("worker",), ("lag",), ("roundtrip",)}
 REPORTING_COMMANDS = {("run",), ("submit",), ("results",), ("status",), ("lag",), ("backfill",), ("batches",),
-                      ("cancel",), ("broker", "status"), ("real-llm", "status")}
+                      ("cancel",), ("roundtrip",), ("broker", "status"), ("real-llm", "status")}
 
 
 @pytest.fixture(autouse=True)
