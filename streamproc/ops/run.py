@@ -1,7 +1,8 @@
 """``run``: the whole job in one command — submit, follow the batch until it converged, export.
 
-On a machine with nothing configured it brings up the local stack (broker, worker, mock LLM server),
-so ``streamproc run requests.jsonl --output out.jsonl`` works on a fresh machine.
+On a machine with nothing configured it brings up the local stack (broker, worker, and the mock LLM server
+when asked for), so ``streamproc run requests.jsonl --output out.jsonl --mock-llm realistic`` works on a fresh
+machine; with no LLM URL and no ``--mock-llm`` it refuses rather than answer a real file with fake answers.
 """
 
 from __future__ import annotations
