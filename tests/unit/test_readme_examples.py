@@ -19,6 +19,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 ANY_BLOCK = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"`(streamproc [^`]+)`")
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 REDIRECTED = "<redirected>"  # the words after a redirection name a file, not arguments
 
@@ -139,6 +140,15 @@ def test_the_readme_lists_the_exit_codes_of_the_cli() -> None:
     text = README.read_text(encoding="utf-8")
     for code, meaning in MEANINGS.items():
         assert f"| {int(code)} | {meaning} |" in text
+
+
+def test_the_readme_refers_only_to_what_a_reader_has() -> None:
+    """Links to files of the repository that exist, and no internal issue numbers (a reader has no tracker)."""
+    text = README.read_text(encoding="utf-8")
+    targets = LINK.findall(text)
+    local = [target for target in targets if not target.startswith(("http://", "https://"))]
+    assert local and all((README.parent / target).exists() for target in local), local
+    assert not re.search(r"\bissues? \d+", text, re.IGNORECASE)
 
 
 @pytest.mark.parametrize("example", [
