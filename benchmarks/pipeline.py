@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -424,13 +424,16 @@ class Bench:
         return make
 
     async def pipeline(self, name: str, topology: Topology, llm_url: str, mock_pid: int, requests: int,
-                       timeout_s: float, sample_mock: bool) -> RunReport:
-        """The worker over ``requests`` records already on the requests topic."""
+                       timeout_s: float, sample_mock: bool, settings: dict[str, str] | None = None,
+                       wrap: list[str] | None = None) -> RunReport:
+        """The worker over ``requests`` records already on the requests topic, with these ``STREAMPROC_*``
+        settings besides the benchmark's own, its command after ``wrap`` (a profiler) if given."""
         mock = MockWatch(llm_url)
         mock.reset()
         env = worker_env(self.bootstrap, topology.prefix, llm_url, self.stack.workdir / f"{name}-data",
                          self.in_flight, self.partitions)
-        command = [sys.executable, "-m", "streamproc", "worker"]
+        env.update(settings or {})
+        command = [*(wrap or []), sys.executable, "-m", "streamproc", "worker"]
         worker: list[subprocess.Popen[bytes]] = []
 
         def spawn() -> subprocess.Popen[bytes]:
@@ -534,9 +537,9 @@ class Bench:
 # ---- the report ----------------------------------------------------------------------------------------------
 
 
-def table(rows: list[tuple[str, str, str, str]]) -> str:
-    header = ("measurement", "result", "target", "status")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+def table(rows: Sequence[tuple[str, ...]],
+          header: tuple[str, ...] = ("measurement", "result", "target", "status")) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [" | ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in [header, *rows]]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, NonNegativeFloat, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -84,6 +84,11 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="How long no request of a batch may end, while some have not, before "
         "status and run say the batch is not moving, how many of its requests wait and why.")
     llm_connect_timeout_s: float = Field(default=5.0, gt=0)
+    llm_http: Literal["aiohttp", "httpcore"] = Field(
+        default="httpcore", description="What carries the LLM client's httpx calls: aiohttp (the httpx-aiohttp "
+        "transport, less CPU per call) or httpcore (httpx's own transport).")
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="asyncio", description="The worker's event loop: uvloop (less CPU per request) or asyncio's own.")
     default_model: str = Field(default="mock-small", description="Model of simple-form input lines without one.")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body submit accepts.")
     # -- guards (design §5): protect the provider and the budget --------------------------------------------

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import faust
+import uvloop
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from tenacity import (
@@ -309,6 +310,8 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
         log.critical("STOPPING: cannot serve /metrics on %s:%d (%s); change STREAMPROC_WORKER_METRICS_PORT",
                      settings.worker_metrics_host, settings.worker_metrics_port, exc)
         return ExitCode.CONFIGURATION
+    if settings.event_loop == "uvloop":  # every loop made from here on: faust's consumer thread's too
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.run_until_complete(wait_for_broker(bootstrap))

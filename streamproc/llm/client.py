@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
+from httpx_aiohttp import HttpxAiohttpClient
 
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.hedging import HedgeBudget, hedge_after_s
@@ -90,9 +91,32 @@ def answer_content(response_body: bytes) -> str:
 # connection): one pool of 256 connections costs ~10 ms of CPU per call and starves the event loop well
 # below 256 calls in flight. Pools of at most this many connections, the least busy chosen per call, bound
 # the total the same way at a small fraction of that cost. They share one TLS context (each would otherwise
-# load the CA bundle: ~50 ms and ~1 MB apiece).
+# load the CA bundle: ~50 ms and ~1 MB apiece). aiohttp's connector has no such cost: one pool of them all.
 POOL_SHARD_SIZE = 8
 TIMEOUT_CHECK_S = 0.5  # how often a running call is held against its model's adaptive timeout
+
+
+def http_clients(settings: Settings, headers: dict[str, str],
+                 transport: httpx.AsyncBaseTransport | None = None) -> list[httpx.AsyncClient]:
+    """The httpx clients the calls are spread over, ``settings.in_flight`` connections in total, on
+    ``settings.llm_http``'s stack (a given transport, in tests, is one shared object: one client then, so it is
+    closed once)."""
+    aiohttp = transport is None and settings.llm_http == "aiohttp"
+    shards = 1 if transport is not None or aiohttp else math.ceil(settings.in_flight / POOL_SHARD_SIZE)
+    per_shard = math.ceil(settings.in_flight / shards)
+    client_type = HttpxAiohttpClient if aiohttp else httpx.AsyncClient  # the aiohttp one honours proxies too
+    tls = httpx.create_ssl_context()
+    return [
+        client_type(
+            base_url=(settings.llm_base_url or "").rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(settings.llm_timeout_s, connect=settings.llm_connect_timeout_s),
+            limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
+            verify=tls,
+            transport=transport,
+        )
+        for _ in range(shards)
+    ]
 
 
 class LLMClient:
@@ -104,21 +128,8 @@ class LLMClient:
         headers = {"user-agent": "streamproc"}
         if settings.llm_api_key is not None:
             headers["authorization"] = f"Bearer {settings.llm_api_key.get_secret_value()}"
-        # a given transport (tests) is one shared object: one client then, so it is closed once
-        shards = 1 if transport is not None else math.ceil(settings.in_flight / POOL_SHARD_SIZE)
-        per_shard = math.ceil(settings.in_flight / shards)
-        tls = httpx.create_ssl_context()
-        self._clients = [
-            httpx.AsyncClient(
-                base_url=settings.llm_base_url.rstrip("/"),
-                headers=headers,
-                timeout=httpx.Timeout(settings.llm_timeout_s, connect=settings.llm_connect_timeout_s),
-                limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
-                verify=tls,
-                transport=transport,
-            )
-            for _ in range(shards)
-        ]
+        self._clients = http_clients(settings, headers, transport)
+        shards = len(self._clients)
         self._busy = [0] * shards  # calls running per client: with at most in_flight calls, the least busy
         # client always has a free connection (shards * per_shard >= in_flight), so no call waits for one
         self._connect_timeout_s = settings.llm_connect_timeout_s

@@ -1,4 +1,9 @@
-"""Exceptions raised while calling the LLM, classified: always transport, since nothing came back to judge."""
+"""Exceptions raised while calling the LLM, classified: always transport, since nothing came back to judge.
+
+Under the aiohttp transport (``STREAMPROC_LLM_HTTP=aiohttp``) httpx-aiohttp raises httpx's exception types
+from aiohttp's, but some of them wrong (a refused connection or a server that hung up become
+``ConnectTimeout``): aiohttp's own exception, found in the chain, decides then, into the same codes.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import socket
 import ssl
 from collections.abc import Iterator
 
+import aiohttp
 import httpx
 
 from streamproc.core.outcome import Failure, truncate
@@ -20,6 +26,10 @@ def classify_exception(exc: BaseException) -> Failure:
 
 
 def _exception_code(exc: BaseException) -> str:
+    chain = list(_causes(exc))
+    from_aiohttp = next((e for e in chain if isinstance(e, aiohttp.ClientError)), None)
+    if from_aiohttp is not None:
+        return _aiohttp_code(from_aiohttp)
     timeouts: tuple[tuple[type[BaseException], str], ...] = (
         (httpx.ConnectTimeout, "connect_timeout"),
         (httpx.ReadTimeout, "read_timeout"),
@@ -31,15 +41,10 @@ def _exception_code(exc: BaseException) -> str:
     for exc_type, code in timeouts:
         if isinstance(exc, exc_type):
             return code
-    chain = list(_causes(exc))
     if any(isinstance(e, ssl.SSLError) for e in chain):
         return "tls_error"
     if isinstance(exc, httpx.ConnectError):
-        if any(isinstance(e, socket.gaierror) for e in chain):
-            return "dns_error"
-        if any(isinstance(e, ConnectionRefusedError) for e in chain):
-            return "connection_refused"
-        return "connect_error"
+        return _connect_code(chain)
     if isinstance(exc, httpx.RemoteProtocolError):
         lowered = str(exc).lower()
         return "server_disconnected" if "disconnected" in lowered or "closed" in lowered else "protocol_error"
@@ -58,6 +63,37 @@ def _exception_code(exc: BaseException) -> str:
         if isinstance(exc, exc_type):
             return code
     return "unexpected_error"
+
+
+def _connect_code(chain: list[BaseException]) -> str:
+    """A connection that could not be made: the OS error in the chain says why."""
+    if any(isinstance(e, socket.gaierror) for e in chain):
+        return "dns_error"
+    if any(isinstance(e, ConnectionRefusedError) for e in chain):
+        return "connection_refused"
+    return "connect_error"
+
+
+def _aiohttp_code(exc: aiohttp.ClientError) -> str:
+    """The code httpx's own transport gives the same failure (subclasses before their bases)."""
+    if isinstance(exc, aiohttp.ClientConnectorError) and not isinstance(exc, aiohttp.ClientProxyConnectionError):
+        chain = [*_causes(exc), exc.os_error]
+        return "tls_error" if isinstance(exc, aiohttp.ClientSSLError) else _connect_code(chain)
+    if isinstance(exc, aiohttp.ClientPayloadError):  # the body ended early (httpcore: "peer closed connection")
+        return "server_disconnected" if "not completed" in str(exc) else "protocol_error"
+    by_type: tuple[tuple[type[BaseException], str], ...] = (
+        (aiohttp.ConnectionTimeoutError, "connect_timeout"),
+        (aiohttp.SocketTimeoutError, "read_timeout"),
+        (aiohttp.ServerTimeoutError, "timeout"),
+        (aiohttp.ClientProxyConnectionError, "proxy_error"),
+        (aiohttp.ClientHttpProxyError, "proxy_error"),
+        (aiohttp.ServerDisconnectedError, "server_disconnected"),
+        (aiohttp.ClientOSError, "connection_reset"),
+        (aiohttp.ClientResponseError, "protocol_error"),  # a response aiohttp's parser refused
+        (aiohttp.InvalidURL, "unsupported_protocol"),
+        (aiohttp.NonHttpUrlClientError, "unsupported_protocol"),
+    )
+    return next((code for exc_type, code in by_type if isinstance(exc, exc_type)), "transport_error")
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:

@@ -1,12 +1,16 @@
-"""Exceptions raised by httpx while calling the LLM: always transport, each with its own code."""
+"""Exceptions raised by httpx (and aiohttp under it) while calling the LLM: always transport, each with its own code."""
 
 from __future__ import annotations
 
 import socket
 import ssl
 
+import aiohttp
 import httpx
 import pytest
+from aiohttp.client_reqrep import ConnectionKey
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from streamproc.core.retry_hints import retry_after_ms
 from streamproc.core.vocabulary import FailureLayer
@@ -94,3 +98,55 @@ def test_real_httpx_dns_failure() -> None:
     with client, pytest.raises(httpx.ConnectError) as caught:
         client.post("http://llm.invalid/v1/chat/completions", json={"model": "m", "messages": []})
     assert classify_exception(caught.value).code == "dns_error"
+
+
+# --- aiohttp's exceptions, as httpx-aiohttp raises them (STREAMPROC_LLM_HTTP=aiohttp) ----------------------------
+
+_KEY = ConnectionKey("llm.test", 443, True, True, None, None, None, None)
+_URL = URL("https://llm.test/v1/chat/completions")
+_INFO = aiohttp.RequestInfo(_URL, "POST", CIMultiDictProxy(CIMultiDict()), _URL)
+
+
+def from_aiohttp(wrapper: type[httpx.HTTPError], exc: BaseException) -> BaseException:
+    """httpx-aiohttp's ``raise mapped(str(exc)) from exc``, with its mapping (some wrappers are wrong: a refused
+    connection or a hung-up server become ConnectTimeout); aiohttp's exception decides."""
+    return chained(wrapper(str(exc)), exc)
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ServerDisconnectedError()), "server_disconnected"),
+        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientConnectorError(_KEY, ConnectionRefusedError(111, "refused"))),
+         "connection_refused"),
+        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientConnectorError(
+            _KEY, socket.gaierror(-2, "Name or service not known"))), "dns_error"),
+        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientConnectorError(_KEY, OSError(113, "no route"))),
+         "connect_error"),
+        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientConnectorCertificateError(
+            _KEY, ssl.SSLCertVerificationError("bad cert"))), "tls_error"),
+        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientConnectorSSLError(_KEY, ssl.SSLError("wrong version"))),
+         "tls_error"),
+        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ConnectionTimeoutError("Connection timeout to host")),
+         "connect_timeout"),
+        (from_aiohttp(httpx.ReadTimeout, aiohttp.SocketTimeoutError("Timeout on reading data from socket")),
+         "read_timeout"),
+        (from_aiohttp(httpx.TimeoutException, aiohttp.ServerTimeoutError("timeout")), "timeout"),
+        (from_aiohttp(httpx.ReadError, aiohttp.ClientPayloadError("Response payload is not completed")),
+         "server_disconnected"),
+        (from_aiohttp(httpx.ReadError, aiohttp.ClientPayloadError("invalid chunk size")), "protocol_error"),
+        (aiohttp.ClientResponseError(_INFO, (), status=400, message="Invalid status line"), "protocol_error"),
+        (from_aiohttp(httpx.ProxyError, aiohttp.ClientProxyConnectionError(_KEY, OSError(111, "refused"))),
+         "proxy_error"),
+        (from_aiohttp(httpx.ProxyError, aiohttp.ClientHttpProxyError(_INFO, (), status=407)), "proxy_error"),
+        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientOSError(104, "Connection reset by peer")),
+         "connection_reset"),
+        (from_aiohttp(httpx.UnsupportedProtocol, aiohttp.NonHttpUrlClientError("ftp://llm.test")),
+         "unsupported_protocol"),
+        (aiohttp.ClientError("something else"), "transport_error"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else type(value.__cause__ or value).__name__,
+)
+def test_aiohttp_exceptions_get_the_codes_httpx_gives_the_same_failure(exc: BaseException, code: str) -> None:
+    failure = classify_exception(exc)
+    assert (failure.layer, failure.code, failure.http_status) == (T, code, None)
