@@ -588,23 +588,38 @@ def report(args: argparse.Namespace, latency: RunReport, pipeline: RunReport, ba
         warnings.append(f"worker peak RSS {rss:.0f} MB is above the target {TARGET_RSS_MB:.0f} MB")
     if not ok["ratio"]:
         warnings.append(f"CPU-bound ratio {ratio:.2f} is below the target {TARGET_CPU_RATIO}")
-    busy = max((run.cores.get("other", 0.0), run.name) for run in (latency, pipeline, baseline))
-    if busy[0] > OTHER_LOAD_WARNING:
-        warnings.append(f"other processes used {busy[0]:.2f} cores during {busy[1]}: the machine was shared, "
-                        "the figures are lower than on an idle machine")
-    for run in (latency, pipeline, baseline):
-        if run.observed.duplicates or run.observed.failures or run.mock_calls != run.observed.expected:
-            warnings.append(f"{run.name}: {run.observed.duplicates} duplicate results, {run.observed.failures} "
-                            f"failure events, {run.mock_calls} LLM calls for {run.observed.expected} requests")
+    warnings += shared_and_unclean(latency, pipeline, baseline)
     for warning in warnings:
         print(f"WARNING: {warning}")
     return warnings
 
 
-async def run(args: argparse.Namespace, stack: Stack) -> None:
-    started = time.monotonic()
+def shared_and_unclean(*runs: RunReport) -> list[str]:
+    """Warnings for runs during which other processes took CPU, and for runs with duplicate results, failure
+    events or more calls than requests (the figures then measure something else)."""
+    warnings = []
+    busy = max((run.cores.get("other", 0.0), run.name) for run in runs)
+    if busy[0] > OTHER_LOAD_WARNING:
+        warnings.append(f"other processes used {busy[0]:.2f} cores during {busy[1]}: the machine was shared, "
+                        "the figures are lower than on an idle machine")
+    for run in runs:
+        if run.observed.duplicates or run.observed.failures or run.mock_calls != run.observed.expected:
+            warnings.append(f"{run.name}: {run.observed.duplicates} duplicate results, {run.observed.failures} "
+                            f"failure events, {run.mock_calls} LLM calls for {run.observed.expected} requests")
+    return warnings
+
+
+def start_broker(args: argparse.Namespace, stack: Stack) -> tuple[str, int | None]:
+    """The suite's cluster: ``--bootstrap``'s (no pid: not ours to account for) or a private broker, announced
+    with the work dir and the machine's load."""
     bootstrap, broker_pid = (args.bootstrap, None) if args.bootstrap else stack.start_broker()
     print(f"broker {bootstrap}; work dir {stack.workdir}; load average {os.getloadavg()[0]:.2f}", flush=True)
+    return bootstrap, broker_pid
+
+
+async def run(args: argparse.Namespace, stack: Stack) -> None:
+    started = time.monotonic()
+    bootstrap, broker_pid = start_broker(args, stack)
     bench = Bench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, broker_pid)
     if args.warmup:
         await bench.warm_up(args.warmup)
