@@ -80,6 +80,12 @@ class Settings(BaseSettings):
         "state still waiting) and sends their record again; 0 turns the reconciler off.")
     reconcile_grace_s: float = Field(
         default=60.0, ge=0, description="How long a state must have been unchanged before it counts as stranded.")
+    state_write_buffer_mb: float = Field(
+        default=1.0, gt=0, description="RocksDB write buffer (memtable) of each request_state partition, two at "
+        "most: the table's memory is bounded by these and the block cache, not by its entries (faust's defaults, "
+        "3 x 64 MB, held a million finished states in memory).")
+    state_block_cache_mb: float = Field(
+        default=4.0, gt=0, description="RocksDB block cache of each request_state partition (faust's default: 2 GB).")
     stall_after_s: float = Field(
         default=120.0, gt=0, description="How long no request of a batch may end, while some have not, before "
         "status and run say the batch is not moving, how many of its requests wait and why.")

@@ -53,6 +53,9 @@ def make_faust_app(settings: Settings, app_id: str, partitions: int, replication
         # request (scripts/bench); the delay is nothing next to an LLM call, and sends are still awaited
         producer_linger=0.01,
         web_enabled=False,
+        # at most this many records per fetch handed over (faust's default: all that came, 8 MB of changelog per
+        # fetch during a table's recovery, which left 60-80 MB of heap behind; scripts/bench state)
+        broker_max_poll_records=1000,
         consumer_auto_offset_reset="earliest",
         # a worker that died is noticed (and its partitions handed over) after this long
         broker_session_timeout=settings.kafka_session_timeout_s,

@@ -7,17 +7,22 @@ request from Kafka and sends a copy (see :func:`streamproc.core.reconcile.redriv
 machine admits it once. It should rarely fire: it is the belt to the pipeline's braces, and every re-drive
 is logged and counted (``streamproc_requests_redriven_total{why}``).
 
-The same sweep sums the retries each batch has spent (``retries_spent`` of its states) and hands them to the
-retry budget, so a restarted worker does not start its batches' budgets from zero.
+A pass reads every entry only after the worker's partitions changed; otherwise only the entries open at
+the last pass and those written since (:class:`streamproc.core.sweep_scope.SweepScope`), so a table full of
+finished requests costs one sweep per start or rebalance, not one per interval.
+
+That full sweep also sums the retries each batch has spent (``retries_spent`` of its states) and hands them
+to the retry budget, so a restarted worker does not start its batches' budgets from zero.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -31,12 +36,15 @@ from streamproc.core import headers
 from streamproc.core.events import RequestState
 from streamproc.core.guards.budget import SpentTally
 from streamproc.core.reconcile import Redrive, redrive_headers, stranded
+from streamproc.core.sweep_scope import SweepScope
 from streamproc.core.topology import Topology
+from streamproc.core.vocabulary import RequestStatus
 
 log = logging.getLogger(__name__)
 
 Resend = Callable[[str, bytes | None, bytes | None, headers.Headers], Any]  # async (topic, key, value, headers)
 _YIELD_EVERY = 500  # table entries between two yields to the event loop: a scan never starves the handlers
+_ENDED = (RequestStatus.SUCCEEDED, RequestStatus.FAILED)  # nothing can strand these
 
 
 class RecordFetcher:
@@ -74,9 +82,11 @@ class Reconciler:
 
     def __init__(self, app: Any, table: Any, resend: Resend, topology: Topology, bootstrap: str, group: str,
                  grace_s: float, on_redriven: Callable[[str], None] | None = None,
-                 on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None) -> None:
+                 on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None,
+                 scope: SweepScope | None = None) -> None:
         self._app = app
         self._table = table
+        self._scope = scope or SweepScope()  # without one told of the table's writes, every pass reads all
         self._resend = resend
         self._topology = topology
         self._bootstrap = bootstrap
@@ -99,19 +109,62 @@ class Reconciler:
         except KafkaError as exc:
             log.warning("reconciler: cannot read the committed offsets of %s (%s); next pass", self._group, exc)
             return 0
+        # a new generation, even with the same partitions, may follow another worker's writes to them
+        assignment = (self._app.consumer_generation_id, frozenset(self._app.consumer.assignment()))
+        keys = self._scope.plan(assignment)
+        try:
+            done, open_keys, spent = await self._sweep(self._entries(keys), committed, full=keys is None)
+        except BaseException:
+            self._scope.reset()
+            raise
+        if done is None:  # a rebalance began during the sweep
+            self._scope.reset()
+            return 0
+        self._scope.done(assignment, open_keys)
+        self.redriven += done
+        if keys is None and self._on_spent is not None:
+            self._on_spent(spent.totals())
+        return done
+
+    def _entries(self, keys: set[bytes] | None) -> Iterable[tuple[bytes, bytes | None]]:
+        """Every entry of the owned partitions (read as the sweep goes), or those of ``keys``."""
+        if keys is None:
+            return self._table.items()  # type: ignore[no-any-return]
+        return ((key, self._table.get(key)) for key in keys)
+
+    async def _sweep(self, entries: Iterable[tuple[bytes, bytes | None]], committed: dict[tuple[str, int], int],
+                     full: bool) -> tuple[int | None, set[bytes], SpentTally]:
+        """Re-drive the stranded among ``entries``; returns how many (None when a rebalance cut the sweep
+        short), the keys still open, and (on a ``full`` sweep) the retries spent per batch."""
         all_partitions = list(range(self._topology.partitions))
         spent = SpentTally()
+        open_keys: set[bytes] = set()
         done = 0
         now = time.time_ns() // 1_000_000
-        for index, (key, raw) in enumerate(list(self._table.items())):
-            if index % _YIELD_EVERY == _YIELD_EVERY - 1:
+        iterator = iter(entries)
+        for index in itertools.count(1):
+            if index % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)
+                if self._app.rebalancing:
+                    return None, open_keys, spent
+            try:
+                key, raw = next(iterator)
+            except StopIteration:
+                break
+            except RuntimeError:  # the store's partitions changed under the iteration: a rebalance
+                return None, open_keys, spent
+            if raw is None:
+                continue
             try:
                 state = codec.decode(raw, RequestState)
             except codec.CodecError as exc:
                 log.error("reconciler: request_state entry %r does not decode (%s)", key, exc)
                 continue
-            spent.add(state.batch_id, state.attempts, state.retries_spent)
+            if full:
+                spent.add(state.batch_id, state.attempts, state.retries_spent)
+            if state.status in _ENDED:
+                continue
+            open_keys.add(key)
             partition = self._partitioner(key, all_partitions, all_partitions)
             redrive = stranded(state, functools.partial(_offset_on, committed, partition), now, self._grace_ms)
             if redrive is None or self._sent.get(state.request_id) == state.updated_ms:
@@ -119,10 +172,7 @@ class Reconciler:
             if await self._redrive(redrive, state, partition):
                 self._sent[state.request_id] = state.updated_ms
                 done += 1
-        self.redriven += done
-        if self._on_spent is not None:
-            self._on_spent(spent.totals())
-        return done
+        return done, open_keys, spent
 
     async def _committed(self) -> dict[tuple[str, int], int]:
         admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, request_timeout_ms=10_000)
@@ -164,9 +214,11 @@ def _offset_on(committed: dict[tuple[str, int], int], partition: int, topic: str
 def reconcile_periodically(app: Any, table: Any, resend: Resend, topology: Topology, bootstrap: str, group: str,
                            interval_s: float, grace_s: float,
                            on_redriven: Callable[[str], None] | None = None,
-                           on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None) -> Reconciler:
-    """Run a :class:`Reconciler` pass every ``interval_s`` on the faust app, closed when the app stops."""
-    reconciler = Reconciler(app, table, resend, topology, bootstrap, group, grace_s, on_redriven, on_spent)
+                           on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None,
+                           scope: SweepScope | None = None) -> Reconciler:
+    """Run a :class:`Reconciler` pass every ``interval_s`` on the faust app, closed when the app stops;
+    ``scope``, told of every table write, narrows the passes (see :class:`SweepScope`)."""
+    reconciler = Reconciler(app, table, resend, topology, bootstrap, group, grace_s, on_redriven, on_spent, scope)
     app.timer(interval_s, name="streamproc.app.reconciler")(reconciler.run_once)
     app.on_before_shutdown.connect(reconciler.close)
     return reconciler

@@ -47,6 +47,7 @@ from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResu
 from streamproc.core.outcome import ConfigurationProblem
 from streamproc.core.request_state import RecordRef
 from streamproc.core.retry_policy import Tier, due_within_tier
+from streamproc.core.sweep_scope import SweepScope
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode
 from streamproc.llm.client import LLMClient
@@ -102,17 +103,21 @@ class FaustSink:
 
 
 class TableStore:
-    """``request_state`` as typed values (Avro-encoded in RocksDB and in the changelog)."""
+    """``request_state`` as typed values (Avro-encoded in RocksDB and in the changelog); every write is told
+    to ``scope``, so the reconciler reads only what may have changed."""
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: Any, scope: SweepScope) -> None:
         self._table = table
+        self._scope = scope
 
     def get(self, request_id: str) -> RequestState | None:
         raw = self._table.get(request_id.encode())
         return codec.decode(raw, RequestState) if raw else None
 
     def put(self, state: RequestState) -> None:
-        self._table[state.request_id.encode()] = codec.encode(state)
+        key = state.request_id.encode()
+        self._table[key] = codec.encode(state)
+        self._scope.written(key)
 
 
 class WorkerRuntime:
@@ -126,7 +131,7 @@ class WorkerRuntime:
         self.app = make_faust_app(settings, settings.app_id, settings.partitions, replication_factor)
         self.app.conf.stream_buffer_maxsize = max(settings.in_flight * 2, 1024)
         self.table = self.app.Table("request_state", key_type=bytes, value_type=bytes,
-                                    partitions=settings.partitions, options={"driver": "rocksdict"})
+                                    partitions=settings.partitions, options=_store_options(settings))
         # faust derives serializers from the types (json for bytes); values are our Avro frames, kept as is.
         # The store and the changelog topic are created lazily, so setting them here covers both.
         untyped_table: Any = self.table  # TableT does not declare the serializer attributes
@@ -142,7 +147,9 @@ class WorkerRuntime:
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
-        self.handler = Handler(self.guards, self.sink, TableStore(self.table), settings.retry_policy(),
+        self.sweep_scope = SweepScope()  # the table's writes, for the reconciler
+        store = TableStore(self.table, self.sweep_scope)
+        self.handler = Handler(self.guards, self.sink, store, settings.retry_policy(),
                                self._on_configuration_problem, rng=random.Random(), observer=observer,
                                closed=self.batch_sizes.closed,
                                reuse=ResultReuse(self.result_index, self.batch_sizes.reuses))
@@ -262,6 +269,13 @@ class WorkerRuntime:
         os._exit(exit_code)
 
 
+def _store_options(settings: Settings) -> dict[str, Any]:
+    """faust's RocksDB options for the state table: bounded memory per partition (scripts/bench state)."""
+    mb = 1024 * 1024
+    return {"driver": "rocksdict", "write_buffer_size": round(settings.state_write_buffer_mb * mb),
+            "max_write_buffer_number": 2, "block_cache_size": round(settings.state_block_cache_mb * mb)}
+
+
 def _what_to_fix(problem: ConfigurationProblem) -> str:
     if problem.http_status == 401:
         return "Fix STREAMPROC_LLM_API_KEY, then start the worker again; nothing was marked failed."
@@ -334,7 +348,8 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     if settings.reconcile_interval_s > 0:
         reconcile_periodically(runtime.app, runtime.table, runtime.sink.resend, topology, bootstrap, settings.app_id,
                                settings.reconcile_interval_s, settings.reconcile_grace_s,
-                               metrics.on_redriven if metrics is not None else None, runtime.guards.restore_spent)
+                               metrics.on_redriven if metrics is not None else None, runtime.guards.restore_spent,
+                               runtime.sweep_scope)
     log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
              settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
     floor, ceiling, start = adaptive_bounds(settings)
