@@ -1,7 +1,8 @@
 """The CPU-bound baseline: a bare asyncio loop, aiokafka consumer -> httpx POST -> aiokafka producer.
 
 No faust, no state table, no ordered acks, no retries: what the pipeline's per-record work costs without the
-framework. It uses the worker's HTTP pool layout (small httpx pools, the least busy one per call), decodes
+framework. It uses the worker's httpx pools (small ones, the least busy one per call; httpx on httpcore whatever the
+worker's ``STREAMPROC_LLM_HTTP``), decodes
 the same Avro requests and writes the same Avro results (so the benchmark reads both runs with one reader),
 keeps at most ``--in-flight`` calls running, and awaits every send (acks=all) before the record counts as
 done. It exits once ``--expected`` records were consumed and handled.
@@ -14,17 +15,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
 from typing import Any
 
-import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streamproc import codec
 from streamproc.core.events import InferenceRequest, InferenceResult
-from streamproc.llm.client import POOL_SHARD_SIZE
+from streamproc.llm.http_stacks import HttpxPools
+from streamproc.settings import Settings
 
 
 async def run(bootstrap: str, topic: str, group: str, results_topic: str, llm_url: str, in_flight: int,
@@ -32,20 +32,10 @@ async def run(bootstrap: str, topic: str, group: str, results_topic: str, llm_ur
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
                                 enable_auto_commit=True)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    # the same pool layout as the worker's LLM client (streamproc.llm.client): one httpx pool of 256
-    # connections costs ~10 ms of CPU per call in httpcore, which would measure httpcore, not the pipeline
-    shards = math.ceil(in_flight / POOL_SHARD_SIZE)
-    per_shard = math.ceil(in_flight / shards)
-    tls = httpx.create_ssl_context()
-    clients = [
-        httpx.AsyncClient(
-            base_url=llm_url.rstrip("/"), headers={"user-agent": "streamproc-bench-baseline"},
-            timeout=httpx.Timeout(60.0, connect=5.0),
-            limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard), verify=tls,
-        )
-        for _ in range(shards)
-    ]
-    busy = [0] * shards
+    # the worker's httpx pools (streamproc.llm.http_stacks): one httpx pool of 256 connections costs ~10 ms of
+    # CPU per call in httpcore, which would measure httpcore, not the pipeline
+    pools = HttpxPools(Settings(llm_base_url=llm_url, in_flight=in_flight, llm_timeout_s=60.0),
+                       {"user-agent": "streamproc-bench-baseline"})
     slots = asyncio.Semaphore(in_flight)
     tasks: set[asyncio.Task[None]] = set()
     errors = 0
@@ -55,22 +45,17 @@ async def run(bootstrap: str, topic: str, group: str, results_topic: str, llm_ur
         try:
             request = codec.decode(value, InferenceRequest)
             body: Any = json.loads(request.body_json)
-            shard = min(range(shards), key=busy.__getitem__)
-            busy[shard] += 1
             started = time.monotonic()
-            try:
-                response = await clients[shard].post(request.url.removeprefix("/v1"), json=body,
-                                                     headers={"x-request-id": request.request_id})
-            finally:
-                busy[shard] -= 1
+            response = await pools.post(request.url.removeprefix("/v1"), body,
+                                        {"x-request-id": request.request_id}, 60.0)
             latency_ms = round((time.monotonic() - started) * 1000)
-            if response.status_code != 200:
+            if response.status != 200:
                 errors += 1
                 return
-            answer = response.json()
+            answer = json.loads(response.content)
             result = InferenceResult(
                 request_id=request.request_id, batch_id=request.batch_id, model=str(answer.get("model", "")),
-                response_json=response.text, content=str(answer["choices"][0]["message"]["content"]),
+                response_json=response.content.decode(), content=str(answer["choices"][0]["message"]["content"]),
                 attempts=1, latency_ms=latency_ms, completed_ms=time.time_ns() // 1_000_000, input_hash="",
             )
             delivery = await producer.send(results_topic, key=key, value=codec.encode(result))
@@ -100,8 +85,7 @@ async def run(bootstrap: str, topic: str, group: str, results_topic: str, llm_ur
     finally:
         await consumer.stop()
         await producer.stop()
-        for client in clients:
-            await client.aclose()
+        await pools.aclose()
     print(json.dumps({"consumed": consumed, "errors": errors}), flush=True)
     return 0 if errors == 0 else 1
 

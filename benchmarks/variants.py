@@ -67,6 +67,8 @@ _FRAME_FILE = re.compile(r"\(([^:()]+):\d+\)$")
 def _component(frames: list[str]) -> str:
     """Whom a sample's CPU is for: the innermost frame outside the standard library and asyncio."""
     for frame in reversed(frames):
+        if frame.startswith(("Handle._run ", "BaseEventLoop._run_once ", "Loop.run_forever ")):
+            break  # the loop's own work, not called by a library
         match = _FRAME_FILE.search(frame)
         path = match.group(1) if match else ""
         if path.startswith("streamproc/"):

@@ -91,10 +91,10 @@ class Settings(BaseSettings):
         "status and run say the batch is not moving, how many of its requests wait and why.")
     llm_connect_timeout_s: float = Field(default=5.0, gt=0)
     llm_http: Literal["aiohttp", "httpcore"] = Field(
-        default="httpcore", description="What carries the LLM client's httpx calls: aiohttp (the httpx-aiohttp "
-        "transport, less CPU per call) or httpcore (httpx's own transport).")
+        default="aiohttp", description="What carries the LLM calls: aiohttp's client (a quarter of the CPU per "
+        "call) or httpx on httpcore.")
     event_loop: Literal["uvloop", "asyncio"] = Field(
-        default="asyncio", description="The worker's event loop: uvloop (less CPU per request) or asyncio's own.")
+        default="uvloop", description="The worker's event loop: uvloop (less CPU per request) or asyncio's own.")
     default_model: str = Field(default="mock-small", description="Model of simple-form input lines without one.")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body submit accepts.")
     # -- guards (design §5): protect the provider and the budget --------------------------------------------

@@ -1,17 +1,17 @@
 """One HTTP call to an OpenAI-compatible endpoint, turned into a classified outcome; it never raises.
 
-The connection pools (several small ones, see ``POOL_SHARD_SIZE``) are sized to the in-flight limit in total,
-so a worker's concurrency is bounded in one place, and the read timeout stays well below the consumer's
-rebalance timeout (design §5). The read timeout adapts per model (:mod:`streamproc.core.guards.timeouts`):
-``STREAMPROC_LLM_TIMEOUT_S`` is its ceiling, a few times the model's p99 latency its value once known. A call
-slower than that p99 is hedged (:mod:`streamproc.core.guards.hedging`): sent once more, the first answer wins.
+The connections (:mod:`streamproc.llm.http_stacks`: aiohttp or httpx, ``STREAMPROC_LLM_HTTP``) are sized to
+the in-flight limit in total, so a worker's concurrency is bounded in one place, and the read timeout stays
+well below the consumer's rebalance timeout (design §5). The read timeout adapts per model
+(:mod:`streamproc.core.guards.timeouts`): ``STREAMPROC_LLM_TIMEOUT_S`` is its ceiling, a few times the
+model's p99 latency its value once known. A call slower than that p99 is hedged
+(:mod:`streamproc.core.guards.hedging`): sent once more, the first answer wins.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
-from httpx_aiohttp import HttpxAiohttpClient
 
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.hedging import HedgeBudget, hedge_after_s
@@ -28,6 +27,7 @@ from streamproc.core.outcome import Outcome, Success
 from streamproc.core.sendable_json import NotSendable, loads_sendable
 from streamproc.core.verdict import classify_http_error
 from streamproc.llm.completion import check_completion
+from streamproc.llm.http_stacks import Answer, http_stack
 from streamproc.llm.repair import completion_budget, repair_messages
 from streamproc.llm.transport_errors import classify_exception
 from streamproc.settings import Settings
@@ -86,41 +86,12 @@ def answer_content(response_body: bytes) -> str:
     return content if isinstance(content, str) else ""
 
 
-# httpcore 1.0's pool does work proportional to its connections each time a request starts or ends, and to
-# the square of its idle connections (``_assign_requests_to_connections`` counts the idle ones once per idle
-# connection): one pool of 256 connections costs ~10 ms of CPU per call and starves the event loop well
-# below 256 calls in flight. Pools of at most this many connections, the least busy chosen per call, bound
-# the total the same way at a small fraction of that cost. They share one TLS context (each would otherwise
-# load the CA bundle: ~50 ms and ~1 MB apiece). aiohttp's connector has no such cost: one pool of them all.
-POOL_SHARD_SIZE = 8
 TIMEOUT_CHECK_S = 0.5  # how often a running call is held against its model's adaptive timeout
 
 
-def http_clients(settings: Settings, headers: dict[str, str],
-                 transport: httpx.AsyncBaseTransport | None = None) -> list[httpx.AsyncClient]:
-    """The httpx clients the calls are spread over, ``settings.in_flight`` connections in total, on
-    ``settings.llm_http``'s stack (a given transport, in tests, is one shared object: one client then, so it is
-    closed once)."""
-    aiohttp = transport is None and settings.llm_http == "aiohttp"
-    shards = 1 if transport is not None or aiohttp else math.ceil(settings.in_flight / POOL_SHARD_SIZE)
-    per_shard = math.ceil(settings.in_flight / shards)
-    client_type = HttpxAiohttpClient if aiohttp else httpx.AsyncClient  # the aiohttp one honours proxies too
-    tls = httpx.create_ssl_context()
-    return [
-        client_type(
-            base_url=(settings.llm_base_url or "").rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(settings.llm_timeout_s, connect=settings.llm_connect_timeout_s),
-            limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
-            verify=tls,
-            transport=transport,
-        )
-        for _ in range(shards)
-    ]
-
-
 class LLMClient:
-    """An httpx client for ``{base_url}/chat/completions`` (and ``/completions``)."""
+    """A client for ``{base_url}/chat/completions`` (and ``/completions``); a given httpx transport (tests)
+    replaces the network."""
 
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> None:
         if not settings.llm_base_url:
@@ -128,11 +99,7 @@ class LLMClient:
         headers = {"user-agent": "streamproc"}
         if settings.llm_api_key is not None:
             headers["authorization"] = f"Bearer {settings.llm_api_key.get_secret_value()}"
-        self._clients = http_clients(settings, headers, transport)
-        shards = len(self._clients)
-        self._busy = [0] * shards  # calls running per client: with at most in_flight calls, the least busy
-        # client always has a free connection (shards * per_shard >= in_flight), so no call waits for one
-        self._connect_timeout_s = settings.llm_connect_timeout_s
+        self._http = http_stack(settings, headers, transport)
         self.timeouts = AdaptiveTimeout(settings.llm_timeout_s)  # per model; the setting is the ceiling
         self._hedges = HedgeBudget(settings.llm_hedge_ratio)
         self.hedged = 0  # hedges sent (read by the metrics)
@@ -143,37 +110,26 @@ class LLMClient:
         model = body.get("model")
         model = model if isinstance(model, str) else ""
         budget = completion_budget(body)
-        limits = httpx.Timeout(self.timeouts.timeout_s(model, budget), connect=self._connect_timeout_s)
+        read_timeout_s = self.timeouts.timeout_s(model, budget)
         headers = correlation_headers(request)
         self._hedges.on_call()
         started = time.monotonic()
         try:
-            response, answered_after = await self._first_answer(lambda: self._post(path, body, headers, limits),
-                                                                model, budget, started)
-            content = response.content
+            answer, answered_after = await self._first_answer(
+                lambda: self._http.post(path, body, headers, read_timeout_s), model, budget, started)
         except Exception as exc:
             return CallResult(classify_exception(exc), b"", _ms_since(started), model=model)
         latency = _ms_since(started)
-        if response.status_code == 200:
-            outcome = check_completion(content, body)
+        if answer.status == 200:
+            outcome = check_completion(answer.content, body)
             if isinstance(outcome, Success):  # the latency of the copy that answered: a hedge's starts later
                 self.timeouts.observe(model, answered_after, budget)
-            return CallResult(outcome, content, latency, response.headers, model)
-        return CallResult(classify_http_error(response.status_code, response.headers, content), content, latency,
-                          response.headers, model)
+            return CallResult(outcome, answer.content, latency, answer.headers, model)
+        return CallResult(classify_http_error(answer.status, answer.headers, answer.content), answer.content, latency,
+                          answer.headers, model)
 
-    async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str],
-                    limits: httpx.Timeout) -> httpx.Response:
-        """One POST on the least busy pool."""
-        shard = min(range(len(self._busy)), key=self._busy.__getitem__)
-        self._busy[shard] += 1
-        try:
-            return await self._clients[shard].post(path, json=body, headers=headers, timeout=limits)
-        finally:
-            self._busy[shard] -= 1
-
-    async def _first_answer(self, post: Callable[[], Awaitable[httpx.Response]], model: str, budget: int | None,
-                            started: float) -> tuple[httpx.Response, float]:
+    async def _first_answer(self, post: Callable[[], Awaitable[Answer]], model: str, budget: int | None,
+                            started: float) -> tuple[Answer, float]:
         """The first answer of the call or of its hedge (core.guards.hedging); ReadTimeout once the call has run
         longer than the model's adaptive timeout *now*: a call that started while the timeout was still its
         ceiling (the model's first calls) is cut as soon as the answers of others teach a shorter one, so an
@@ -203,11 +159,10 @@ class LLMClient:
                 task.add_done_callback(_consume)
 
     async def aclose(self) -> None:
-        for client in self._clients:
-            await client.aclose()
+        await self._http.aclose()
 
 
-def _consume(task: asyncio.Future[httpx.Response]) -> None:
+def _consume(task: asyncio.Future[Answer]) -> None:
     """Retrieve a cancelled call's outcome, so asyncio does not report it as never retrieved."""
     if not task.cancelled():
         task.exception()

@@ -1,8 +1,8 @@
 """Exceptions raised while calling the LLM, classified: always transport, since nothing came back to judge.
 
-Under the aiohttp transport (``STREAMPROC_LLM_HTTP=aiohttp``) httpx-aiohttp raises httpx's exception types
-from aiohttp's, but some of them wrong (a refused connection or a server that hung up become
-``ConnectTimeout``): aiohttp's own exception, found in the chain, decides then, into the same codes.
+The client runs on aiohttp or on httpx (``STREAMPROC_LLM_HTTP``): the same failure gets the same code from
+either. An aiohttp exception anywhere in the chain decides (libraries that wrap aiohttp in httpx's types, as
+httpx-aiohttp does, wrap some wrongly: a refused connection as ``ConnectTimeout``).
 """
 
 from __future__ import annotations
@@ -79,8 +79,11 @@ def _aiohttp_code(exc: aiohttp.ClientError) -> str:
     if isinstance(exc, aiohttp.ClientConnectorError) and not isinstance(exc, aiohttp.ClientProxyConnectionError):
         chain = [*_causes(exc), exc.os_error]
         return "tls_error" if isinstance(exc, aiohttp.ClientSSLError) else _connect_code(chain)
-    if isinstance(exc, aiohttp.ClientPayloadError):  # the body ended early (httpcore: "peer closed connection")
-        return "server_disconnected" if "not completed" in str(exc) else "protocol_error"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        text = str(exc)
+        if "content-encoding" in text:
+            return "invalid_response_body"
+        return "server_disconnected" if "not completed" in text else "protocol_error"  # ended early or malformed
     by_type: tuple[tuple[type[BaseException], str], ...] = (
         (aiohttp.ConnectionTimeoutError, "connect_timeout"),
         (aiohttp.SocketTimeoutError, "read_timeout"),

@@ -14,6 +14,7 @@ import pytest
 from streamproc.core.events import InferenceRequest
 from streamproc.core.outcome import Failure, Success
 from streamproc.llm.client import LLMClient
+from streamproc.llm.http_stacks import env_proxy
 from streamproc.settings import Settings
 
 Stack = Literal["aiohttp", "httpcore"]
@@ -71,6 +72,13 @@ async def speaks_no_http(reader: asyncio.StreamReader, writer: asyncio.StreamWri
 
 async def answers_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     writer.write(response("400 Bad Request", b"{}"))  # plain HTTP, whatever comes (a TLS hello here)
+    await writer.drain()
+    writer.close()
+
+
+async def lies_about_its_encoding(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_request(reader)
+    writer.write(response("200 OK", b"not gzip at all", extra=b"content-encoding: gzip\r\n"))
     await writer.drain()
     writer.close()
 
@@ -136,6 +144,7 @@ async def test_an_answer_comes_back_with_its_body_and_headers(stack: Stack, serv
     (hangs_up, "server_disconnected"),
     (cuts_the_body, "server_disconnected"),
     (speaks_no_http, "protocol_error"),
+    (lies_about_its_encoding, "invalid_response_body"),
 ])
 async def test_a_failing_server_gives_the_same_code_on_both_stacks(
         stack: Stack, handler: Handler, code: str, serve: Callable[[Handler], Awaitable[int]]) -> None:
@@ -177,3 +186,17 @@ async def test_tls_to_a_plain_http_server_is_a_tls_error(stack: Stack,
     port = await serve(answers_at_once)
     outcome = await call(stack, f"https://127.0.0.1:{port}/v1")
     assert isinstance(outcome, Failure) and outcome.code == "tls_error", outcome
+
+
+@pytest.mark.parametrize(("url", "proxy"), [
+    ("https://api.example.com/v1", "http://proxy.test:3128"),
+    ("http://127.0.0.1:8000/v1", None),  # NO_PROXY
+    ("http://llm.internal/v1", None),  # no HTTP_PROXY set
+])
+def test_the_aiohttp_stack_takes_the_proxy_from_the_environment_as_httpx_does(
+        url: str, proxy: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "all_proxy", "ALL_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.test:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    assert env_proxy(url) == proxy

@@ -100,7 +100,7 @@ def test_real_httpx_dns_failure() -> None:
     assert classify_exception(caught.value).code == "dns_error"
 
 
-# --- aiohttp's exceptions, as httpx-aiohttp raises them (STREAMPROC_LLM_HTTP=aiohttp) ----------------------------
+# --- aiohttp's exceptions (STREAMPROC_LLM_HTTP=aiohttp) -------------------------------------------------------------
 
 _KEY = ConnectionKey("llm.test", 443, True, True, None, None, None, None)
 _URL = URL("https://llm.test/v1/chat/completions")
@@ -108,8 +108,8 @@ _INFO = aiohttp.RequestInfo(_URL, "POST", CIMultiDictProxy(CIMultiDict()), _URL)
 
 
 def from_aiohttp(wrapper: type[httpx.HTTPError], exc: BaseException) -> BaseException:
-    """httpx-aiohttp's ``raise mapped(str(exc)) from exc``, with its mapping (some wrappers are wrong: a refused
-    connection or a hung-up server become ConnectTimeout); aiohttp's exception decides."""
+    """httpx-aiohttp's ``raise mapped(str(exc)) from exc``, which maps some wrongly (a hung-up server or a
+    refused connection become ConnectTimeout): aiohttp's exception in the chain decides."""
     return chained(wrapper(str(exc)), exc)
 
 
@@ -119,30 +119,21 @@ def from_aiohttp(wrapper: type[httpx.HTTPError], exc: BaseException) -> BaseExce
         (from_aiohttp(httpx.ConnectTimeout, aiohttp.ServerDisconnectedError()), "server_disconnected"),
         (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientConnectorError(_KEY, ConnectionRefusedError(111, "refused"))),
          "connection_refused"),
-        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientConnectorError(
-            _KEY, socket.gaierror(-2, "Name or service not known"))), "dns_error"),
-        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientConnectorError(_KEY, OSError(113, "no route"))),
-         "connect_error"),
-        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientConnectorCertificateError(
-            _KEY, ssl.SSLCertVerificationError("bad cert"))), "tls_error"),
-        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientConnectorSSLError(_KEY, ssl.SSLError("wrong version"))),
-         "tls_error"),
-        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ConnectionTimeoutError("Connection timeout to host")),
-         "connect_timeout"),
-        (from_aiohttp(httpx.ReadTimeout, aiohttp.SocketTimeoutError("Timeout on reading data from socket")),
-         "read_timeout"),
-        (from_aiohttp(httpx.TimeoutException, aiohttp.ServerTimeoutError("timeout")), "timeout"),
-        (from_aiohttp(httpx.ReadError, aiohttp.ClientPayloadError("Response payload is not completed")),
-         "server_disconnected"),
-        (from_aiohttp(httpx.ReadError, aiohttp.ClientPayloadError("invalid chunk size")), "protocol_error"),
+        (aiohttp.ClientConnectorError(_KEY, socket.gaierror(-2, "Name or service not known")), "dns_error"),
+        (aiohttp.ClientConnectorError(_KEY, OSError(113, "no route")), "connect_error"),
+        (aiohttp.ClientConnectorCertificateError(_KEY, ssl.SSLCertVerificationError("bad cert")), "tls_error"),
+        (aiohttp.ClientConnectorSSLError(_KEY, ssl.SSLError("wrong version")), "tls_error"),
+        (aiohttp.ConnectionTimeoutError("Connection timeout to host"), "connect_timeout"),
+        (aiohttp.SocketTimeoutError("Timeout on reading data from socket"), "read_timeout"),
+        (aiohttp.ServerTimeoutError("timeout"), "timeout"),
+        (aiohttp.ClientPayloadError("Response payload is not completed"), "server_disconnected"),
+        (aiohttp.ClientPayloadError("invalid chunk size"), "protocol_error"),
+        (aiohttp.ClientPayloadError("400, message:\n  Can not decode content-encoding: gzip"), "invalid_response_body"),
         (aiohttp.ClientResponseError(_INFO, (), status=400, message="Invalid status line"), "protocol_error"),
-        (from_aiohttp(httpx.ProxyError, aiohttp.ClientProxyConnectionError(_KEY, OSError(111, "refused"))),
-         "proxy_error"),
-        (from_aiohttp(httpx.ProxyError, aiohttp.ClientHttpProxyError(_INFO, (), status=407)), "proxy_error"),
-        (from_aiohttp(httpx.ConnectTimeout, aiohttp.ClientOSError(104, "Connection reset by peer")),
-         "connection_reset"),
-        (from_aiohttp(httpx.UnsupportedProtocol, aiohttp.NonHttpUrlClientError("ftp://llm.test")),
-         "unsupported_protocol"),
+        (aiohttp.ClientProxyConnectionError(_KEY, OSError(111, "refused")), "proxy_error"),
+        (aiohttp.ClientHttpProxyError(_INFO, (), status=407), "proxy_error"),
+        (aiohttp.ClientOSError(104, "Connection reset by peer"), "connection_reset"),
+        (aiohttp.NonHttpUrlClientError("ftp://llm.test"), "unsupported_protocol"),
         (aiohttp.ClientError("something else"), "transport_error"),
     ],
     ids=lambda value: value if isinstance(value, str) else type(value.__cause__ or value).__name__,
