@@ -6,16 +6,18 @@ the worker's own per-record handling (its RocksDB reads and writes among it) is 
 1. fills the state changelog of one namespace ("full") with ``--states`` RequestState entries of an old,
    finished batch, written straight to the topic as a worker's table writes would be
    (:mod:`benchmarks.state_fill`), on the compacted topic ``ensure_pipeline_topics`` creates;
-2. runs the same batch (``--requests`` requests, every one on the requests topic before the worker starts)
-   through a worker on an empty namespace ("empty") and through a worker on the full one, which first
-   rebuilds its table from the changelog into a fresh data dir (what a new machine, or a lost disk, does);
+2. runs the same batch (``--state-requests`` requests, every one on the requests topic before the worker
+   starts) through a worker on an empty namespace, through a worker on the full one, which first rebuilds
+   its table from the changelog into a fresh data dir (what a new machine, or a lost disk, does), and
+   through a worker on a second empty namespace: the empty runs bracket the full one, so a change in the
+   machine's load during the run shows as a difference between them;
 3. restarts the full worker on the data dir it left ("restart"): faust reads only the changelog past the
    offsets its RocksDB stored, and a small batch shows how soon it works again.
 
 Printed: the recovery time (worker start to its first LLM call, minus the empty run's start-up; and faust's
 own "recovery" log span), the restore rate, the worker's RSS after recovery; per-record worker CPU and
-peak RSS of the full run against the empty run (ratios; target within 20 %). Rounds (``--rounds``) repeat
-the two batch runs alternately, empty first, and the medians are compared: the machine is shared.
+peak RSS of the full run against the mean of the empty runs (ratios; target within 20 %), all measured in
+this run next to the CPU the rest of the machine used: it is shared.
 
 A missed target is a warning, not a failure; the exit code is 0 when every run converged, 1 when one did
 not, 130 on Ctrl-C or SIGTERM.
@@ -27,7 +29,6 @@ import argparse
 import os
 import platform
 import re
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,18 +60,48 @@ RECOVERY_STARTS = "Restoring state from changelog topics"
 RECOVERY_ENDS = "Recovery complete"
 
 
+# the reconciler's first pass after a start reads every state once (design §4), and says so
+_FULL_SWEEP = re.compile(r"reconciler: read all (\d+) states of \d+ partitions in ([\d.]+) s")
+
+
+def _timed_lines(log_text: str) -> list[tuple[float, str]]:
+    lines = []
+    for line in log_text.splitlines():
+        stamp = _LOG_TIME.match(line)
+        if stamp is not None:
+            lines.append((datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), line))
+    return lines
+
+
 def recovery_span_s(log_text: str, starts: str, ends: str) -> float | None:
     """Seconds between the first log line containing ``starts`` and the first after it containing ``ends``."""
     began = None
-    for line in log_text.splitlines():
-        stamp = _LOG_TIME.match(line)
-        if stamp is None:
-            continue
-        when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    for when, line in _timed_lines(log_text):
         if began is None and starts in line:
             began = when
         elif began is not None and ends in line:
             return when - began
+    return None
+
+
+@dataclass(frozen=True)
+class FullSweep:
+    """The reconciler's pass over every state: when it ended, how many it read, how long it took."""
+
+    ended: float
+    states: int
+    seconds: float
+
+    def describe(self, window: tuple[float, float]) -> str:
+        inside = window[0] <= self.ended - self.seconds and self.ended <= window[1]
+        where = "inside" if inside else "not wholly inside"
+        return f"{self.states:,} states in {self.seconds:.1f}s ({where} the measured window)"
+
+
+def full_sweep(log_text: str) -> FullSweep | None:
+    for when, line in _timed_lines(log_text):
+        if (found := _FULL_SWEEP.search(line)) is not None:
+            return FullSweep(when, int(found.group(1)), float(found.group(2)))
     return None
 
 
@@ -114,16 +145,14 @@ class RssBench(Bench):
 
 @dataclass(frozen=True)
 class Measured:
-    """One batch run, with the worker's resident set once it started and faust's recovery span."""
+    """One batch run, with the worker's start-up (to the batch's first LLM call), its resident set then, and
+    faust's recovery span."""
 
     run: RunReport
+    startup_s: float
     rss_started_mb: float
     recovery_log_s: float | None
-
-    @property
-    def startup_s(self) -> float:
-        """Worker start to its first LLM call: start-up, including the table's recovery."""
-        return self.run.observed.first_call - self.run.observed.spawned
+    sweep: FullSweep | None
 
     def describe(self) -> str:
         span = "" if self.recovery_log_s is None else f" (faust's recovery {self.recovery_log_s:.1f}s)"
@@ -144,33 +173,40 @@ class StateBench:
         await ensure_pipeline_topics(self.bench.bootstrap, topology)
         return topology
 
-    async def batch(self, name: str, topology: Topology, requests: int) -> Measured:
-        """``requests`` new requests on the namespace's requests topic, then a worker over them."""
+    async def batch(self, name: str, topology: Topology, requests: int, earlier: int = 0) -> Measured:
+        """``requests`` new requests on the namespace's requests topic, then a worker over them (``earlier``:
+        results of earlier batches already on the namespace's results topic)."""
         self.batches += 1
         batch_id = f"batch_{name}_{self.batches}"
         await produce_requests(self.bench.bootstrap, topology.requests,
                                (chat_request(batch_id, i) for i in range(requests)))
         llm_url, mock_pid = self.bench.zero_latency_mock()
-        report = await self.bench.pipeline(name, topology, llm_url, mock_pid, requests,
+        report = await self.bench.pipeline(name, topology, llm_url, mock_pid, earlier + requests,
                                            300 + requests / 20 + self.args.states / 5000, False)
         assert self.bench.last is not None
+        first_call = min(r.completed_ms - r.latency_ms for r in report.observed.results.values()
+                         if r.batch_id == batch_id) / 1000
         log_text = self.bench.stack.log_path(name).read_text(errors="replace")
-        measured = Measured(report, self.bench.last.rss_mb_at(report.observed.first_call),
-                            recovery_span_s(log_text, RECOVERY_STARTS, RECOVERY_ENDS))
-        print(measured.describe(), flush=True)
+        measured = Measured(report, first_call - report.observed.spawned, self.bench.last.rss_mb_at(first_call),
+                            recovery_span_s(log_text, RECOVERY_STARTS, RECOVERY_ENDS), full_sweep(log_text))
+        print(measured.describe() if not earlier else
+              f"{name} (restarted): start-up to the first call {measured.startup_s:.1f}s, RSS then "
+              f"{measured.rss_started_mb:.0f} MB", flush=True)
         return measured
 
 
-def _median(runs: list[Measured], figure: Callable[[Measured], float]) -> float:
-    return statistics.median(figure(m) for m in runs)
-
-
-def report(args: argparse.Namespace, filled: Filled, empty: list[Measured], full: list[Measured],
+def report(args: argparse.Namespace, filled: Filled, empties: tuple[Measured, Measured], full: Measured,
            restart: Measured | None) -> list[str]:
-    cpu_empty, cpu_full = (_median(runs, lambda m: m.run.cpu_ms_per_request) for runs in (empty, full))
-    rss_empty, rss_full = (_median(runs, lambda m: m.run.peak_rss_mb) for runs in (empty, full))
-    startup_empty = _median(empty, lambda m: m.startup_s)
-    recovery = _median(full, lambda m: m.startup_s) - startup_empty
+    def mean(figure: Callable[[Measured], float]) -> float:
+        return sum(figure(run) for run in empties) / len(empties)
+
+    def each(figure: Callable[[Measured], float], template: str) -> str:
+        return " and ".join(template.format(figure(run)) for run in empties)
+
+    cpu_empty, cpu_full = mean(lambda m: m.run.cpu_ms_per_request), full.run.cpu_ms_per_request
+    rss_empty, rss_full = mean(lambda m: m.run.peak_rss_mb), full.run.peak_rss_mb
+    startup_empty = mean(lambda m: m.startup_s)
+    recovery = full.startup_s - startup_empty
     ok = {"cpu": cpu_full <= TARGET_RATIO * cpu_empty, "rss": rss_full <= TARGET_RATIO * rss_empty}
     rows = [
         (f"fill: {filled.records:,} states ({filled.bytes / 1e6:.0f} MB) to the changelog",
@@ -179,26 +215,30 @@ def report(args: argparse.Namespace, filled: Filled, empty: list[Measured], full
          f"{startup_empty:.1f}s)", f"{recovery:.1f}s = {filled.records / max(recovery, 1e-9):,.0f} records/s",
          "(printed)", ""),
         ("worker RSS after recovery (at the first call): full / empty",
-         f"{_median(full, lambda m: m.rss_started_mb):.0f} / {_median(empty, lambda m: m.rss_started_mb):.0f} MB",
+         f"{full.rss_started_mb:.0f} / {mean(lambda m: m.rss_started_mb):.0f} MB",
          "", ""),
-        (f"worker CPU per record, {args.state_requests:,} requests: full / empty",
+        (f"worker CPU per record, {args.state_requests:,} requests: full / empty (empty runs: "
+         f"{each(lambda m: m.run.cpu_ms_per_request, '{:.2f} ms')})",
          f"{cpu_full:.2f} / {cpu_empty:.2f} ms = {cpu_full / cpu_empty:.2f}", f"<= {TARGET_RATIO}",
          "met" if ok["cpu"] else "MISSED"),
-        ("worker peak RSS (VmHWM): full / empty", f"{rss_full:.0f} / {rss_empty:.0f} MB = {rss_full / rss_empty:.2f}",
+        (f"worker peak RSS (VmHWM): full / empty (empty runs: {each(lambda m: m.run.peak_rss_mb, '{:.0f} MB')})",
+         f"{rss_full:.0f} / {rss_empty:.0f} MB = {rss_full / rss_empty:.2f}",
          f"<= {TARGET_RATIO}", "met" if ok["rss"] else "MISSED"),
-        ("throughput: full / empty", f"{_median(full, lambda m: m.run.observed.rate):.0f} / "
-         f"{_median(empty, lambda m: m.run.observed.rate):.0f} req/s", "", ""),
+        ("throughput: full / empty", f"{full.run.observed.rate:.0f} / {mean(lambda m: m.run.observed.rate):.0f} "
+         "req/s", "", ""),
     ]
+    window = (full.run.observed.first_call, full.run.observed.last_seen)
+    rows.append(("the reconciler's one full sweep after the start (full run)",
+                 "not seen" if full.sweep is None else full.sweep.describe(window), "", ""))
     if restart is not None:
         rows.append((f"restart on the full worker's data dir, then {args.restart_requests} requests",
                      f"start-up {restart.startup_s:.1f}s, RSS then {restart.rss_started_mb:.0f} MB", "", ""))
     print()
     print(f"streamproc state benchmark: {os.cpu_count()} CPUs, Python {platform.python_version()}, Kafka "
           f"{DEFAULT_KAFKA_VERSION} ({'given broker' if args.bootstrap else 'private broker'}), "
-          f"{args.partitions} partitions, in-flight {args.in_flight}, mock latency 0, "
-          f"{args.state_rounds} round(s)")
+          f"{args.partitions} partitions, in-flight {args.in_flight}, mock latency 0")
     print(table(rows))
-    runs = [m.run for m in (*empty, *full, *([restart] if restart else []))]
+    runs = [empties[0].run, full.run, empties[1].run]
     for run in runs:
         print(f"cores used during {run.name} (of {os.cpu_count()}): "
               + ", ".join(f"{name} {used:.2f}" for name, used in run.cores.items()))
@@ -220,7 +260,7 @@ async def run(args: argparse.Namespace, stack: Stack) -> None:
     bootstrap, broker_pid = start_broker(args, stack)
     bench = RssBench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, broker_pid)
     states = StateBench(bench, args)
-    empty_ns, full_ns = await states.namespace("empty"), await states.namespace("full")
+    empty_ns, full_ns, after_ns = [await states.namespace(name) for name in ("empty", "full", "empty-after")]
     filled = await fill_changelog(bootstrap, full_ns.state_changelog, args.partitions,
                                   finished_states(OLD_BATCH, args.states, int(time.time() * 1000) - 86_400_000),
                                   args.fill_compression)
@@ -228,15 +268,12 @@ async def run(args: argparse.Namespace, stack: Stack) -> None:
           f"({filled.rate:,.0f}/s)", flush=True)
     if args.state_warmup:
         await bench.warm_up(args.state_warmup)
-    empty: list[Measured] = []
-    full: list[Measured] = []
-    for round_ in range(1, args.state_rounds + 1):
-        empty.append(await states.batch(f"worker-empty-{round_}", empty_ns, args.state_requests))
-        # each full run restores into a fresh data dir (the run's name names it)
-        full.append(await states.batch(f"worker-full-{round_}", full_ns, args.state_requests))
-    restart = (await states.batch(f"worker-full-{args.state_rounds}", full_ns, args.restart_requests)
+    empty = await states.batch("worker-empty", empty_ns, args.state_requests)
+    full = await states.batch("worker-full", full_ns, args.state_requests)
+    restart = (await states.batch("worker-full", full_ns, args.restart_requests, earlier=args.state_requests)
                if args.restart_requests else None)
-    report(args, filled, empty, full, restart)
+    after = await states.batch("worker-empty-after", after_ns, args.state_requests)
+    report(args, filled, (empty, after), full, restart)
     print(f"(benchmark took {time.monotonic() - started:.0f}s)")
 
 
@@ -245,7 +282,6 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
     parser.add_argument("--states", type=int, default=1_000_000,
                         help="entries written to the full namespace's state changelog [1000000]")
     parser.add_argument("--state-requests", type=int, default=5000, help="requests of each batch run [5000]")
-    parser.add_argument("--state-rounds", type=int, default=1, help="empty/full batch run pairs, alternating [1]")
     parser.add_argument("--state-warmup", type=int, default=2000,
                         help="requests of the unreported warm-up run [2000]")
     parser.add_argument("--restart-requests", type=int, default=500,
@@ -255,7 +291,7 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name in ("states", "state_requests", "state_rounds", "in_flight", "partitions"):
+    for name in ("states", "state_requests", "in_flight", "partitions"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.restart_requests < 0 or args.state_warmup < 0:

@@ -23,6 +23,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -77,6 +78,17 @@ class RecordFetcher:
             await consumer.stop()
 
 
+@dataclass
+class Sweep:
+    """What one pass over the table found."""
+
+    read: int = 0
+    redriven: int = 0
+    open_keys: set[bytes] = field(default_factory=set)
+    spent: SpentTally = field(default_factory=SpentTally)  # summed on a full sweep only
+    cut_short: bool = False  # a rebalance began: what was found is partial
+
+
 class Reconciler:
     """Finds the stranded requests of this worker's partitions and sends their record again."""
 
@@ -112,19 +124,24 @@ class Reconciler:
         # a new generation, even with the same partitions, may follow another worker's writes to them
         assignment = (self._app.consumer_generation_id, frozenset(self._app.consumer.assignment()))
         keys = self._scope.plan(assignment)
+        started = time.monotonic()
         try:
-            done, open_keys, spent = await self._sweep(self._entries(keys), committed, full=keys is None)
+            sweep = await self._sweep(self._entries(keys), committed, full=keys is None)
         except BaseException:
             self._scope.reset()
             raise
-        if done is None:  # a rebalance began during the sweep
+        if sweep.cut_short:  # a rebalance began during the sweep
             self._scope.reset()
             return 0
-        self._scope.done(assignment, open_keys)
-        self.redriven += done
-        if keys is None and self._on_spent is not None:
-            self._on_spent(spent.totals())
-        return done
+        self._scope.done(assignment, sweep.open_keys)
+        self.redriven += sweep.redriven
+        if keys is None:
+            log.info("reconciler: read all %d states of %d partitions in %.1f s (%d open); later passes read the "
+                     "open ones and those written since", sweep.read, len(assignment[1]), time.monotonic() - started,
+                     len(sweep.open_keys))
+            if self._on_spent is not None:
+                self._on_spent(sweep.spent.totals())
+        return sweep.redriven
 
     def _entries(self, keys: set[bytes] | None) -> Iterable[tuple[bytes, bytes | None]]:
         """Every entry of the owned partitions (read as the sweep goes), or those of ``keys``."""
@@ -133,46 +150,46 @@ class Reconciler:
         return ((key, self._table.get(key)) for key in keys)
 
     async def _sweep(self, entries: Iterable[tuple[bytes, bytes | None]], committed: dict[tuple[str, int], int],
-                     full: bool) -> tuple[int | None, set[bytes], SpentTally]:
-        """Re-drive the stranded among ``entries``; returns how many (None when a rebalance cut the sweep
-        short), the keys still open, and (on a ``full`` sweep) the retries spent per batch."""
+                     full: bool) -> Sweep:
+        """Re-drive the stranded among ``entries`` (on a ``full`` sweep, also sum the retries spent)."""
         all_partitions = list(range(self._topology.partitions))
-        spent = SpentTally()
-        open_keys: set[bytes] = set()
-        done = 0
+        sweep = Sweep()
         now = time.time_ns() // 1_000_000
         iterator = iter(entries)
         for index in itertools.count(1):
             if index % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)
                 if self._app.rebalancing:
-                    return None, open_keys, spent
+                    sweep.cut_short = True
+                    break
             try:
                 key, raw = next(iterator)
             except StopIteration:
                 break
             except RuntimeError:  # the store's partitions changed under the iteration: a rebalance
-                return None, open_keys, spent
+                sweep.cut_short = True
+                break
             if raw is None:
                 continue
+            sweep.read += 1
             try:
                 state = codec.decode(raw, RequestState)
             except codec.CodecError as exc:
                 log.error("reconciler: request_state entry %r does not decode (%s)", key, exc)
                 continue
             if full:
-                spent.add(state.batch_id, state.attempts, state.retries_spent)
+                sweep.spent.add(state.batch_id, state.attempts, state.retries_spent)
             if state.status in _ENDED:
                 continue
-            open_keys.add(key)
+            sweep.open_keys.add(key)
             partition = self._partitioner(key, all_partitions, all_partitions)
             redrive = stranded(state, functools.partial(_offset_on, committed, partition), now, self._grace_ms)
             if redrive is None or self._sent.get(state.request_id) == state.updated_ms:
                 continue
             if await self._redrive(redrive, state, partition):
                 self._sent[state.request_id] = state.updated_ms
-                done += 1
-        return done, open_keys, spent
+                sweep.redriven += 1
+        return sweep
 
     async def _committed(self) -> dict[tuple[str, int], int]:
         admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, request_timeout_ms=10_000)
