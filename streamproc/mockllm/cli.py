@@ -12,7 +12,6 @@ import signal
 import sys
 
 import click
-import uvloop
 
 from streamproc.mockllm.faults import FaultKind
 from streamproc.mockllm.latency import Latency, LatencyError, parse_latency_spec
@@ -131,8 +130,6 @@ def _latency(spec: str | None) -> Latency | None:
     help="Work on at most N requests at once; the rest queue in arrival order (llama.cpp's slots).",
 )
 @click.option("--access-log", is_flag=True, help="Log every request to stderr (slows the server down).")
-@click.option("--loop", "loop_name", type=click.Choice(["uvloop", "asyncio"]), default="uvloop", show_default=True,
-              help="Event loop to serve on (uvloop answers more requests per CPU second).")
 def mock_llm(
     host: str,
     port: int,
@@ -149,7 +146,6 @@ def mock_llm(
     hang_seconds: float | None,
     slots: int | None,
     access_log: bool,
-    loop_name: str,
 ) -> None:
     """Serve a fault-injecting OpenAI-compatible LLM API for rehearsing a batch's failure handling.
 
@@ -173,8 +169,7 @@ def mock_llm(
         raise click.BadParameter(str(exc), param_hint="--profile") from None
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     try:
-        run = uvloop.run if loop_name == "uvloop" else asyncio.run
-        run(_serve(profile, seed, api_key, host, port, access_log))
+        asyncio.run(_serve(profile, seed, api_key, host, port, access_log))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
 
