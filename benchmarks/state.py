@@ -61,7 +61,7 @@ RECOVERY_ENDS = "Recovery complete"
 
 
 # the reconciler's first pass after a start reads every state once (design §4), and says so
-_FULL_SWEEP = re.compile(r"reconciler: read all (\d+) states of \d+ partitions in ([\d.]+) s")
+_FULL_SWEEP = re.compile(r"reconciler: read all (\d+) states in ([\d.]+) s")
 
 
 def _timed_lines(log_text: str) -> list[tuple[float, str]]:

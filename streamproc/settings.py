@@ -85,7 +85,8 @@ class Settings(BaseSettings):
         "most: the table's memory is bounded by these and the block cache, not by its entries (faust's defaults, "
         "3 x 64 MB, held a million finished states in memory).")
     state_block_cache_mb: float = Field(
-        default=4.0, gt=0, description="RocksDB block cache of each request_state partition (faust's default: 2 GB).")
+        default=1.0, gt=0, description="RocksDB block cache of each request_state partition (faust's default: 2 GB; "
+        "the reconciler's full sweep fills it, and the worker reads mostly keys that are not there yet).")
     stall_after_s: float = Field(
         default=120.0, gt=0, description="How long no request of a batch may end, while some have not, before "
         "status and run say the batch is not moving, how many of its requests wait and why.")

@@ -136,9 +136,8 @@ class Reconciler:
         self._scope.done(assignment, sweep.open_keys)
         self.redriven += sweep.redriven
         if keys is None:
-            log.info("reconciler: read all %d states of %d partitions in %.1f s (%d open); later passes read the "
-                     "open ones and those written since", sweep.read, len(assignment[1]), time.monotonic() - started,
-                     len(sweep.open_keys))
+            log.info("reconciler: read all %d states in %.1f s (%d open); later passes read the open ones and those "
+                     "written since", sweep.read, time.monotonic() - started, len(sweep.open_keys))
             if self._on_spent is not None:
                 self._on_spent(sweep.spent.totals())
         return sweep.redriven
