@@ -406,6 +406,7 @@ class Bench:
     in_flight: int
     partitions: int
     broker_pid: int | None  # None: a given cluster, not ours to account for
+    worker_settings: dict[str, str] = field(default_factory=dict)  # STREAMPROC_* of every worker (--worker-setting)
     _zero_mock: tuple[str, int] | None = None
 
     def topology(self, name: str) -> Topology:
@@ -432,7 +433,7 @@ class Bench:
         mock.reset()
         env = worker_env(self.bootstrap, topology.prefix, llm_url, self.stack.workdir / f"{name}-data",
                          self.in_flight, self.partitions)
-        env.update(settings or {})
+        env.update({**self.worker_settings, **(settings or {})})
         command = [*(wrap or []), sys.executable, "-m", "streamproc", "worker"]
         worker: list[subprocess.Popen[bytes]] = []
 
@@ -620,7 +621,8 @@ def start_broker(args: argparse.Namespace, stack: Stack) -> tuple[str, int | Non
 async def run(args: argparse.Namespace, stack: Stack) -> None:
     started = time.monotonic()
     bootstrap, broker_pid = start_broker(args, stack)
-    bench = Bench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, broker_pid)
+    bench = Bench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, broker_pid,
+                  dict(args.worker_setting or []))
     if args.warmup:
         await bench.warm_up(args.warmup)
     latency = await bench.latency_bound(args.latency_requests, args.latency)
@@ -647,6 +649,17 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
     parser.add_argument("--latency", type=float, default=1.0, help="mock latency of run 1, seconds [1]")
     parser.add_argument("--cpu-requests", type=int, default=10_000, help="requests of the CPU-bound runs [10000]")
     parser.add_argument("--warmup", type=int, default=3000, help="requests of the unreported warm-up run [3000]")
+    parser.add_argument("--worker-setting", action="append", type=setting, metavar="NAME=VALUE",
+                        help="a STREAMPROC_* setting of every worker, e.g. llm_http=httpcore (repeat)")
+
+
+def setting(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` as the worker's environment variable (``STREAMPROC_`` added when missing)."""
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    name = name.upper()
+    return (name if name.startswith("STREAMPROC_") else f"STREAMPROC_{name}"), value
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

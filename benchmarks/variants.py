@@ -29,7 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import pipeline
-from benchmarks.pipeline import Bench, RunReport, Stack, chat_request, produce_requests, suite_main, table
+from benchmarks.pipeline import (
+    Bench,
+    RunReport,
+    Stack,
+    chat_request,
+    produce_requests,
+    setting,
+    suite_main,
+    table,
+)
 from streamproc.app.topics import ensure_topics
 from streamproc.core.topology import Topology
 
@@ -45,13 +54,7 @@ def parse_variant(text: str) -> Variant:
     label, _, assignments = text.partition(":")
     if not re.fullmatch(r"[A-Za-z0-9_-]+", label):
         raise argparse.ArgumentTypeError(f"{text!r}: a variant is LABEL:NAME=VALUE,... with a plain label")
-    settings = {}
-    for assignment in filter(None, assignments.split(",")):
-        name, equals, value = assignment.partition("=")
-        if not equals or not name:
-            raise argparse.ArgumentTypeError(f"{assignment!r} is not NAME=VALUE")
-        settings[name.upper() if name.upper().startswith("STREAMPROC_") else f"STREAMPROC_{name.upper()}"] = value
-    return Variant(label, settings)
+    return Variant(label, dict(setting(assignment) for assignment in filter(None, assignments.split(","))))
 
 
 # ---- profiles ------------------------------------------------------------------------------------------------
