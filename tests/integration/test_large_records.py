@@ -1,4 +1,4 @@
-"""Records larger than the worker's fetch size per partition (256 KiB) are consumed whole, not stuck."""
+"""Records of about 600 KB (near the broker's 1 MB limit) and the records behind them all end, none stuck."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 def large_request(request_id: str) -> InferenceRequest:
-    """A chat request of about 600 KB: more than twice the fetch size, under the broker's 1 MB record limit."""
+    """A chat request of about 600 KB: large, yet under the broker's 1 MB record limit."""
     body = {"model": "mock-small", "max_tokens": 16,
             "messages": [{"role": "user", "content": "Summarise: " + "lorem ipsum " * 50_000}]}
     return InferenceRequest(request_id=request_id, body_json=json.dumps(body), batch_id="b1")
