@@ -43,6 +43,7 @@ class AnswerRequest:
     response_format: str = TEXT
     schema: Mapping[str, Any] | None = None
     max_tokens: int | None = None
+    huge_bytes: int = 0  # the length of a huge_answer, in UTF-8 bytes
 
 
 @dataclass(slots=True)  # built per request: a frozen dataclass costs ~7x more to construct
@@ -103,9 +104,11 @@ def break_schema(value: Any, schema: Mapping[str, Any] | None) -> Any:
 
 
 def compose(request: AnswerRequest, index: int, fault: FaultKind | None) -> Answer:
-    """The content and finish reason of choice ``index``, with a semantic ``fault`` applied (others ignored).
+    """The content and finish reason of choice ``index``, with a semantic fault or ``huge_answer`` applied (others
+    ignored).
 
-    A clean answer longer than ``max_tokens`` is cut and ends with ``length``, as a real model's would.
+    A clean answer longer than ``max_tokens`` is cut and ends with ``length``, as a real model's would (a huge
+    answer too).
     """
     if fault is FaultKind.EMPTY_CONTENT:
         return Answer("", "stop")
@@ -125,7 +128,21 @@ def compose(request: AnswerRequest, index: int, fault: FaultKind | None) -> Answ
             text = "{}"
     if fault is FaultKind.LENGTH:
         return Answer(text[: max(1, len(text) // 2)], "length")
+    if fault is FaultKind.HUGE_ANSWER:
+        text = _grown(text, request.huge_bytes, wants_json)
     limit = request.max_tokens
     if limit is not None and text_tokens(text) > limit:
         return Answer(text[: limit * 4], "length")
     return Answer(text, "stop")
+
+
+def _grown(text: str, size: int, wants_json: bool) -> str:
+    """``text`` grown to ``size`` bytes of UTF-8: a text answer repeated, a JSON answer followed by spaces (still
+    the same value)."""
+    missing = size - len(text.encode())
+    if missing <= 0:
+        return text
+    if wants_json:
+        return text + " " * missing
+    unit = (text + " ").encode()
+    return (unit * (size // len(unit) + 1))[:size].decode("utf-8", "ignore")

@@ -285,7 +285,8 @@ class MockEngine:
         prompts = parsed.prompts
         answers: list[Answer] = []
         for prompt_index, prompt in enumerate(prompts):
-            request = AnswerRequest(key, fp, prompt, parsed.response_format, parsed.schema, parsed.max_tokens)
+            request = AnswerRequest(key, fp, prompt, parsed.response_format, parsed.schema, parsed.max_tokens,
+                                    self.profile.huge_answer_bytes)
             if n == 1:
                 answers.append(compose(request, prompt_index, fault))
             else:

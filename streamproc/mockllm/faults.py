@@ -41,6 +41,7 @@ class FaultKind(StrEnum):
     # L4 business (and the account problem OpenAI reports the same way)
     INVALID_REQUEST = "invalid_request"
     CONTENT_POLICY = "content_policy"
+    HUGE_ANSWER = "huge_answer"  # a clean 200 too large for a Kafka record: streamproc's response_too_large
     INSUFFICIENT_QUOTA = "insufficient_quota"
 
     @property
@@ -82,11 +83,13 @@ _LAYERS: dict[FaultKind, FailureLayer | None] = {
     ),
     FaultKind.INVALID_REQUEST: FailureLayer.BUSINESS,
     FaultKind.CONTENT_POLICY: FailureLayer.BUSINESS,
+    FaultKind.HUGE_ANSWER: FailureLayer.BUSINESS,
     # design §2: quota exhaustion is an account problem that must stop consumption, not a request's layer.
     FaultKind.INSUFFICIENT_QUOTA: None,
 }
 
-_PER_CONTENT = frozenset({FaultKind.INVALID_REQUEST, FaultKind.CONTENT_POLICY, FaultKind.INSUFFICIENT_QUOTA})
+_PER_CONTENT = frozenset({FaultKind.INVALID_REQUEST, FaultKind.CONTENT_POLICY, FaultKind.HUGE_ANSWER,
+                          FaultKind.INSUFFICIENT_QUOTA})
 
 
 @dataclass(slots=True)  # built per request: a frozen dataclass costs ~7x more to construct

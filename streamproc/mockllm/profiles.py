@@ -89,6 +89,7 @@ class Profile:
     # llama-cpp-python's server (starlette-context's RequestIdPlugin) answers a non-UUID x-request-id with an
     # empty 400, before anything else; a client that sends its own ids there fails every call.
     strict_request_id: bool = False
+    huge_answer_bytes: int = 2 * 1024 * 1024  # the content of a huge_answer: twice a Kafka record's default limit
 
     def fault_table(self) -> FaultTable:
         return FaultTable.from_rates(self.faults)
@@ -223,6 +224,7 @@ _KEYS = {
     "limit_headers",
     "slots",
     "strict_request_id",
+    "huge_answer_bytes",
 }
 
 
@@ -265,6 +267,10 @@ def profile_from_mapping(data: Any, *, default_name: str = "custom", where: str 
             profile = replace(profile, slots=None if slots is None else _positive_int(slots, "slots"))
         if "strict_request_id" in data:
             profile = replace(profile, strict_request_id=_flag(data["strict_request_id"], "strict_request_id"))
+        if "huge_answer_bytes" in data:
+            profile = replace(
+                profile, huge_answer_bytes=_positive_int(data["huge_answer_bytes"], "huge_answer_bytes")
+            )
     except (FaultRatesError, LatencyError, ProfileError) as exc:
         raise ProfileError(f"{where}: {exc}") from None
     return profile

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import jsonschema
@@ -124,6 +125,18 @@ def test_semantic_faults_spoil_the_answer_detectably() -> None:
     assert compose(schema_request, 0, None).content.startswith(cut.content)
     with pytest.raises(json.JSONDecodeError):
         json.loads(cut.content)
+
+
+def test_a_huge_answer_is_the_clean_answer_grown_to_its_size() -> None:
+    size = 3_000_001
+    text = compose(replace(request(), huge_bytes=size), 0, FaultKind.HUGE_ANSWER)
+    assert (len(text.content.encode()), text.finish_reason) == (size, "stop")
+    assert text.content.startswith(compose(request(), 0, None).content)
+    as_json = compose(replace(request(JSON_SCHEMA, LABEL_SCHEMA), huge_bytes=size), 0, FaultKind.HUGE_ANSWER)
+    assert len(as_json.content.encode()) == size
+    jsonschema.validate(json.loads(as_json.content), LABEL_SCHEMA)  # the same value, spaces after it
+    cut = compose(replace(request(max_tokens=10), huge_bytes=size), 0, FaultKind.HUGE_ANSWER)
+    assert (len(cut.content), cut.finish_reason) == (40, "length")  # max_tokens bounds it, as a real model's
 
 
 def test_transport_faults_leave_the_content_alone() -> None:

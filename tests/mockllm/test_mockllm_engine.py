@@ -191,6 +191,16 @@ def test_business_faults_repeat_and_are_counted_when_called_again() -> None:
     assert e.stats.request_ids.detail() == {"r-1": {"calls": 3, "outcomes": ["content_policy"] * 3}}
 
 
+def test_a_forced_huge_answer_is_a_clean_200_of_the_profiles_size_on_every_attempt() -> None:
+    e = engine(replace(BUILTIN_PROFILES["clean"], huge_answer_bytes=1_500_000))
+    for _ in range(2):  # a business fault: asking again answers as long
+        outcome = send(e, chat("Write it all out [mock:huge_answer]"))
+        assert isinstance(outcome, Completed) and outcome.transport is None
+        assert len(outcome.answers[0].content.encode()) == 1_500_000
+        assert outcome.completion_tokens == 375_000
+    assert e.stats.by_layer == {"business": 2}
+
+
 def test_context_length_counts_as_a_business_failure() -> None:
     e = engine()
     send(e, chat("hi", max_tokens=9999))

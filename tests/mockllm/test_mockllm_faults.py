@@ -53,10 +53,12 @@ def test_every_kind_has_its_layer() -> None:
     assert FaultKind.OVERLOADED.layer is FailureLayer.SERVICE
     assert FaultKind.SCHEMA_MISMATCH.layer is FailureLayer.SEMANTIC
     assert FaultKind.CONTENT_POLICY.layer is FailureLayer.BUSINESS
+    assert FaultKind.HUGE_ANSWER.layer is FailureLayer.BUSINESS  # a 200 no Kafka record carries: response_too_large
     assert FaultKind.INSUFFICIENT_QUOTA.layer is None  # an account problem, not a request's layer
     assert {k for k in FaultKind if k.per_content} == {
         FaultKind.INVALID_REQUEST,
         FaultKind.CONTENT_POLICY,
+        FaultKind.HUGE_ANSWER,
         FaultKind.INSUFFICIENT_QUOTA,
     }
 

@@ -150,6 +150,8 @@ def test_the_quirks_can_be_set_in_a_file(tmp_path: Path) -> None:
     assert profile_from_mapping({"hang_seconds": float("inf")}).hang_seconds == math.inf  # YAML's .inf
     relaxed = profile_from_mapping({"base": "strict", "limit_headers": "always", "slots": None})
     assert (relaxed.limit_headers, relaxed.slots, relaxed.rate_limits.rpm) == ("always", None, 3000)
+    assert profile_from_mapping({"huge_answer_bytes": 5_000_000}).huge_answer_bytes == 5_000_000
+    assert BUILTIN_PROFILES["clean"].huge_answer_bytes == 2 * 1024 * 1024
 
 
 def test_json_file(tmp_path: Path) -> None:
@@ -182,6 +184,7 @@ def test_json_file(tmp_path: Path) -> None:
         ({"slots": 0}, "slots"),
         ({"slots": 1.5}, "slots"),
         ({"strict_request_id": "yes"}, "strict_request_id: true or false"),
+        ({"huge_answer_bytes": 0}, "huge_answer_bytes"),
     ],
 )
 def test_bad_profiles_say_what_is_wrong(data: object, message: str) -> None:
