@@ -29,6 +29,8 @@ from streamproc.core.record_size import (
     CARRIED_BYTES,
     REQUEST_TOO_LARGE,
     request_bytes,
+    response_too_large,
+    result_record_bytes,
     too_large_to_carry,
     without_body,
 )
@@ -197,12 +199,20 @@ class Handler:
             self._on_configuration_problem(outcome)
             return Disposition.HOLD
         if isinstance(outcome, Success):
-            await self._sink.result(InferenceResult(
+            result = InferenceResult(
                 request_id=request.request_id, batch_id=request.batch_id, model=outcome.model,
                 response_json=called.response_body.decode("utf-8", "replace"), content=outcome.content,
                 attempts=hop.attempt, latency_ms=called.latency_ms, completed_ms=self._clock_ms(),
                 input_hash=state.input_hash, provider_request_id=provider_request_id(called.headers),
-            ))
+            )
+            too_large = response_too_large(request.request_id, len(called.response_body),
+                                           result_record_bytes(result, codec.encode), outcome)
+            if too_large is not None:  # the producer would refuse the result: keep what a failure event can
+                log.warning("request %s: %s", request.request_id, too_large.message)
+                await self._terminal(request, too_large, hop.attempt, hop.first_failure_ms or now, origin, state,
+                                     called, paid=outcome)
+                return Disposition.ACK
+            await self._sink.result(result)
             self._observer.on_result()
             self._store.put(on_success(state, self._clock_ms(), outcome))  # result first, then state (design §4)
             return Disposition.ACK
@@ -255,11 +265,12 @@ class Handler:
         self._observer.on_deferred(tier.name)
 
     async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,
-                        origin: headers.Origin, state: RequestState | None, called: CallResult | None = None) -> None:
+                        origin: headers.Origin, state: RequestState | None, called: CallResult | None = None,
+                        paid: Success | None = None) -> None:
         await self._emit_failure(request, failure, attempt, True, first_failure_ms, origin, called)
         now = self._clock_ms()
         if state is not None:
-            self._put_unless_superseded(state, on_terminal_failure(state, failure.layer, failure.code, now))
+            self._put_unless_superseded(state, on_terminal_failure(state, failure.layer, failure.code, now, paid))
         elif self._store.get(request.request_id) is None:  # a record rejected before admission
             self._store.put(RequestState(request.request_id, RequestStatus.FAILED, input_hash(request),
                                          attempts=attempt, batch_id=request.batch_id, last_layer=failure.layer,

@@ -35,7 +35,8 @@ class BatchStatus:
     last_progress_ms: int = 0
     """When a request of the batch last ended, or the batch started when none has: how long it has not moved."""
     usage: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Per model, (prompt, completion) tokens of the answers that became results (a reused answer spent none)."""
+    """Per model, (prompt, completion) tokens of the answers that became results (a reused answer spent none),
+    and of answers paid for but too large for a result (``response_too_large``)."""
     reused: int = 0
     """Of ``succeeded``, the requests answered from an earlier result without a call (``--reuse-results``)."""
     first_started_ms: int = 0
@@ -61,7 +62,7 @@ class BatchStatus:
                 "reused": self.reused}
 
     def usage_json(self) -> dict[str, Any]:
-        """OpenAI's usage keys for the batch's results, in total and per model."""
+        """OpenAI's usage keys for the batch's paid answers, in total and per model."""
         prompt = sum(tokens[0] for tokens in self.usage.values())
         completion = sum(tokens[1] for tokens in self.usage.values())
         return {**_usage(prompt, completion),
@@ -141,7 +142,7 @@ class StatusFold:
         for entry in self._latest.values():
             by_status[entry.status] += 1
             reused += entry.status is RequestStatus.SUCCEEDED and entry.reused
-            if entry.status is RequestStatus.SUCCEEDED and entry.model is not None:
+            if entry.status in _ENDED and entry.model is not None:  # a result, or an answer paid but too large
                 prompt, completion = usage.get(entry.model, (0, 0))
                 usage[entry.model] = (prompt + entry.prompt_tokens, completion + entry.completion_tokens)
             if entry.status is RequestStatus.FAILED:

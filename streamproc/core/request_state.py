@@ -216,9 +216,11 @@ def on_success(state: RequestState, now_ms: int, answer: Success | None = None) 
     """The result was sent (result first, then state: design §4); ``answer``'s model and usage are kept for the
     batch's token counts."""
     done = replace(state, status=RequestStatus.SUCCEEDED, updated_ms=now_ms, source_topic=None, source_offset=None)
-    if answer is None:
-        return done
-    return replace(done, model=answer.model, prompt_tokens=max(0, answer.prompt_tokens),
+    return done if answer is None else _with_usage(done, answer)
+
+
+def _with_usage(state: RequestState, answer: Success) -> RequestState:
+    return replace(state, model=answer.model, prompt_tokens=max(0, answer.prompt_tokens),
                    completion_tokens=max(0, answer.completion_tokens))
 
 
@@ -237,9 +239,12 @@ def on_deferred(state: RequestState, now_ms: int, code: str = CIRCUIT_OPEN,
     return _after_failure(state, RequestStatus.RETRYING, FailureLayer.SERVICE, code, now_ms, next_record)
 
 
-def on_terminal_failure(state: RequestState, layer: FailureLayer, code: str, now_ms: int) -> RequestState:
-    """The terminal failure was sent; only a replay starts the request again."""
-    return _after_failure(state, RequestStatus.FAILED, layer, code, now_ms, None)
+def on_terminal_failure(state: RequestState, layer: FailureLayer, code: str, now_ms: int,
+                        paid: Success | None = None) -> RequestState:
+    """The terminal failure was sent; only a replay starts the request again. ``paid``: the answer it ended with
+    although it was paid for (``response_too_large``): its model and usage count in the batch's tokens."""
+    failed = _after_failure(state, RequestStatus.FAILED, layer, code, now_ms, None)
+    return failed if paid is None else _with_usage(failed, paid)
 
 
 def _after_failure(state: RequestState, status: RequestStatus, layer: FailureLayer, code: str, now_ms: int,

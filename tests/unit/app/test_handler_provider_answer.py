@@ -11,7 +11,7 @@ import httpx
 
 from streamproc.core.retry_policy import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from streamproc.core.verdict import classify_http_error
-from streamproc.core.vocabulary import FailureLayer
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import CallResult
 from streamproc.llm.completion import check_completion
 from streamproc.llm.provider_answer import KEPT_BODY_BYTES
@@ -91,7 +91,8 @@ async def test_a_request_failed_before_any_call_has_no_answer() -> None:
 
 
 async def test_a_long_answer_is_cut_to_the_bound_and_says_so() -> None:
-    huge = completion_bytes("x" * (KEPT_BODY_BYTES + 10), "length")
+    content = "x" * (KEPT_BODY_BYTES + 10)
+    huge = completion_bytes(content, "length")
     rig = Rig([replied(200, huge, {})], RetryPolicy(max_attempts={**DEFAULT_MAX_ATTEMPTS, FailureLayer.SEMANTIC: 1}))
 
     await rig.handle(submission(make_request()))
@@ -99,8 +100,44 @@ async def test_a_long_answer_is_cut_to_the_bound_and_says_so() -> None:
     [(event, _)] = rig.sink.failures
     assert event.response_body is not None
     assert len(event.response_body.encode()) <= KEPT_BODY_BYTES
-    assert event.response_body.endswith(f"[cut: {len(huge)} bytes in all]")
+    kept = json.loads(event.response_body)  # still the provider's JSON: only its text is cut
+    assert kept["choices"][0]["message"]["content"].endswith(f"[cut: {len(content)} bytes in all]")
+    assert kept["usage"] == json.loads(huge)["usage"]
     assert event.provider_request_id is None
+
+
+async def test_an_answer_too_large_for_a_result_record_ends_as_response_too_large_with_a_bounded_copy() -> None:
+    """A paid 200 whose result the producer would refuse (about 2 x 600 KB: body and content): not a result, not
+    a send that fails into internal_error, but a terminal business failure that keeps the answer's head, its
+    usage and the sizes; the state counts its tokens."""
+    content = "word " * 120_000  # 600,000 bytes, once in the body and once as the content
+    raw = completion_bytes(content)
+    rig = Rig([replied(200, raw, {"x-request-id": "req_big"})])
+
+    await rig.handle(submission(make_request()))
+
+    assert rig.sink.results == [] and rig.sink.retries == []
+    [(event, _)] = rig.sink.failures
+    assert (event.layer, event.error_code, event.terminal, event.http_status, event.provider_request_id) == (
+        FailureLayer.BUSINESS, "response_too_large", True, 200, "req_big")
+    assert f"request 'req-1' is {len(raw):,} bytes" in event.message and "9 prompt + 3 completion" in event.message
+    assert event.response_body is not None and len(event.response_body.encode()) <= KEPT_BODY_BYTES
+    kept = json.loads(event.response_body)
+    assert content.startswith(kept["choices"][0]["message"]["content"][:100_000])
+    assert (kept["usage"], kept["id"]) == ({"prompt_tokens": 9, "completion_tokens": 3}, "chatcmpl-1")
+    state = rig.state()
+    assert (state.status, state.last_error_code, state.model, state.prompt_tokens, state.completion_tokens) == (
+        RequestStatus.FAILED, "response_too_large", "gpt-test-0613", 9, 3)
+
+
+async def test_an_answer_that_still_fits_a_record_is_a_result() -> None:
+    raw = completion_bytes("word " * 90_000)  # 450,000 bytes twice: under the record's limit with the rest
+    rig = Rig([replied(200, raw, {})])
+
+    await rig.handle(submission(make_request()))
+
+    [result] = rig.sink.results
+    assert rig.sink.failures == [] and result.response_json == raw.decode()
 
 
 async def test_a_result_carries_the_providers_request_id() -> None:

@@ -59,6 +59,16 @@ def test_token_usage_is_summed_per_model_over_the_results_latest_state_only() ->
     assert "tokens     40 (30 prompt, 10 completion)" in format_status(fold.status(submitted=4))
 
 
+def test_an_answer_paid_for_but_too_large_for_a_result_counts_in_the_tokens() -> None:
+    fold = StatusFold("b")
+    fold.apply([replace(state("1", RequestStatus.SUCCEEDED), model="m", prompt_tokens=4, completion_tokens=2),
+                replace(state("2", RequestStatus.FAILED, FailureLayer.BUSINESS), model="m", prompt_tokens=12,
+                        completion_tokens=524_288),
+                replace(state("3", RequestStatus.RETRYING), model="m", prompt_tokens=9)])  # not ended: not yet
+    status = fold.status(submitted=3)
+    assert (status.succeeded, status.failed["business"], status.usage) == (1, 1, {"m": (16, 524_290)})
+
+
 def test_reused_results_are_counted_among_the_succeeded_and_spent_no_tokens() -> None:
     fold = StatusFold("b")
     fold.apply([replace(state("1", RequestStatus.SUCCEEDED), model="m", reused=True),

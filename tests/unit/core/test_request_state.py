@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from streamproc.core.events import InferenceRequest, RepairContext, RequestState
+from streamproc.core.outcome import Success
 from streamproc.core.request_state import (
     Admission,
     Conflict,
@@ -245,6 +246,15 @@ def test_transitions() -> None:
     )
     for after in (retrying, failed):
         assert (after.source_topic, after.source_offset, after.attempts) == (None, None, 2)
+    assert (failed.model, failed.prompt_tokens, failed.completion_tokens) == (None, 0, 0)
+
+
+def test_a_terminal_failure_after_a_paid_answer_keeps_its_model_and_usage() -> None:
+    running = state(IN_FLIGHT)
+    failed = on_terminal_failure(running, FailureLayer.BUSINESS, "response_too_large", 12,
+                                 Success("...", "mock-small", 12, 524_288))
+    assert (failed.status, failed.last_error_code, failed.model, failed.prompt_tokens, failed.completion_tokens) == (
+        FAILED, "response_too_large", "mock-small", 12, 524_288)
 
 
 # --- whole histories -------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import httpx
 import pytest
@@ -44,6 +45,56 @@ def test_a_longer_body_is_cut_within_the_bound_and_says_its_size(body: bytes) ->
     assert len(kept.encode("utf-8")) <= KEPT_BODY_BYTES
     assert kept.endswith(f"\u2026 [cut: {len(body)} bytes in all]")
     assert body.decode("utf-8", "replace").startswith(kept[: -len(f"\u2026 [cut: {len(body)} bytes in all]")])
+
+
+def completion(*messages: Mapping[str, object], **extra: object) -> bytes:
+    return json.dumps({"id": "chatcmpl-9", "object": "chat.completion", "model": "gpt-4o-2024-08-06",
+                       "choices": [{"index": i, "message": m, "logprobs": None, "finish_reason": "stop"}
+                                   for i, m in enumerate(messages)],
+                       "usage": {"prompt_tokens": 12, "completion_tokens": 700_000, "total_tokens": 700_012},
+                       **extra}, ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize("text", [
+    "word " * 600_000,
+    "\u00e9\"\n\u4e2d" * 300_000,  # characters JSON escapes or UTF-8 writes in 2-3 bytes: the cut is searched
+])
+def test_a_long_completion_keeps_its_json_with_the_text_cut_and_everything_else_whole(text: str) -> None:
+    body = completion({"role": "assistant", "content": text, "refusal": None})
+    kept = kept_body(body)
+    assert KEPT_BODY_BYTES - 64 < len(kept.encode()) <= KEPT_BODY_BYTES  # the room is used, never passed
+    doc, whole = json.loads(kept), json.loads(body)
+    content = doc["choices"][0]["message"].pop("content")
+    note = f"\u2026 [cut: {len(text.encode())} bytes in all]"
+    assert content.endswith(note) and text.startswith(content.removesuffix(note))
+    del whole["choices"][0]["message"]["content"]
+    assert doc == whole  # id, model, finish_reason, usage: as the provider sent them
+
+
+def test_choices_share_the_room_and_a_short_one_stays_whole() -> None:
+    body = completion({"role": "assistant", "content": "short and whole"},
+                      {"role": "assistant", "content": "a" * 400_000, "reasoning_content": "b" * 400_000})
+    doc = json.loads(kept_body(body))
+    assert len(kept_body(body).encode()) <= KEPT_BODY_BYTES
+    first, second = (choice["message"] for choice in doc["choices"])
+    assert first["content"] == "short and whole"
+    assert second["content"].endswith("[cut: 400000 bytes in all]")
+    assert second["reasoning_content"].endswith("[cut: 400000 bytes in all]")
+    assert abs(len(second["content"]) - len(second["reasoning_content"])) <= 1
+
+
+def test_logprobs_are_left_out_of_a_cut_completion() -> None:
+    raw = json.loads(completion({"role": "assistant", "content": "x" * 200_000}))
+    raw["choices"][0]["logprobs"] = {"content": [{"token": "x", "logprob": -0.1, "top_logprobs": []}] * 1000}
+    doc = json.loads(kept_body(json.dumps(raw).encode()))
+    assert doc["choices"][0]["logprobs"] is None
+    assert doc["choices"][0]["message"]["content"].endswith("[cut: 200000 bytes in all]")
+
+
+def test_a_completion_whose_other_parts_alone_pass_the_bound_is_cut_as_text() -> None:
+    body = completion(*({"role": "assistant", "content": "x" * 10} for _ in range(KEPT_BODY_BYTES // 40)))
+    kept = kept_body(body)
+    assert len(kept.encode()) <= KEPT_BODY_BYTES and kept.endswith(f"[cut: {len(body)} bytes in all]")
 
 
 async def test_the_client_hands_the_response_headers_over_for_the_request_id() -> None:

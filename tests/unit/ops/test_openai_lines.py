@@ -11,6 +11,7 @@ from openai.types import ErrorObject
 from openai.types.chat import ChatCompletion
 
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.llm.provider_answer import kept_body
 from streamproc.ops.openai_lines import error_line, output_line
 from streamproc.ops.output_format import HeldFailure, line_id
 from tests.batch_lines import parse_openai_line
@@ -94,6 +95,23 @@ def test_a_rejected_answer_is_kept_in_the_response_with_our_verdict_in_error(lay
                    provider_id="req_200")
     assert line["response"] == {"status_code": 200, "request_id": "req_200", "body": ANSWER}
     assert line["error"] == {"code": code, "message": "why it is no result"}
+
+
+def test_an_answer_too_large_for_a_result_shows_the_providers_200_with_its_text_cut_and_the_sizes() -> None:
+    content = "word " * 400_000
+    answer = {**RESPONSE, "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                       "finish_reason": "stop"}]}
+    message = "the answer to request 'batch-1/req-1' is 2,000,170 bytes: its result record would be ..."
+    line = line_of(status=200, layer=FailureLayer.BUSINESS, code="response_too_large", message=message,
+                   body=kept_body(json.dumps(answer).encode()), provider_id="req_big")
+    assert line["error"] == {"code": "response_too_large", "message": message}
+    response = line["response"]
+    assert isinstance(response, dict) and (response["status_code"], response["request_id"]) == (200, "req_big")
+    _, body = parse_openai_line(json.dumps(line))
+    assert isinstance(body, ChatCompletion) and body.usage is not None
+    assert body.usage.model_dump(exclude_none=True) == RESPONSE["usage"]  # what it cost, whole
+    kept = body.choices[0].message.content
+    assert kept is not None and kept.endswith("[cut: 2000000 bytes in all]") and content.startswith(kept[:90_000])
 
 
 def test_a_200_that_is_not_a_json_object_has_no_response_and_keeps_its_text() -> None:
