@@ -15,6 +15,10 @@ CPU per request is its own CPU over its own results. The projection for N worker
 N x (1 / worker CPU per request), capped by the mock (one process: one core) and the busiest broker node (one
 core each) at the CPU per request they took here.
 
+``--scale-rounds R`` runs every worker count R times, the order rotating from round to round; each run is
+compared with the same round's run of the fewest workers (paired, so a change in the machine's load between
+rounds cancels out) and the summary gives the medians.
+
 Every run must end with every request answered, and no failure event: else it fails (exit code 1).
 """
 
@@ -24,6 +28,7 @@ import argparse
 import asyncio
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -130,6 +135,7 @@ class ScaleRun:
     report: RunReport  # cores: worker-1..N, mock, bench, broker-1..3, other, machine
     worker_results: tuple[int, ...]
     idle: Mapping[str, float]  # cores of the brokers, the mock and the workers with nothing to do
+    round: int = 0
 
     @property
     def seconds(self) -> float:
@@ -259,16 +265,17 @@ class ScaleBench:
         _llm_url, mock_pid = self.bench.zero_latency_mock()
         self.idle = await self.idle_cores(self.watch([], mock_pid), IDLE_S, "broker-", "mock")
 
-    async def run(self, count: int, requests: int) -> ScaleRun:
+    async def run(self, count: int, requests: int, round_: int) -> ScaleRun:
         bench, stack = self.bench, self.bench.stack
-        topology = bench.topology(f"w{count}")
+        tag = f"w{count}-r{round_}"
+        topology = bench.topology(tag)
         await ensure_topics(bench.bootstrap, topology.all_topics())
         llm_url, mock_pid = bench.zero_latency_mock()
         mock = MockWatch(llm_url)
         mock.reset()
         ports = [free_port() for _ in range(count)]
         workers: list[subprocess.Popen[bytes]] = []
-        names = [f"worker-w{count}-{i}" for i in range(1, count + 1)]
+        names = [f"worker-{tag}-{i}" for i in range(1, count + 1)]
         try:
             for name, port in zip(names, ports, strict=True):
                 env = worker_env(bench.bootstrap, topology.prefix, llm_url, stack.workdir / f"{name}-data",
@@ -281,7 +288,7 @@ class ScaleBench:
             idle_workers = await self.idle_cores(self.watch(workers, mock_pid), IDLE_WORKERS_S, "worker-")
             print(f"{count} worker(s) in the group, requests partitions {assignment}; writing the batch", flush=True)
             produced = asyncio.create_task(produce_requests(
-                bench.bootstrap, topology.requests, (chat_request(f"w{count}", i) for i in range(requests))))
+                bench.bootstrap, topology.requests, (chat_request(tag, i) for i in range(requests))))
             observed, sampler = await watch_results(
                 bench.bootstrap, topology.results, [topology.failed(layer) for layer in FailureLayer], requests,
                 lambda: workers[0], 300 + requests / 20, lambda _pid: self.watch(workers, mock_pid))
@@ -296,7 +303,7 @@ class ScaleBench:
                 stack.stop(worker)
         report = RunReport(f"{count} worker(s)", observed, int(mock.stats()["calls"]),
                            sampler.cores(observed.first_call, observed.last_seen), 0.0)
-        return ScaleRun(count, report, worker_results, {**self.idle, **idle_workers})
+        return ScaleRun(count, report, worker_results, {**self.idle, **idle_workers}, round_)
 
 
 def check_converged(observed: Observed, workers: Sequence[subprocess.Popen[bytes]], names: Sequence[str],
@@ -312,22 +319,43 @@ def check_converged(observed: Observed, workers: Sequence[subprocess.Popen[bytes
 # ---- the report ----------------------------------------------------------------------------------------------
 
 
+def spread(values: Sequence[float]) -> str:
+    """`` (min-max)`` of several values, nothing for one."""
+    return f" ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 else ""
+
+
 def cores_cell(run: ScaleRun, prefix: str, cpus: int) -> str:
     used = run.cpu_s(prefix) / run.seconds
     return f"{used:.2f} ({used / cpus:.0%})"
 
 
+def ratios(runs: Sequence[ScaleRun], beyond_idle: bool = False) -> dict[int, list[float]]:
+    """Worker CPU per request of each worker count over that of the fewest workers in the same round (paired:
+    a change in the machine's load between rounds cancels out), per worker count, in round order."""
+    base_count = min(run.workers for run in runs)
+    base = {run.round: run.ms_per_request("worker-", beyond_idle) for run in runs if run.workers == base_count}
+    out: dict[int, list[float]] = {}
+    for run in sorted(runs, key=lambda r: (r.workers, r.round)):
+        if run.round in base:
+            out.setdefault(run.workers, []).append(run.ms_per_request("worker-", beyond_idle) / base[run.round])
+    return out
+
+
 def rows(runs: Sequence[ScaleRun], cpus: int) -> list[tuple[str, ...]]:
-    """One row per worker count: throughput, worker CPU per request (all, and each worker's over its own
-    results), its ratio to the first run's, then the cores (share of the machine) of workers, brokers, mock,
-    this process and other jobs over the same window."""
-    first = runs[0].ms_per_request("worker-")
+    """One row per run: throughput, worker CPU per request (all, and each worker's over its own results), its
+    ratio to the same round's run with the fewest workers, then the cores (share of the machine) of workers,
+    brokers, mock, this process and other jobs over the same window."""
+    base_count = min(run.workers for run in runs)
+    base = {run.round: run.ms_per_request("worker-") for run in runs if run.workers == base_count}
+    rounds = len({run.round for run in runs})
     out: list[tuple[str, ...]] = []
     for run in runs:
         each = run.per_worker_ms()
         total = run.ms_per_request("worker-")
         idle = sum(used for name, used in run.idle.items() if name.startswith("worker-"))
-        out.append((str(run.workers), f"{run.requests / run.seconds:.0f}",
+        first = base.get(run.round, float("nan"))
+        label = str(run.workers) if rounds == 1 else f"{run.workers} (round {run.round + 1})"
+        out.append((label, f"{run.requests / run.seconds:.0f}",
                     f"{total:.2f} ({run.ms_per_request('worker-', beyond_idle=True):.2f})",
                     f"{sum(each) / len(each):.2f} ({min(each):.2f}-{max(each):.2f})", f"{total / first:.2f}",
                     cores_cell(run, "worker-", cpus), f"{idle:.2f}", cores_cell(run, "broker-", cpus),
@@ -354,21 +382,25 @@ def report(args: argparse.Namespace, runs: Sequence[ScaleRun], load: tuple[float
           + ", ".join(f"{name} {used:.2f}" for name, used in runs[0].idle.items() if not name.startswith("worker-"))
           + " cores")
     print(table(rows(runs, cpus), HEADER))
-    first = runs[0]
+    base_count = min(run.workers for run in runs)
     warnings = []
-    for run in runs[1:]:
-        growth = run.ms_per_request("worker-") / first.ms_per_request("worker-")
-        beyond = run.ms_per_request("worker-", True) / first.ms_per_request("worker-", True)
+    beyond_idle = ratios(runs, beyond_idle=True)
+    for count, values in ratios(runs).items():
+        if count == base_count:
+            continue
+        growth = statistics.median(values)
         status = "met" if growth <= TARGET_GROWTH else "GROWS"
-        print(f"worker CPU per request, {run.workers} / {first.workers} worker(s): {growth:.2f} "
-              f"(must not grow: <= {TARGET_GROWTH}) {status}; beyond the workers' idle CPU {beyond:.2f}")
+        print(f"worker CPU per request, {count} / {base_count} worker(s): {growth:.2f}{spread(values)} "
+              f"(must not grow: <= {TARGET_GROWTH}) {status}; beyond the workers' idle CPU "
+              f"{statistics.median(beyond_idle[count]):.2f}{spread(beyond_idle[count])}")
         if status != "met":
-            warnings.append(f"worker CPU per request at {run.workers} workers is {growth:.2f} x {first.workers}'s")
-    for run in runs:
-        per_worker, mock_cap, broker_cap = run.projection()
-        print(f"projection from {run.workers} worker(s): N workers on N cores = N x {per_worker:.0f} req/s, "
-              f"capped at {mock_cap:.0f} req/s by the mock (one core) and {broker_cap:.0f} req/s by the busiest "
-              "broker node (one core each)")
+            warnings.append(f"worker CPU per request at {count} workers is {growth:.2f} x {base_count}'s")
+    for count in sorted({run.workers for run in runs}):
+        projections = [run.projection() for run in runs if run.workers == count]
+        per_worker, mock_cap, broker_cap = (statistics.median(p[i] for p in projections) for i in range(3))
+        print(f"projection from {count} worker(s): N workers on N cores = N x {per_worker:.0f} req/s, capped at "
+              f"{mock_cap:.0f} req/s by the mock (one core) and {broker_cap:.0f} req/s by the busiest broker node "
+              "(one core each)" + (" (medians over the rounds)" if len(projections) > 1 else ""))
     for run in runs:
         if run.report.observed.duplicates or run.report.mock_calls != run.report.observed.expected:
             warnings.append(f"{run.report.name}: {run.report.observed.duplicates} duplicate results, "
@@ -405,9 +437,11 @@ async def run(args: argparse.Namespace, stack: Stack) -> None:
         scale = ScaleBench(bench, broker_pids)
         await scale.measure_idle()
         runs = []
-        for count in args.workers:
-            runs.append(await scale.run(count, args.scale_requests))
-            print(runs[-1].describe(), flush=True)
+        for round_ in range(args.scale_rounds):
+            shift = round_ % len(args.workers)
+            for count in args.workers[shift:] + args.workers[:shift]:
+                runs.append(await scale.run(count, args.scale_requests, round_))
+                print(f"round {round_ + 1}: {runs[-1].describe()}", flush=True)
         report(args, runs, (load_start, os.getloadavg()[0]))
     finally:
         if cluster is not None:
@@ -421,8 +455,8 @@ def worker_counts(text: str) -> list[int]:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of worker counts like 1,2,4") from exc
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: worker counts are at least 1")
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: worker counts are at least 1, each named once")
     return counts
 
 
@@ -430,14 +464,16 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
     """The scale suite's own options."""
     parser.add_argument("--workers", type=worker_counts, default=[1, 2, 4], metavar="N,N,...",
                         help="worker counts, one run each, in this order [1,2,4]")
-    parser.add_argument("--scale-requests", type=int, default=15_000, help="requests of each run [15000]")
+    parser.add_argument("--scale-requests", type=int, default=10_000, help="requests of each run [10000]")
+    parser.add_argument("--scale-rounds", type=int, default=1,
+                        help="rounds of every worker count, the order rotating from round to round [1]")
     parser.add_argument("--scale-warmup", type=int, default=3000,
                         help="requests of the unreported warm-up run (one worker) [3000]")
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.scale_requests < 1 or args.in_flight < 1 or args.scale_warmup < 0:
-        parser.error("--scale-requests and --in-flight must be at least 1, --scale-warmup at least 0")
+    if min(args.scale_requests, args.scale_rounds, args.in_flight) < 1 or args.scale_warmup < 0:
+        parser.error("--scale-requests, --scale-rounds and --in-flight must be at least 1, --scale-warmup at least 0")
     if max(args.workers) > args.partitions:
         parser.error(f"--partitions {args.partitions} leaves some of {max(args.workers)} workers idle: give at "
                      "least as many partitions as workers")

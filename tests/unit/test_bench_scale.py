@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from benchmarks.pipeline import BenchError, Observed, RunReport
-from benchmarks.scale import ScaleRun, descendants, parse_stat, results_written, rows, worker_counts
+from benchmarks.scale import ScaleRun, descendants, parse_stat, ratios, results_written, rows, worker_counts
 from streamproc.core.events import InferenceResult
 
 
@@ -41,20 +41,20 @@ def test_results_written_reads_the_workers_results_counter() -> None:
 def test_worker_counts() -> None:
     assert worker_counts("1,2,4") == [1, 2, 4]
     assert worker_counts("3") == [3]
-    for bad in ("", "0,1", "1,two"):
+    for bad in ("", "0,1", "1,two", "1,2,1"):
         with pytest.raises(argparse.ArgumentTypeError):
             worker_counts(bad)
 
 
 def run(workers: int, requests: int, seconds: float, cores: dict[str, float], worker_results: tuple[int, ...],
-        idle: dict[str, float] | None = None) -> ScaleRun:
+        idle: dict[str, float] | None = None, round_: int = 0) -> ScaleRun:
     """A run of ``requests`` results whose first call started at t=0 and whose last result was seen at
     ``seconds``."""
     results = {f"r{i}": InferenceResult(f"r{i}", "b", "m", "{}", "", 1, latency_ms=0, completed_ms=0 if i == 0 else 5,
                                         input_hash="h") for i in range(requests)}
     observed = Observed(requests, spawned=-10.0, results=results, last_seen=seconds)
     return ScaleRun(workers, RunReport(f"{workers} worker(s)", observed, requests, cores, 0.0), worker_results,
-                    idle or {})
+                    idle or {}, round_)
 
 
 def test_cpu_per_request_sums_the_workers_and_each_worker_is_charged_its_own_results() -> None:
@@ -88,3 +88,18 @@ def test_rows_give_the_ratio_to_the_first_run_and_each_share_of_the_machine() ->
     assert second[1] == "200" and second[4] == "1.20"  # 2.4 ms / 2.0 ms
     assert second[3] == "2.40 (2.40-2.40)"  # 1.25 s / 520 and 1.15 s / 480
     assert second[5] == "0.48 (24%)" and second[7] == "0.80 (40%)"
+
+
+def test_ratios_pair_each_run_with_the_same_rounds_run_of_the_fewest_workers() -> None:
+    def cpu(workers: int, ms: float, round_: int) -> ScaleRun:  # 1,000 requests in 10 s: ms/req = cores x 10
+        return run(workers, 1000, 10.0, {f"worker-{i}": ms / 10 / workers for i in range(1, workers + 1)},
+                   (1000,) * workers, {f"worker-{i}": 0.01 for i in range(1, workers + 1)}, round_)
+
+    # round 2 ran on a busier machine: everything cost more, but in the same proportion
+    runs = [cpu(1, 2.0, 0), cpu(2, 2.2, 0), cpu(4, 2.0, 0), cpu(2, 3.3, 1), cpu(4, 3.0, 1), cpu(1, 3.0, 1)]
+    assert {count: [round(v, 3) for v in values] for count, values in ratios(runs).items()} == {
+        1: [1.0, 1.0], 2: [1.1, 1.1], 4: [1.0, 1.0]}
+    beyond = ratios(runs, beyond_idle=True)[4]  # idle: 0.1 ms/req per worker
+    assert beyond == pytest.approx([1.6 / 1.9, 2.6 / 2.9])
+    labels = [row[0] for row in rows(runs, cpus=2)]
+    assert labels[:2] == ["1 (round 1)", "2 (round 1)"] and rows(runs, cpus=2)[3][4] == "1.10"
