@@ -251,6 +251,7 @@ class LagWatcher:
         self._clock = clock or time.time
         self._reader: LagReader | None = reader  # None: connects on the first refresh
         self._failing = False
+        self._last_read_at: float | None = None
         self._stalls = StallWatch(stall_after_s)
 
     async def refresh(self) -> None:
@@ -269,10 +270,14 @@ class LagWatcher:
             if not isinstance(exc, LagError):
                 await self.close()  # reconnect next time
             return
+        now = self._clock()
         if self._failing:
             log.info("reading the consumer lag again")
+            if self._last_read_at is not None:
+                # The broker was out of reach: no partition could commit, which says nothing about a wedge.
+                self._stalls.excuse(now - self._last_read_at)
         self._failing = False
-        now = self._clock()
+        self._last_read_at = now
         self._metrics.set_lag(rows, now)
         for stall in self._stalls.observe(rows, now):
             log.warning("partition %s[%d] is stalled: its committed offset %s has not moved for %.0f s while %d "

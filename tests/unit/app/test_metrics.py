@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from streamproc.app.handler import Disposition, Handler, Record
+from streamproc.app.lag_reader import BrokerUnavailable
 from streamproc.app.metrics import LagWatcher, WorkerMetrics
 from streamproc.app.observe import LlmCall, NullObserver, Observer, guarded
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
@@ -280,3 +281,38 @@ def test_breaker_state_is_a_label(state: BreakerState) -> None:
     for other in BreakerState:
         assert metrics.registry.get_sample_value("streamproc_circuit_breaker_state", {
             "model": "gpt-a", "state": other.value}) == (1.0 if other is state else 0.0)
+
+
+class BrokerAwayReader(StuckReader):
+    """The stuck reader, out of reach while ``away`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.away = False
+
+    async def partitions(self, group: str, partitions: object) -> list[PartitionLag]:
+        if self.away:
+            raise BrokerUnavailable("could not read offsets from Kafka at unused:9092 (node not ready)")
+        return await super().partitions(group, partitions)
+
+
+async def test_time_the_broker_was_out_of_reach_is_not_a_stall(metrics: WorkerMetrics,
+                                                                registry: CollectorRegistry) -> None:
+    now = [0.0]
+    reader = BrokerAwayReader()
+    watcher = LagWatcher(metrics, "unused:9092", "g", ["llm.requests"], lambda: [("llm.requests", 0)],
+                         clock=lambda: now[0], stall_after_s=60, reader=reader)  # type: ignore[arg-type]
+    await watcher.refresh()
+    now[0], reader.away = 10.0, True
+    for second in (10.0, 30.0, 50.0):  # 50 s without a reading: no commit could have happened either
+        now[0] = second
+        await watcher.refresh()
+    now[0], reader.away = 61.0, False
+    await watcher.refresh()
+    assert value(registry, "streamproc_partition_stalled", topic="llm.requests", partition="0") == 0
+    now[0] = 71.0  # 11 s of the stall clock before the broker went away, 10 s after it came back
+    await watcher.refresh()
+    assert value(registry, "streamproc_partition_stalled", topic="llm.requests", partition="0") == 0
+    now[0] = 122.0  # 61 s of reachable time without a move: a wedge
+    await watcher.refresh()
+    assert value(registry, "streamproc_partition_stalled", topic="llm.requests", partition="0") == 1
