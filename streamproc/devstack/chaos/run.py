@@ -99,6 +99,8 @@ class ChaosRun:
         self._http = httpx.AsyncClient()
         self._stop_faults = asyncio.Event()
         self._restarts: set[asyncio.Task[None]] = set()  # killed workers waiting out their pause
+        self._waves: set[asyncio.Task[None]] = set()  # poison waves under way
+        self._firing = 0  # faults under way, poison waves included: the run is not settled before they end
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -128,15 +130,15 @@ class ChaosRun:
                 self._stop_faults.set()
                 with contextlib.suppress(asyncio.CancelledError):
                     await faults  # a fault in progress finishes
-                await asyncio.gather(*self._restarts)  # and a killed worker is started again
+                await asyncio.gather(*self._restarts, *self._waves)  # a killed worker is started again
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             return await self._collect()
         finally:
-            for task in [*tasks, *self._restarts]:
+            for task in [*tasks, *self._restarts, *self._waves]:
                 task.cancel()
-            await asyncio.gather(*tasks, *self._restarts, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._restarts, *self._waves, return_exceptions=True)
             await self.states.stop()
             await self.outcomes.stop()
             await self.group_watch.stop()
@@ -155,7 +157,7 @@ class ChaosRun:
             await asyncio.sleep(POLL_S)
             if self.progress.converged_at_s is not None:
                 self._stop_faults.set()
-                if all(explained(p, self.outcomes.outcomes)[0] for p in self.poison):
+                if not self._firing and all(explained(p, self.outcomes.outcomes)[0] for p in self.poison):
                     self.say(f"[{self.now():5.0f}s] batch converged and every poison record explained")
                     return
             if self.now() - last_said >= PROGRESS_EVERY_S:
@@ -249,6 +251,21 @@ class ChaosRun:
             previous = time.monotonic()
 
     async def _fire(self, fault: Fault) -> None:
+        self._firing += 1
+        if fault.kind is FaultKind.POISON_WAVE:  # in the background: a slow submit must not hold the next fault
+            task = asyncio.create_task(self._fire_now(fault))
+            self._waves.add(task)
+            task.add_done_callback(self._waves.discard)
+        else:
+            await self._fire_now(fault)
+
+    async def _fire_now(self, fault: Fault) -> None:
+        try:
+            await self._fire_one(fault)
+        finally:
+            self._firing -= 1
+
+    async def _fire_one(self, fault: Fault) -> None:
         at, progress = self.now(), self.progress.fraction
         gauge: float | None = None
         note = ""
