@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from streamproc.devstack.chaos import ChaosConfig, format_table, run_chaos
+from streamproc.devstack.chaos.config import ChaosConfig
+from streamproc.devstack.chaos.run import run_chaos
+from streamproc.devstack.chaos.tally import format_table
 
 pytestmark = pytest.mark.integration
 

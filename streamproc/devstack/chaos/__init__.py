@@ -4,11 +4,5 @@ poison records arrive; one table says whether anything was lost, duplicated or s
 One concept per module: ``config`` (the knobs), ``batch`` (the measured batch), ``poison`` (the hostile
 records), ``faults`` (the schedule), ``proxy`` (deep-JSON answers in front of the mock), ``stack`` (the
 processes), ``worker_metrics`` and ``facts`` (what is read back), ``tally`` (the pure verdict), ``run``
-(the orchestration) and ``cli``.
+(the orchestration) and ``cli``. Nothing is imported here: ``streamproc --help`` must not pay for the run.
 """
-
-from streamproc.devstack.chaos.config import ChaosConfig
-from streamproc.devstack.chaos.run import ChaosReport, run_chaos
-from streamproc.devstack.chaos.tally import format_table, tally
-
-__all__ = ["ChaosConfig", "ChaosReport", "format_table", "run_chaos", "tally"]

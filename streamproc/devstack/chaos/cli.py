@@ -10,8 +10,6 @@ from pathlib import Path
 import click
 
 from streamproc.devstack.chaos.config import ChaosConfig
-from streamproc.devstack.chaos.run import run_chaos
-from streamproc.devstack.chaos.tally import format_table
 from streamproc.errors import ExitCode, UserFacingError
 
 _DEFAULTS = ChaosConfig()
@@ -70,6 +68,10 @@ def chaos(requests: int, workers: int, kills: int, kill_pause: float, broker_res
                              work_dir=work_dir, keep_work_dir=keep)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+    # here: the run's imports (aiokafka, aiohttp, httpx) would slow every other command
+    from streamproc.devstack.chaos.run import run_chaos
+    from streamproc.devstack.chaos.tally import format_table
 
     def say(line: str) -> None:
         click.echo(line, err=True)
