@@ -464,7 +464,7 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
     """The scale suite's own options."""
     parser.add_argument("--workers", type=worker_counts, default=[1, 2, 4], metavar="N,N,...",
                         help="worker counts, one run each, in this order [1,2,4]")
-    parser.add_argument("--scale-requests", type=int, default=10_000, help="requests of each run [10000]")
+    parser.add_argument("--scale-requests", type=int, default=6000, help="requests of each run [6000]")
     parser.add_argument("--scale-rounds", type=int, default=1,
                         help="rounds of every worker count, the order rotating from round to round [1]")
     parser.add_argument("--scale-warmup", type=int, default=3000,
