@@ -35,6 +35,7 @@ from streamproc import codec
 from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.dispatcher import Dispatcher
 from streamproc.app.faust_app import make_faust_app
+from streamproc.app.faust_fixes import watch_skipped_records
 from streamproc.app.handler import Disposition, Handler, Record
 from streamproc.app.manifest_follower import BatchSizes
 from streamproc.app.metrics import serve_worker_metrics, watch_worker
@@ -169,6 +170,8 @@ class WorkerRuntime:
         for tier in self.topology.tiers:
             self.app.agent(self.sink.topic(self.topology.retry(tier)), name=f"dispatch-retry-{tier.name}")(
                 self._dispatch_delayed)
+        consumed = [self.topology.requests, *map(self.topology.retry, self.topology.tiers)]
+        watch_skipped_records(self.app, consumed, self._on_skipped)
 
     async def _dispatch(self, stream: Any) -> None:
         await self._consume(stream, delayed=False)
@@ -250,11 +253,19 @@ class WorkerRuntime:
     def _on_stuck(self, lane: object, offset: int, why: str) -> None:
         """A record that can never be acked would stop its partition's commits for good: stop the worker
         instead (loudly), so that the record is read again, by this worker restarted or another one."""
+        self._stop_to_read_again(f"the record at offset {offset} of {lane} could neither be handled nor its "
+                                 f"outcome written ({why})")
+
+    def _on_skipped(self, topic: str, partition: int, first: int, last: int) -> None:
+        """faust skipped records it cannot be made to read again (``faust_fixes`` fix 5): never committed
+        past, they would stop the partition's commits for good; a restart reads them from the committed offset."""
+        self._stop_to_read_again(f"the consumer skipped offsets {first}..{last} of {topic}[{partition}]")
+
+    def _stop_to_read_again(self, what: str) -> None:
         if self._halted.is_set():
             return
         self._halted.set()
-        log.critical("STOPPING: the record at offset %d of %s could neither be handled nor its outcome written "
-                     "(%s); exiting so that it is read again instead of stalling its partition", offset, lane, why)
+        log.critical("STOPPING: %s; exiting so that it is read again instead of stalling its partition", what)
         asyncio.get_running_loop().create_task(self._halt(ExitCode.FAILED))
 
     async def _halt(self, exit_code: int) -> None:

@@ -158,3 +158,70 @@ async def test_the_flush_before_a_commit_waits_until_every_buffered_state_write_
         assert buffer.size == 0
     finally:
         await buffer.stop()
+
+
+def _ack_taken(consumer: Any, *offsets: int) -> None:
+    for offset in offsets:
+        message = _message(offset, generation_id=2)
+        message.tracked = True
+        assert consumer.ack(message) is True
+
+
+def _with_log_start(consumer: Any, earliest: int) -> None:
+    async def earliest_offsets(*tps: TP) -> dict[TP, int]:
+        return dict.fromkeys(tps, earliest)
+
+    consumer.earliest_offsets = earliest_offsets
+
+
+def test_a_commit_never_passes_a_committed_offset_that_was_not_acked() -> None:
+    consumer = _acking_consumer()
+    tp = TP("requests", 0)
+    faust_fixes.watch_skipped_records(consumer.app, ["requests"], lambda *args: pytest.fail("no gap"))
+    consumer._committed_offset[tp] = 36
+    _ack_taken(consumer, 37, 38)
+    assert consumer._new_offset(tp) is None  # faust alone: 39, past offset 36 (faust-streaming #606)
+    _ack_taken(consumer, 36)
+    assert consumer._new_offset(tp) == 39
+    zero = _acking_consumer()
+    faust_fixes.watch_skipped_records(zero.app, ["requests"], lambda *args: pytest.fail("no gap"))
+    zero._committed_offset[tp] = 0
+    _ack_taken(zero, 5, 6)
+    assert zero._new_offset(tp) is None  # faust alone: 7 (a committed 0 skipped its head check)
+
+
+async def test_records_skipped_by_the_consumer_stop_the_worker_and_are_never_committed_past() -> None:
+    """The CI chaos run's loss: committed 36, a record fetched before a seek (69) delivered after it."""
+    consumer = _acking_consumer()
+    tp = TP("requests", 0)
+    skipped: list[tuple[str, int, int, int]] = []
+    faust_fixes.watch_skipped_records(consumer.app, ["requests"], lambda *args: skipped.append(args))
+    _with_log_start(consumer, 0)  # 36..68 are still in the log
+    consumer._committed_offset[tp] = 36
+    await consumer._add_gap(tp, 37, 69)  # what faust's drain does on seeing 69 with its read offset at 36
+    _ack_taken(consumer, 69)
+    assert skipped == [("requests", 0, 36, 68)]
+    assert consumer._new_offset(tp) is None  # faust alone: 70, and 36..68 never handled
+
+
+async def test_records_deleted_by_retention_before_they_were_read_are_a_gap_as_before() -> None:
+    consumer = _acking_consumer()
+    tp = TP("requests", 0)
+    skipped: list[tuple[str, int, int, int]] = []
+    faust_fixes.watch_skipped_records(consumer.app, ["requests"], lambda *args: skipped.append(args))
+    _with_log_start(consumer, 69)
+    consumer._committed_offset[tp] = 36
+    await consumer._add_gap(tp, 37, 69)
+    _ack_taken(consumer, 69)
+    assert skipped == []
+    assert consumer._new_offset(tp) == 70
+
+
+async def test_a_topic_the_worker_did_not_name_keeps_fausts_gaps() -> None:
+    consumer = _acking_consumer()
+    tp = TP("requests", 0)
+    faust_fixes.watch_skipped_records(consumer.app, ["other"], lambda *args: pytest.fail("not watched"))
+    consumer._committed_offset[tp] = 36
+    await consumer._add_gap(tp, 36, 40)  # a compacted topic: 36..39 are gone, 40 revealed it (in the gap too)
+    _ack_taken(consumer, 41)
+    assert consumer._new_offset(tp) == 42  # faust's gap starts at 37: its head check lets 36 through
