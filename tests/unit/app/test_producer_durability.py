@@ -23,3 +23,10 @@ async def test_idempotence_can_be_turned_off_for_clusters_that_refuse_it(tmp_pat
     app = make_faust_app(settings, "durable-test", 4, replication_factor=1)
     client = app.producer._new_producer()  # type: ignore[attr-defined]
     assert (client._sender._acks, client._txn_manager) == (-1, None)
+
+
+async def test_the_faust_producer_lingers_30_ms_to_share_produce_requests(tmp_path: Path) -> None:
+    settings = Settings(kafka_bootstrap="127.0.0.1:9", data_dir=tmp_path)
+    app = make_faust_app(settings, "linger-test", 4, replication_factor=1)
+    client = app.producer._new_producer()  # type: ignore[attr-defined]
+    assert client._sender._linger_time == 0.03
