@@ -293,7 +293,7 @@ class ScaleBench:
                 bench.bootstrap, topology.results, [topology.failed(layer) for layer in FailureLayer], requests,
                 lambda: workers[0], 300 + requests / 20, lambda _pid: self.watch(workers, mock_pid))
             await produced
-            check_converged(observed, workers, names, stack)
+            check_converged(observed, workers, names, stack.log_tail)
             worker_results = tuple(scrape_results(port) for port in ports)
         except BenchError as exc:
             raise BenchError(f"{count} workers: {exc}\n--- first worker's log ({stack.log_path(names[0])}):\n"
@@ -307,13 +307,13 @@ class ScaleBench:
 
 
 def check_converged(observed: Observed, workers: Sequence[subprocess.Popen[bytes]], names: Sequence[str],
-                    stack: Stack) -> None:
+                    log_tail: Callable[[str], str]) -> None:
     """Every request answered (the reader returned), no failure event, every worker still up."""
     if observed.failures:
         raise BenchError(f"{observed.failures} failure events on a clean mock: the run did not converge cleanly")
     for name, worker in zip(names, workers, strict=True):
         if worker.poll() is not None:
-            raise BenchError(f"{name} exited ({worker.returncode}) during the batch:\n{stack.log_tail(name)}")
+            raise BenchError(f"{name} exited ({worker.returncode}) during the batch:\n{log_tail(name)}")
 
 
 # ---- the report ----------------------------------------------------------------------------------------------

@@ -4,11 +4,22 @@ counter, CPU per request and its projection, the table's rows."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
 from benchmarks.pipeline import BenchError, Observed, RunReport
-from benchmarks.scale import ScaleRun, descendants, parse_stat, ratios, results_written, rows, worker_counts
+from benchmarks.scale import (
+    ScaleRun,
+    check_converged,
+    descendants,
+    parse_stat,
+    ratios,
+    results_written,
+    rows,
+    worker_counts,
+)
 from streamproc.core.events import InferenceResult
 
 
@@ -103,3 +114,13 @@ def test_ratios_pair_each_run_with_the_same_rounds_run_of_the_fewest_workers() -
     assert beyond == pytest.approx([1.6 / 1.9, 2.6 / 2.9])
     labels = [row[0] for row in rows(runs, cpus=2)]
     assert labels[:2] == ["1 (round 1)", "2 (round 1)"] and rows(runs, cpus=2)[3][4] == "1.10"
+
+
+def test_a_run_with_a_failure_event_or_a_worker_gone_is_refused() -> None:
+    check_converged(Observed(10, 0.0), [], [], str)
+    with pytest.raises(BenchError, match="1 failure events"):
+        check_converged(Observed(10, 0.0, failures=1), [], [], str)
+    gone = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    gone.wait()
+    with pytest.raises(BenchError, match=r"worker-2 exited \(3\) during the batch:\nlog of worker-2"):
+        check_converged(Observed(10, 0.0), [gone], ["worker-2"], lambda name: f"log of {name}")
