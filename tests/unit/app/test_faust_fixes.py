@@ -161,6 +161,15 @@ async def test_the_flush_before_a_commit_waits_until_every_buffered_state_write_
         await buffer.stop()
 
 
+async def test_a_flush_refuses_a_producer_that_is_not_running_and_holds_messages() -> None:
+    buffer = ProducerBuffer()
+    buffer.app = SimpleNamespace(conf=SimpleNamespace(producer_threaded=False))  # type: ignore[assignment]
+    await buffer.flush()  # nothing held: nothing to refuse
+    buffer.put(SimpleNamespace(value=0, message=SimpleNamespace(channel=SlowChannel())))  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="not Running"):
+        await buffer.flush()
+
+
 def _ack_taken(consumer: Any, *offsets: int) -> None:
     for offset in offsets:
         message = _message(offset, generation_id=2)
