@@ -58,6 +58,11 @@ class Settings(BaseSettings):
         default=30.0, ge=6.0, le=300.0,
         description="How long the group waits for a silent worker before handing its partitions over.",
     )
+    standby_replicas: int = Field(
+        default=1, ge=0, description="Warm copies of each state-table partition that other workers keep (faust's "
+        "table_standby_replicas): a worker taking over a partition it kept a copy of skips most of the changelog "
+        "recovery, but each copy costs its worker CPU for every request handled elsewhere; more than the other "
+        "workers there are counts as all of them (a copy on every other worker); 0: none.")
 
     app_id: str = Field(default=default_app_id(DEFAULT_PREFIX), pattern=r"^[A-Za-z0-9._-]+$",
                         description="Consumer group and state-table namespace of the workers; unset or empty: "
