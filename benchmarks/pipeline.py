@@ -649,6 +649,11 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
     parser.add_argument("--latency", type=float, default=1.0, help="mock latency of run 1, seconds [1]")
     parser.add_argument("--cpu-requests", type=int, default=10_000, help="requests of the CPU-bound runs [10000]")
     parser.add_argument("--warmup", type=int, default=3000, help="requests of the unreported warm-up run [3000]")
+    add_worker_setting_argument(parser)
+
+
+def add_worker_setting_argument(parser: argparse._ActionsContainer) -> None:
+    """``--worker-setting``, of the suites whose workers take it (pipeline, scale)."""
     parser.add_argument("--worker-setting", action="append", type=setting, metavar="NAME=VALUE",
                         help="a STREAMPROC_* setting of every worker, e.g. llm_http=httpcore (repeat)")
 

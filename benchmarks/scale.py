@@ -19,6 +19,8 @@ core each) at the CPU per request they took here.
 compared with the same round's run of the fewest workers (paired, so a change in the machine's load between
 rounds cancels out) and the summary gives the medians.
 
+``--worker-setting NAME=VALUE`` sets a ``STREAMPROC_*`` setting of every worker (e.g. ``standby_replicas=0``).
+
 Every run must end with every request answered, and no failure event: else it fails (exit code 1).
 """
 
@@ -52,6 +54,7 @@ from benchmarks.pipeline import (
     Sampler,
     Stack,
     _machine_busy_s,
+    add_worker_setting_argument,
     chat_request,
     produce_requests,
     suite_main,
@@ -280,6 +283,7 @@ class ScaleBench:
             for name, port in zip(names, ports, strict=True):
                 env = worker_env(bench.bootstrap, topology.prefix, llm_url, stack.workdir / f"{name}-data",
                                  bench.in_flight, bench.partitions)
+                env.update(bench.worker_settings)
                 env["STREAMPROC_WORKER_METRICS_PORT"] = str(port)
                 workers.append(stack.spawn(name, [sys.executable, "-m", "streamproc", "worker"], env))
             assignment = await await_group(
@@ -376,7 +380,8 @@ def report(args: argparse.Namespace, runs: Sequence[ScaleRun], load: tuple[float
     print(f"streamproc scale-out benchmark: {cpus} CPUs, Python {platform.python_version()}, Kafka "
           f"{DEFAULT_KAFKA_VERSION} ({'given cluster' if args.bootstrap else f'local {NODES}-node cluster'}), "
           f"{args.partitions} partitions, in-flight {args.in_flight} per worker, {args.scale_requests} requests "
-          f"per run, mock latency 0; load average {load[0]:.2f} at the start, {load[1]:.2f} at the end")
+          f"per run, mock latency 0; load average {load[0]:.2f} at the start, {load[1]:.2f} at the end"
+          + "".join(f"; {name}={value}" for name, value in (args.worker_setting or [])))
     print("cores: average over the window (first call to last result), share of the machine in brackets; "
           "* beyond what they take idle (workers: ready, before the batch): "
           + ", ".join(f"{name} {used:.2f}" for name, used in runs[0].idle.items() if not name.startswith("worker-"))
@@ -431,7 +436,8 @@ async def run(args: argparse.Namespace, stack: Stack) -> None:
                 raise BenchError(f"the local cluster did not start: {status.describe()}")
             bootstrap, broker_pids = status.bootstrap, [node.pid for node in status.nodes if node.pid is not None]
             print(f"{status.describe()}\nwork dir {stack.workdir}; load average {load_start:.2f}", flush=True)
-        bench = Bench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, None)
+        bench = Bench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, None,
+                      dict(args.worker_setting or []))
         if args.scale_warmup:
             await bench.warm_up(args.scale_warmup)
         scale = ScaleBench(bench, broker_pids)
@@ -480,7 +486,11 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    suite_main("python -m benchmarks.scale", __doc__, add_arguments, check_arguments, run, argv)
+    def arguments(parser: argparse.ArgumentParser) -> None:
+        add_worker_setting_argument(parser)  # scripts/bench has it in the pipeline suite's group
+        add_arguments(parser)
+
+    suite_main("python -m benchmarks.scale", __doc__, arguments, check_arguments, run, argv)
 
 
 if __name__ == "__main__":
