@@ -46,7 +46,10 @@ offset yet (the worker died before its first commit):
    jump over records that are still in the log is never counted as done: the worker is told and stops
    loudly, so that the partition is read again from its committed offset. Records deleted by retention
    before they were read are still a gap (with a warning). And on those topics a commit never passes an
-   offset that was neither acked nor a gap: the head check is exact, for a committed offset of 0 too.
+   offset that was neither acked nor a gap: the head check is exact, for a committed offset of 0 too, and
+   a partition with none committed yet starts from the offset fix 2 sought it to. For the jump to show,
+   fix 2 also sets faust's read offset to one before where reading starts (faust sets the start itself,
+   or none for offset 0, which hides a jump over the first record or from the start).
 
 A dropped record becomes a lost request because faust then commits past it: with no committed offset,
 ``Consumer._new_offset`` does not check the head of the acked offsets. Importing this module applies the
@@ -73,6 +76,7 @@ _send_pending: Callable[[Any, Any], Awaitable[None]] = ProducerBuffer._send_pend
 _new_offset: Callable[[Any, Any], int | None] = Consumer._new_offset
 _add_gap: Callable[[Any, Any, int, int], Awaitable[None]] = Consumer._add_gap
 HANDOVER_POLL_S = 0.01
+START_OFFSETS = "_streamproc_start_offsets"  # per stream partition, where reading started after recovery
 log = logging.getLogger(__name__)
 OnSkipped = Callable[[str, int, int, int], None]  # topic, partition, first and last offset skipped
 
@@ -104,8 +108,12 @@ async def _on_recovery_completed(self: Any, generation_id: int = 0) -> None:
         committed = {tp: consumer._committed_offset.get(tp) for tp in streams}
         uncommitted = [tp for tp in streams if committed[tp] is None]
         earliest = await consumer.earliest_offsets(*uncommitted) if uncommitted else {}
-        for tp in streams:  # again: a fetch that ended during faust's seek may have moved the position on
-            await consumer.seek(tp, earliest[tp] if committed[tp] is None else committed[tp])
+        starts = {tp: earliest[tp] if committed[tp] is None else committed[tp] for tp in streams}
+        for tp, start in starts.items():  # again: a fetch that ended during faust's seek may have moved it on
+            await consumer.seek(tp, start)
+        for tp, start in starts.items():  # read last: one before the start (faust says the start itself, or
+            consumer._read_offset[tp] = start - 1  # None for 0), so that any jump after it is seen (fix 5)
+        consumer.__dict__.setdefault(START_OFFSETS, {}).update(starts)
         del consumer.resume_partitions  # the class's method again
         consumer.resume_partitions(set(streams))  # faust's next step clears the queues, with no await between
 
@@ -193,10 +201,12 @@ def _covered(gaps: Any, start: int, end: int) -> bool:
 def _new_offset_exact(self: Any, tp: Any) -> int | None:
     """faust's next offset to commit, withheld on a gapless topic while the committed offset itself is
     neither acked nor in a gap (fix 5: faust lets one missing offset through, and any when the committed
-    offset is 0). Other topics keep faust's tolerance, which its own gaps need: they start one past the
-    committed offset."""
+    offset is 0; with none committed, the head is where reading started). Other topics keep faust's
+    tolerance, which its own gaps need: they start one past the committed offset."""
     watch: _SkipWatch | None = self.app.__dict__.get("_streamproc_skip_watch")
     committed = self._committed_offset[tp]
+    if committed is None:  # nothing committed yet: the head is where reading started (fix 2's seek)
+        committed = self.__dict__.get(START_OFFSETS, {}).get(tp)
     acked = self._acked[tp]
     if watch is not None and tp.topic in watch.topics and committed is not None and acked:
         head = min(acked)

@@ -24,6 +24,7 @@ class FakeConsumer:
     def __init__(self, assignment: set[str], committed: dict[str, int | None]) -> None:
         self._assignment = assignment
         self._committed_offset = committed
+        self._read_offset: dict[str, int | None] = {}
         self.events: list[str] = []
 
     def assignment(self) -> set[str]:
@@ -72,6 +73,8 @@ async def test_stream_partitions_resume_after_the_seek_and_are_sought_again_unco
         "resume ['requests-0', 'requests-1']",
         "clear queues and resume flow",  # nothing awaited between the resume and the clear: no fetch lost
     ]
+    assert consumer._read_offset == {"requests-0": 41, "requests-1": -1}  # a record after a jump shows the jump
+    assert vars(consumer)[faust_fixes.START_OFFSETS] == {"requests-0": 42, "requests-1": 0}
     assert "resume_partitions" not in vars(consumer) and "perform_seek" not in vars(consumer)  # restored
 
 
@@ -212,6 +215,17 @@ async def test_records_skipped_by_the_consumer_stop_the_worker_and_are_never_com
     _ack_taken(consumer, 69)
     assert skipped == [("requests", 0, 36, 68)]
     assert consumer._new_offset(tp) is None  # faust alone: 70, and 36..68 never handled
+
+
+def test_with_nothing_committed_the_head_is_where_reading_started() -> None:
+    consumer = _acking_consumer()
+    tp = TP("requests", 0)
+    faust_fixes.watch_skipped_records(consumer.app, ["requests"], lambda *args: pytest.fail("no gap"))
+    consumer.__dict__[faust_fixes.START_OFFSETS] = {tp: 0}  # fix 2 sought it to its first offset
+    _ack_taken(consumer, 5, 6)
+    assert consumer._new_offset(tp) is None  # faust alone: 7, past 0..4 (no head check without a commit)
+    _ack_taken(consumer, 0, 1, 2, 3, 4)
+    assert consumer._new_offset(tp) == 7
 
 
 async def test_records_deleted_by_retention_before_they_were_read_are_a_gap_as_before() -> None:
