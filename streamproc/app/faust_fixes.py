@@ -77,6 +77,7 @@ _new_offset: Callable[[Any, Any], int | None] = Consumer._new_offset
 _add_gap: Callable[[Any, Any, int, int], Awaitable[None]] = Consumer._add_gap
 HANDOVER_POLL_S = 0.01
 START_OFFSETS = "_streamproc_start_offsets"  # per stream partition, where reading started after recovery
+SKIP_WATCH = "_streamproc_skip_watch"  # on the app: the gapless topics and who hears of skipped records
 log = logging.getLogger(__name__)
 OnSkipped = Callable[[str, int, int, int], None]  # topic, partition, first and last offset skipped
 
@@ -89,7 +90,13 @@ class _SkipWatch:
 
 def watch_skipped_records(app: Any, topics: Collection[str], on_skipped: OnSkipped) -> None:
     """Name the topics that have no offset gaps, and who hears of records skipped on them (fix 5)."""
-    app.__dict__["_streamproc_skip_watch"] = _SkipWatch(frozenset(topics), on_skipped)
+    app.__dict__[SKIP_WATCH] = _SkipWatch(frozenset(topics), on_skipped)
+
+
+def _gapless_watch(consumer: Any, tp: Any) -> _SkipWatch | None:
+    """The skip watch when ``tp`` is on a topic the worker named as gapless (fix 5), else None."""
+    watch: _SkipWatch | None = consumer.app.__dict__.get(SKIP_WATCH)
+    return watch if watch is not None and tp.topic in watch.topics else None
 
 
 async def _on_recovery_completed(self: Any, generation_id: int = 0) -> None:
@@ -167,8 +174,8 @@ async def _add_gap_checked(self: Any, tp: Any, offset_from: int, offset_to: int)
     """faust's gap, on a gapless topic only for records retention deleted before they were read (fix 5).
 
     ``offset_to`` is the record that revealed the jump: it is delivered, not part of the gap."""
-    watch: _SkipWatch | None = self.app.__dict__.get("_streamproc_skip_watch")
-    if watch is None or tp.topic not in watch.topics:
+    watch = _gapless_watch(self, tp)
+    if watch is None:
         return await _add_gap(self, tp, offset_from, offset_to)
     committed = self._committed_offset[tp]
     first = offset_from if committed is None else min(offset_from, committed)
@@ -203,14 +210,13 @@ def _new_offset_exact(self: Any, tp: Any) -> int | None:
     neither acked nor in a gap (fix 5: faust lets one missing offset through, and any when the committed
     offset is 0; with none committed, the head is where reading started). Other topics keep faust's
     tolerance, which its own gaps need: they start one past the committed offset."""
-    watch: _SkipWatch | None = self.app.__dict__.get("_streamproc_skip_watch")
-    committed = self._committed_offset[tp]
-    if committed is None:  # nothing committed yet: the head is where reading started (fix 2's seek)
-        committed = self.__dict__.get(START_OFFSETS, {}).get(tp)
     acked = self._acked[tp]
-    if watch is not None and tp.topic in watch.topics and committed is not None and acked:
+    if acked and _gapless_watch(self, tp) is not None:
+        committed = self._committed_offset[tp]
+        if committed is None:  # nothing committed yet: the head is where reading started (fix 2's seek)
+            committed = self.__dict__.get(START_OFFSETS, {}).get(tp)
         head = min(acked)
-        if head > committed and not _covered(self._gap[tp], committed, head):
+        if committed is not None and head > committed and not _covered(self._gap[tp], committed, head):
             return None
     return _new_offset(self, tp)
 
