@@ -17,7 +17,7 @@ import signal
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,8 +99,7 @@ class ChaosRun:
         self._http = httpx.AsyncClient()
         self._stop_faults = asyncio.Event()
         self._restarts: set[asyncio.Task[None]] = set()  # killed workers waiting out their pause
-        self._waves: set[asyncio.Task[None]] = set()  # poison waves under way
-        self._firing = 0  # faults under way, poison waves included: the run is not settled before they end
+        self._waves: set[asyncio.Task[None]] = set()  # poison waves under way: the run is not settled before they end
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -157,7 +156,7 @@ class ChaosRun:
             await asyncio.sleep(POLL_S)
             if self.progress.converged_at_s is not None:
                 self._stop_faults.set()
-                if not self._firing and all(explained(p, self.outcomes.outcomes)[0] for p in self.poison):
+                if not self._waves and all(explained(p, self.outcomes.outcomes)[0] for p in self.poison):
                     self.say(f"[{self.now():5.0f}s] batch converged and every poison record explained")
                     return
             if self.now() - last_said >= PROGRESS_EVERY_S:
@@ -233,9 +232,7 @@ class ChaosRun:
                 slot.start()
             slot.killing = False
 
-        task = asyncio.create_task(restart())
-        self._restarts.add(task)
-        task.add_done_callback(self._restarts.discard)
+        _in_background(self._restarts, restart())
 
     # -- faults ------------------------------------------------------------------------------------------
     async def _run_faults(self) -> None:
@@ -251,19 +248,10 @@ class ChaosRun:
             previous = time.monotonic()
 
     async def _fire(self, fault: Fault) -> None:
-        self._firing += 1
         if fault.kind is FaultKind.POISON_WAVE:  # in the background: a slow submit must not hold the next fault
-            task = asyncio.create_task(self._fire_now(fault))
-            self._waves.add(task)
-            task.add_done_callback(self._waves.discard)
+            _in_background(self._waves, self._fire_one(fault))
         else:
-            await self._fire_now(fault)
-
-    async def _fire_now(self, fault: Fault) -> None:
-        try:
             await self._fire_one(fault)
-        finally:
-            self._firing -= 1
 
     async def _fire_one(self, fault: Fault) -> None:
         at, progress = self.now(), self.progress.fraction
@@ -416,6 +404,13 @@ class ChaosRun:
         except (ValueError, IndexError):
             return None
         return parsed
+
+
+def _in_background(tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` as a task kept in ``tasks`` while it runs (the run awaits or cancels what is left)."""
+    task = asyncio.create_task(work)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 def export_ids(*paths: Path) -> list[str]:
