@@ -144,7 +144,8 @@ class Handler:
         now = self._clock_ms()
         current = self._store.get(request.request_id)
         admission = admit(current, request, hop.attempt, now,
-                          source=RecordRef(record.topic, record.offset), replay=hop.replay, deferred=hop.deferred)
+                          source=RecordRef(record.topic, record.offset), replay=hop.replay, deferred=hop.deferred,
+                          run=hop.run)
         if isinstance(admission, Skip):
             log.debug("skip %s: %s (%s[%d]@%d, attempt %d)", request.request_id, admission.reason, record.topic,
                       record.partition, record.offset, hop.attempt)
@@ -240,7 +241,7 @@ class Handler:
                 max_tokens = grown_max_tokens(request_body(request), sent) or max_tokens
             written = await self._sink.retry(decision.tier, next_request, headers.hop_headers(
                 request.request_id, hop.attempt + 1, origin, failure, first_failure, due_ms=due,
-                max_tokens=max_tokens))
+                max_tokens=max_tokens, run=state.run))
             self._observer.on_retry(decision.tier.name)
             await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin, called)
             self._put_unless_superseded(state, on_retry_scheduled(state, failure.layer, failure.code, now, written,
@@ -260,7 +261,7 @@ class Handler:
         due = now + min(wanted, tier.delay_ms)
         written = await self._sink.retry(tier, request, headers.hop_headers(
             request.request_id, hop.attempt, origin, reason, hop.first_failure_ms, due_ms=due, replay=hop.replay,
-            deferred=True, max_tokens=hop.max_tokens))
+            deferred=True, max_tokens=hop.max_tokens, run=state.run))
         self._put_unless_superseded(state, on_deferred(state, now, deferred.code, written))
         self._observer.on_deferred(tier.name)
 

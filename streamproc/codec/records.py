@@ -137,6 +137,7 @@ def _state_to_avro(state: RequestState) -> AvroRecord:
         "prompt_tokens": state.prompt_tokens,
         "completion_tokens": state.completion_tokens,
         "reused": state.reused,
+        "run": state.run,
     }
 
 
@@ -161,6 +162,7 @@ def _state_from_avro(datum: AvroRecord) -> RequestState:
         prompt_tokens=datum["prompt_tokens"],
         completion_tokens=datum["completion_tokens"],
         reused=datum["reused"],
+        run=datum["run"],
     )
 
 

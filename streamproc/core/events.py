@@ -96,3 +96,4 @@ class RequestState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reused: bool = False  # the result was reused from an earlier identical request: no call, no tokens spent
+    run: int = 0  # 1 for the first submission, one more per replay that started it again (0: before runs existed)

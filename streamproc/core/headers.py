@@ -25,6 +25,7 @@ ORIG_OFFSET = "x-orig-offset"
 REPLAY = "x-replay"
 DEFERRED = "x-deferred"  # parked by an open circuit breaker: the attempt it carries has not been made yet
 MAX_TOKENS = "x-max-tokens"  # the completion budget of the next attempt, raised after a truncated answer
+RUN = "x-run"  # the run of the request the record continues (core.request_state: a replay starts the next)
 REDRIVEN = "x-redriven"  # sent again by the reconciler, and why (core.reconcile.StrandedBy)
 
 Headers = dict[str, bytes]
@@ -50,6 +51,7 @@ class Hop:
     replay: bool = False
     deferred: bool = False
     max_tokens: int | None = None
+    run: int = 0  # 0: not written by the handler (a submission, a backfill replay) or before runs existed
 
 
 def as_mapping(raw: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | None) -> dict[str, bytes]:
@@ -92,12 +94,13 @@ def read_hop(headers: Mapping[str, bytes]) -> Hop:
         replay=headers.get(REPLAY) == b"1",
         deferred=headers.get(DEFERRED) == b"1",
         max_tokens=max_tokens if (max_tokens := _int(headers, MAX_TOKENS)) is not None and max_tokens > 0 else None,
+        run=max(0, _int(headers, RUN, _INT_MAX) or 0),
     )
 
 
 def hop_headers(request_id: str, attempt: int, origin: Origin, failure: Failure, first_failure_ms: int | None,
                 due_ms: int | None = None, replay: bool = False, deferred: bool = False,
-                max_tokens: int | None = None) -> Headers:
+                max_tokens: int | None = None, run: int = 0) -> Headers:
     """Headers of a retry record (``attempt`` is the attempt it will make, with ``due_ms``), of a deferred
     record (``attempt`` not made yet; ``failure`` says why it waits) or of a failure record (``attempt`` is
     the attempt that failed, no due time)."""
@@ -122,4 +125,6 @@ def hop_headers(request_id: str, attempt: int, origin: Origin, failure: Failure,
         headers[DEFERRED] = b"1"
     if max_tokens is not None:
         headers[MAX_TOKENS] = str(max_tokens).encode()
+    if run > 0:
+        headers[RUN] = str(run).encode()
     return headers

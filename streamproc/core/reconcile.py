@@ -36,12 +36,13 @@ class StrandedBy(StrEnum):
 
 @dataclass(frozen=True)
 class Redrive:
-    """Send ``record`` again; as attempt ``attempt`` (its own number when None)."""
+    """Send ``record`` again; as attempt ``attempt`` (its own number when None), in the request's ``run``."""
 
     request_id: str
     record: RecordRef
     why: StrandedBy
     attempt: int | None
+    run: int = 0
 
 
 Committed = Callable[[str], int | None]
@@ -55,11 +56,11 @@ def stranded(state: RequestState, committed: Committed, now_ms: int, grace_ms: i
     if (state.status is RequestStatus.RETRYING and state.next_topic is not None and state.next_offset is not None
             and _handled(committed(state.next_topic), state.next_offset)):
         return Redrive(state.request_id, RecordRef(state.next_topic, state.next_offset),
-                       StrandedBy.WAITING_RECORD_CONSUMED, None)
+                       StrandedBy.WAITING_RECORD_CONSUMED, None, state.run)
     if (state.status is RequestStatus.IN_FLIGHT and state.source_topic is not None
             and state.source_offset is not None and _handled(committed(state.source_topic), state.source_offset)):
         return Redrive(state.request_id, RecordRef(state.source_topic, state.source_offset),
-                       StrandedBy.ATTEMPT_OUTCOME_LOST, state.attempts + 1)
+                       StrandedBy.ATTEMPT_OUTCOME_LOST, state.attempts + 1, state.run)
     return None
 
 
@@ -69,7 +70,8 @@ def _handled(committed_offset: int | None, offset: int) -> bool:
 
 
 def redrive_headers(original: Mapping[str, bytes], redrive: Redrive, partition: int) -> headers.Headers:
-    """The headers of the copy: due now, and for a lost attempt the next attempt number, as a plain retry.
+    """The headers of the copy: due now, in the state's run, and for a lost attempt the next attempt number, as
+    a plain retry.
 
     The replay and deferred marks go: the next attempt of an attempt in flight is neither (a replay mark
     would make the state machine skip it as "in flight"). The origin is kept, or set to the record itself
@@ -85,5 +87,7 @@ def redrive_headers(original: Mapping[str, bytes], redrive: Redrive, partition: 
             copy[headers.ORIG_TOPIC] = redrive.record.topic.encode()
             copy[headers.ORIG_PARTITION] = str(partition).encode()
             copy[headers.ORIG_OFFSET] = str(redrive.record.offset).encode()
+    if redrive.run > 0:  # a replay record (no run of its own) continues the run it started
+        copy[headers.RUN] = str(redrive.run).encode()
     copy[headers.REDRIVEN] = redrive.why.value.encode()
     return copy

@@ -24,6 +24,12 @@ A retry record newer than an ``in_flight`` attempt is admitted too: it is writte
 attempt's call ended, so the ``in_flight`` state is stale. This happens after a SIGKILL, when the table
 comes back older than the offsets already committed (faust's table recovery can replay a changelog that
 lacks the last writes); skipping the retry record then would lose the request (seen in the SIGKILL test).
+
+A *run* is one life of the request: the first submission starts run 1, and each replay (backfill) that
+starts a failed request again starts the next. Every record the handler writes carries its run
+(``x-run``), and a record of an earlier run is skipped. Attempt numbers restart at 1 with a replay, so
+without the run a retry record left from before the replay (a crash's stale copy, or one read again after
+a rebalance) would count as newer than the replay's attempt and start a second call beside it.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class SkipReason(StrEnum):
     IN_FLIGHT = "in_flight"
     RETRYING = "retrying"
     ALREADY_FAILED = "already_failed"
+    EARLIER_RUN = "earlier_run"  # written before a replay started the request again
 
 
 @dataclass(frozen=True)
@@ -105,34 +112,43 @@ def admit(
     source: RecordRef,
     replay: bool = False,
     deferred: bool = False,
+    run: int = 0,
 ) -> Admission:
     """Decide what a record may do given the table's state for its id.
 
-    ``attempt`` is the record's ``x-attempt`` (1 for a submission); ``source`` is where it was read.
-    In order: no state → start; in flight and ``source`` is the record that started it → start again
-    (crash redelivery); the deferred record of a parked attempt → start; a replay (backfill) starts a
-    ``failed`` or ``pending`` request, even with a fixed, different body, and is skipped otherwise, never a
-    conflict; another body → conflict; then by status: ``pending`` starts, ``succeeded`` / ``failed`` /
-    ``in_flight`` skip, ``retrying`` starts only a retry record newer than the latest attempt started.
+    ``attempt`` is the record's ``x-attempt`` (1 for a submission); ``source`` is where it was read; ``run`` its
+    ``x-run`` (0 when it has none: a submission, a backfill replay, or a record written before runs existed).
+    In order: no state → start; a record of an earlier run → skip; in flight and ``source`` is the record that
+    started it → start again (crash redelivery); the deferred record of a parked attempt → start; a replay
+    (backfill) starts a ``failed`` or ``pending`` request, even with a fixed, different body, and is skipped
+    otherwise, never a conflict (a replay's own deferred copy starts only one its run the table lost); another
+    body → conflict; then by status: ``pending`` starts, ``succeeded`` / ``failed`` / ``in_flight`` skip,
+    ``retrying`` starts only a retry record newer than the latest attempt started.
     """
     if attempt < 1:
         raise ValueError(f"attempt numbers start at 1, got {attempt}")
     digest = input_hash(request)
     if current is None:
-        return Start(_in_flight(None, request, digest, attempt, now_ms, source))
+        return Start(_in_flight(None, request, digest, attempt, now_ms, source, run))
+    if 0 < run < current.run:
+        return Skip(SkipReason.EARLIER_RUN)
     status = current.status
     if status is RequestStatus.IN_FLIGHT and (current.source_topic, current.source_offset) == (
         source.topic,
         source.offset,
     ):
-        return Start(_in_flight(current, request, digest, attempt, now_ms, source))  # crash redelivery
+        return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))  # crash redelivery
     if (deferred and status is RequestStatus.RETRYING and current.last_error_code in DEFERRAL_CODES
             and attempt == current.attempts and digest == current.input_hash):
-        return Start(_in_flight(current, request, digest, attempt, now_ms, source))  # its parked attempt, at last
+        return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))  # its parked attempt, at last
     if replay:
         match status:
+            case RequestStatus.FAILED | RequestStatus.PENDING if run == 0 or run > current.run:
+                # a backfill replay; or a replay's deferred copy whose run the table has lost (a write lost in
+                # recovery); a copy of the table's own run that meets its end is stale
+                return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))
             case RequestStatus.FAILED | RequestStatus.PENDING:
-                return Start(_in_flight(current, request, digest, attempt, now_ms, source))
+                return Skip(SkipReason.ALREADY_FAILED)
             case RequestStatus.SUCCEEDED:
                 return Skip(SkipReason.ALREADY_SUCCEEDED)
             case RequestStatus.IN_FLIGHT:
@@ -150,18 +166,18 @@ def admit(
         )
     match status:
         case RequestStatus.PENDING:
-            return Start(_in_flight(current, request, digest, attempt, now_ms, source))
+            return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))
         case RequestStatus.SUCCEEDED:
             return Skip(SkipReason.ALREADY_SUCCEEDED)
         case RequestStatus.FAILED:
             return Skip(SkipReason.ALREADY_FAILED)
         case RequestStatus.IN_FLIGHT:
             if attempt > current.attempts:  # see the module docstring: a successor proves the attempt ended
-                return Start(_in_flight(current, request, digest, attempt, now_ms, source))
+                return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))
             return Skip(SkipReason.IN_FLIGHT)
         case RequestStatus.RETRYING:
             if attempt > current.attempts:
-                return Start(_in_flight(current, request, digest, attempt, now_ms, source))
+                return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))
             return Skip(SkipReason.RETRYING)
 
 
@@ -172,7 +188,9 @@ def _in_flight(
     attempt: int,
     now_ms: int,
     source: RecordRef,
+    run: int,
 ) -> RequestState:
+    """The state of a started attempt; starting a ``failed`` (or ``pending``) request begins its next run."""
     if current is None:
         return RequestState(
             request_id=request.request_id,
@@ -184,7 +202,9 @@ def _in_flight(
             updated_ms=now_ms,
             source_topic=source.topic,
             source_offset=source.offset,
+            run=max(run, 1),
         )
+    restarted = current.status in (RequestStatus.FAILED, RequestStatus.PENDING)
     return replace(
         current,
         status=RequestStatus.IN_FLIGHT,
@@ -196,6 +216,7 @@ def _in_flight(
         source_offset=source.offset,
         next_topic=None,
         next_offset=None,
+        run=max(current.run + 1 if restarted else current.run, run),
     )
 
 
@@ -209,6 +230,7 @@ def superseded(current: RequestState | None, started: RequestState) -> bool:
     if current is None:
         return False
     return not (current.status is RequestStatus.IN_FLIGHT and current.attempts == started.attempts
+                and current.run == started.run
                 and (current.source_topic, current.source_offset) == (started.source_topic, started.source_offset))
 
 

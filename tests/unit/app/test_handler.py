@@ -702,6 +702,27 @@ async def test_an_internal_error_leaves_the_request_replayable() -> None:
     assert len(rig.sink.results) == 1 and rig.state().status is RequestStatus.SUCCEEDED
 
 
+async def test_a_retry_record_from_before_a_replay_is_skipped_while_the_replay_runs() -> None:
+    """Attempt numbers restart at 1 with a replay; the run (``x-run``) is what tells the first run's retry
+    record, read again after a rebalance, from a newer attempt of the replay's run."""
+    rig = Rig([READ_TIMEOUT, CONTEXT_TOO_LONG, READ_TIMEOUT])
+    request = make_request()
+    await rig.handle(submission(request))
+    [first_run_retry] = rig.sink.retries
+    assert text(first_run_retry.headers, headers.RUN) == "1"
+    rig.clock.now = NOW + 6_000
+    await rig.handle(next_hop(first_run_retry, offset=7))  # attempt 2 fails for good
+    assert rig.state().status is RequestStatus.FAILED
+
+    await rig.handle(submission(request, offset=900, hdrs={headers.REPLAY: b"1", headers.ATTEMPT: b"1"}))
+    assert (rig.state().run, rig.state().status) == (2, RequestStatus.RETRYING)
+    assert text(rig.sink.retries[-1].headers, headers.RUN) == "2"
+
+    assert await rig.handle(next_hop(first_run_retry, offset=7)) is Disposition.ACK  # read again: skipped
+    assert len(rig.caller.calls) == 3
+    assert (rig.state().run, rig.state().attempts, rig.state().status) == (2, 1, RequestStatus.RETRYING)
+
+
 async def test_an_internal_error_on_a_retry_hop_keeps_provenance_and_attempt() -> None:
     rig = Rig([READ_TIMEOUT, READ_TIMEOUT])
     await rig.handle(submission(make_request()))

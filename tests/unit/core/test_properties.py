@@ -110,22 +110,23 @@ _ids = st.text(string.ascii_letters + string.digits + "-_:.", min_size=1, max_si
 
 @given(_ids, st.integers(1, 50), st.text(min_size=1, max_size=30), st.integers(0, 1000), st.integers(0, 2**40),
        st.sampled_from(list(FailureLayer)), st.none() | st.integers(0, 2**42), st.none() | st.integers(0, 2**42),
-       st.booleans(), st.booleans(), st.none() | st.integers(1, 2**20))
+       st.booleans(), st.booleans(), st.none() | st.integers(1, 2**20), st.integers(0, 2**20))
 def test_hop_headers_round_trip(request_id: str, attempt: int, topic: str, partition: int, offset: int,
                                 layer: FailureLayer, first_failure: int | None, due: int | None, replay: bool,
-                                deferred: bool, max_tokens: int | None) -> None:
+                                deferred: bool, max_tokens: int | None, run: int) -> None:
     origin = Origin(topic, partition, offset)
     written = hop_headers(request_id, attempt, origin, Failure(layer, "code", "why"), first_failure, due_ms=due,
-                          replay=replay, deferred=deferred, max_tokens=max_tokens)
+                          replay=replay, deferred=deferred, max_tokens=max_tokens, run=run)
     hop = read_hop(written)
     assert (hop.attempt, hop.origin, hop.first_failure_ms, hop.due_ms, hop.replay, hop.deferred,
-            hop.max_tokens) == (attempt, origin, first_failure, due, replay, deferred, max_tokens)
+            hop.max_tokens, hop.run) == (attempt, origin, first_failure, due, replay, deferred, max_tokens, run)
 
 
 @given(st.dictionaries(st.text(max_size=20), st.binary(max_size=20), max_size=8))
 def test_any_headers_read_as_a_valid_hop(raw: dict[str, bytes]) -> None:
     hop = read_hop(raw)
     assert hop.attempt >= 1  # garbage never yields attempt 0 or a negative attempt
+    assert hop.run >= 0
 
 
 # -- admission: one id, any sequence of records, at most one call running -------------------------------------

@@ -76,6 +76,13 @@ def test_the_copy_of_a_waiting_record_keeps_its_attempt_and_marks_but_is_due_now
                     headers.REDRIVEN: b"waiting_record_consumed"}
 
 
+def test_the_copy_continues_the_state_s_run_even_when_the_original_is_a_replay_without_one() -> None:
+    redrive = Redrive("r1", RecordRef("llm.requests", 12), StrandedBy.ATTEMPT_OUTCOME_LOST, 2, run=3)
+    assert headers.read_hop(redrive_headers({headers.REPLAY: b"1"}, redrive, 4)).run == 3
+    assert stranded(replace(RETRYING, run=3), committed({"llm.retry.30s": 100}), NOW, GRACE) == Redrive(
+        RETRYING.request_id, RecordRef("llm.retry.30s", 7), StrandedBy.WAITING_RECORD_CONSUMED, None, 3)
+
+
 def test_the_copy_of_a_lost_first_attempt_is_the_second_attempt_with_its_origin() -> None:
     redrive = Redrive("r1", RecordRef("llm.requests", 12), StrandedBy.ATTEMPT_OUTCOME_LOST, 2)
     copy = redrive_headers({headers.REPLAY: b"1"}, redrive, 4)

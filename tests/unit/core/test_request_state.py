@@ -108,6 +108,7 @@ def test_first_sight_starts() -> None:
         updated_ms=5_000,
         source_topic="llm.requests",
         source_offset=100,
+        run=1,
     )
 
 
