@@ -13,7 +13,36 @@ are the server's.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
+
+
+class SlidingWindow:
+    """The last ``size`` values, also kept sorted: a quantile is an index, not a sort per call (a sort of 200
+    floats per LLM call was the worker's largest cost in its own code after input hashing)."""
+
+    def __init__(self, size: int) -> None:
+        self._arrival: deque[float] = deque()
+        self._sorted: list[float] = []
+        self._size = size
+
+    def __len__(self) -> int:
+        return len(self._arrival)
+
+    def add(self, value: float) -> None:
+        if len(self._arrival) == self._size:
+            oldest = self._arrival.popleft()
+            del self._sorted[bisect_left(self._sorted, oldest)]
+        self._arrival.append(value)
+        insort(self._sorted, value)
+
+    def quantile(self, q: float) -> float:
+        """The smallest value with at least ``q`` of the window at or below it (nearest rank); not empty."""
+        return self._sorted[min(len(self._sorted) - 1, max(0, math.ceil(q * len(self._sorted)) - 1))]
+
+    def median(self) -> float:
+        """The upper median (the value at index n // 2 of the sorted window); not empty."""
+        return self._sorted[len(self._sorted) // 2]
 
 
 class AdaptiveTimeout:
@@ -31,14 +60,18 @@ class AdaptiveTimeout:
         self._quantile = quantile
         self._window = window
         self._min_samples = min_samples
-        self._latencies: dict[str, deque[float]] = {}
-        self._budgets: dict[str, deque[int]] = {}  # max_tokens of the successful calls, where they set one
+        self._latencies: dict[str, SlidingWindow] = {}
+        self._budgets: dict[str, SlidingWindow] = {}  # max_tokens of the successful calls, where they set one
 
     def observe(self, model: str, latency_s: float, max_tokens: int | None = None) -> None:
         if latency_s >= 0 and math.isfinite(latency_s):
-            self._latencies.setdefault(model, deque(maxlen=self._window)).append(latency_s)
+            if (latencies := self._latencies.get(model)) is None:
+                latencies = self._latencies[model] = SlidingWindow(self._window)
+            latencies.add(latency_s)
             if max_tokens is not None and max_tokens > 0:
-                self._budgets.setdefault(model, deque(maxlen=self._window)).append(max_tokens)
+                if (budgets := self._budgets.get(model)) is None:
+                    budgets = self._budgets[model] = SlidingWindow(self._window)
+                budgets.add(max_tokens)
 
     def timeout_s(self, model: str, max_tokens: int | None = None) -> float:
         tail = self.tail_s(model, max_tokens)
@@ -52,13 +85,10 @@ class AdaptiveTimeout:
         samples = self._latencies.get(model)
         if samples is None or len(samples) < self._min_samples:
             return None
-        ordered = sorted(samples)
-        high = ordered[min(len(ordered) - 1, math.ceil(self._quantile * len(ordered)) - 1)]
-        return high * self._budget_ratio(model, max_tokens)
+        return samples.quantile(self._quantile) * self._budget_ratio(model, max_tokens)
 
     def _budget_ratio(self, model: str, max_tokens: int | None) -> float:
         budgets = self._budgets.get(model)
         if max_tokens is None or not budgets:
             return 1.0
-        usual = sorted(budgets)[len(budgets) // 2]
-        return max(1.0, max_tokens / usual)
+        return max(1.0, max_tokens / budgets.median())

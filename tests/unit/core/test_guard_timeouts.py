@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from streamproc.core.guards.timeouts import AdaptiveTimeout
+from streamproc.core.guards.timeouts import AdaptiveTimeout, SlidingWindow
 
 
 def test_the_ceiling_until_a_model_has_answered_enough_times() -> None:
@@ -73,3 +76,16 @@ def test_a_call_allowed_more_tokens_than_usual_gets_proportionally_more_time() -
     assert timeouts.timeout_s("m", 16) == 9.0  # never less than for the usual budget
     assert timeouts.timeout_s("m", 10_000) == 60  # still bounded by the ceiling
 
+
+
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=60), st.integers(1, 20),
+       st.floats(0.01, 1.0))
+def test_the_sliding_window_answers_as_a_sort_of_its_last_values_would(values: list[float], size: int,
+                                                                        q: float) -> None:
+    window = SlidingWindow(size)
+    for value in values:
+        window.add(value)
+    last = sorted(values[-size:])
+    assert len(window) == len(last)
+    assert window.quantile(q) == last[min(len(last) - 1, max(0, math.ceil(q * len(last)) - 1))]
+    assert window.median() == last[len(last) // 2]
