@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MIN_GRADIENT = 0.5  # at most halve per window: one slow window must not collapse the limit
-SLOW_START_GROWTH = 4  # per window while nothing queues: 16 -> 256 in two round trips
+SLOW_START_GROWTH = 4  # per window while nothing queues: 16 -> 256 in two round trips, from the first
 SLOW_START_RISE = 1.25  # a window this much slower than the one before ends slow start (as HyStart)
 CONSERVATIVE_GROWTH = 1 + (SLOW_START_GROWTH - 1) / 4  # HyStart++'s conservative slow start: a quarter of the rate
 CONSERVATIVE_WINDOWS = 5  # windows of conservative growth before growth is by sqrt only (RFC 9406's CSS_ROUNDS)
@@ -153,10 +153,8 @@ class GradientLimit:
         if gradient >= 1.0 and not used_half:
             return  # the client, not the server, kept the calls few: nothing learnt about capacity
         previous, self._previous_recent = self._previous_recent, recent
-        if gradient >= 1.0 and self._slow_start:
-            if previous is None:
-                return  # the first window only sets the level that growth is judged by
-            growth = self._slow_start_growth(recent, recent_raw, previous)
+        if gradient >= 1.0 and self._slow_start:  # the first window is its own level: no rise to judge yet
+            growth = self._slow_start_growth(recent, recent_raw, recent if previous is None else previous)
             if growth is not None:
                 self._set(min(float(self._maximum), self._value * growth), now)
                 return

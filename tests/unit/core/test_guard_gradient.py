@@ -158,10 +158,13 @@ def test_listeners_hear_of_changes_and_nonsense_samples_are_ignored() -> None:
     assert heard == []
     for _ in range(10):
         limit.on_sample(1.0, 8, 0.0)
-    assert heard == []  # the first window only sets the level that growth is judged by
+    assert heard == [32]  # slow start: x4 per window while latency holds, from the first window
     for _ in range(10):
         limit.on_sample(1.0, 8, 0.0)
-    assert heard == [32]  # slow start: x4 per window while latency holds
+    assert heard == [32]  # calls started before the change say nothing about the new limit
+    for _ in range(10):
+        limit.on_sample(1.0, 32, 2.0)
+    assert heard == [32, 64]  # x4, up to the maximum
 
 
 @pytest.mark.parametrize("kwargs", [
