@@ -158,7 +158,7 @@ class Handler:
             self._observer.on_skip(admission.reason.value)
             return Disposition.ACK
         if isinstance(admission, Conflict):
-            await self._emit_failure(request, admission.failure, hop.attempt, True, now, origin)
+            await self._emit_failure(request, admission.failure, hop.attempt, True, now, origin, run=0)  # not admitted
             return Disposition.ACK
         assert isinstance(admission, Start)
         state = admission.state
@@ -243,7 +243,7 @@ class Handler:
                 request.request_id, hop.attempt + 1, origin, failure, first_failure, due_ms=due,
                 max_tokens=max_tokens, run=state.run))
             self._observer.on_retry(decision.tier.name)
-            await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin, called)
+            await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin, called, run=state.run)
             self._put_unless_superseded(state, on_retry_scheduled(state, failure.layer, failure.code, now, written,
                                                                   spent_budget=spends_budget(failure)))
             return
@@ -268,7 +268,8 @@ class Handler:
     async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,
                         origin: headers.Origin, state: RequestState | None, called: CallResult | None = None,
                         paid: Success | None = None) -> None:
-        await self._emit_failure(request, failure, attempt, True, first_failure_ms, origin, called)
+        await self._emit_failure(request, failure, attempt, True, first_failure_ms, origin, called,
+                                 run=0 if state is None else state.run)
         now = self._clock_ms()
         if state is not None:
             self._put_unless_superseded(state, on_terminal_failure(state, failure.layer, failure.code, now, paid))
@@ -289,8 +290,12 @@ class Handler:
         self._store.put(after)
 
     async def _emit_failure(self, request: InferenceRequest, failure: Failure, attempt: int, terminal: bool,
-                            first_failure_ms: int, origin: headers.Origin, called: CallResult | None = None) -> None:
-        """Write the failure event of an attempt, with what the provider answered when ``called`` got an answer."""
+                            first_failure_ms: int, origin: headers.Origin, called: CallResult | None = None, *,
+                            run: int) -> None:
+        """Write the failure event of an attempt, with what the provider answered when ``called`` got an answer.
+
+        ``run`` is the run of the state the attempt was admitted with (0 when none was): attempt numbers restart
+        with each replay, so the sink keys a failure by run and attempt (design §4 "Runs")."""
         if too_large_to_carry(request):  # the event would be refused; the full request stays at its origin
             request = without_body(request, f"{origin.topic}[{origin.partition}]@{origin.offset}")
         answer = called if failure.http_status is not None else None  # an HTTP answer came (not an exception)
@@ -300,7 +305,7 @@ class Handler:
             last_failure_ms=self._clock_ms(), http_status=failure.http_status,
             retry_after_ms=failure.retry_after_ms,
             response_body=None if answer is None else kept_body(answer.response_body),
-            provider_request_id=None if answer is None else provider_request_id(answer.headers),
+            provider_request_id=None if answer is None else provider_request_id(answer.headers), run=run,
         )
         await self._sink.failure(event, headers.hop_headers(request.request_id, attempt, origin, failure,
                                                             first_failure_ms))
@@ -347,7 +352,7 @@ class Handler:
         origin = hop.origin or headers.Origin(record.topic, record.partition, record.offset)
         try:
             await self._emit_failure(request, failure, hop.attempt, True, hop.first_failure_ms or self._clock_ms(),
-                                     origin)
+                                     origin, run=hop.run)  # the record's run: which state admitted it is unknown
         except Exception:
             log.exception("could not record the internal error of %s; holding the record", request_id)
             return Disposition.HOLD

@@ -97,6 +97,7 @@ def _failure_to_avro(failure: FailureEvent) -> AvroRecord:
         "retry_after_ms": failure.retry_after_ms,
         "response_body": failure.response_body,
         "provider_request_id": failure.provider_request_id,
+        "run": failure.run,
     }
 
 
@@ -114,6 +115,7 @@ def _failure_from_avro(datum: AvroRecord) -> FailureEvent:
         retry_after_ms=datum["retry_after_ms"],
         response_body=datum["response_body"],
         provider_request_id=datum["provider_request_id"],
+        run=datum["run"],
     )
 
 

@@ -67,6 +67,8 @@ class FailureEvent:
     # a check rejected; None when no HTTP answer came (or no call was made)
     response_body: str | None = None
     provider_request_id: str | None = None  # the provider's id for the call (its x-request-id header), if sent
+    # the run of the request this attempt belongs to (attempts restart at 1 in each run); 0: unknown
+    run: int = 0
 
 
 @dataclass(frozen=True)

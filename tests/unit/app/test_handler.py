@@ -723,6 +723,20 @@ async def test_a_retry_record_from_before_a_replay_is_skipped_while_the_replay_r
     assert (rig.state().run, rig.state().attempts, rig.state().status) == (2, 1, RequestStatus.RETRYING)
 
 
+async def test_each_failure_event_carries_the_run_its_attempt_was_admitted_in() -> None:
+    """A replay's attempt 1 is not the first run's attempt 1: the run tells the sink's rows apart."""
+    rig = Rig([READ_TIMEOUT, CONTEXT_TOO_LONG, CONTEXT_TOO_LONG])
+    request = make_request()
+    await rig.handle(submission(request))
+    [retry] = rig.sink.retries
+    rig.clock.now = NOW + 6_000
+    await rig.handle(next_hop(retry, offset=7))
+    await rig.handle(submission(request, offset=900, hdrs={headers.REPLAY: b"1", headers.ATTEMPT: b"1"}))
+
+    assert [(event.run, event.attempt, event.terminal) for event, _ in rig.sink.failures] == [
+        (1, 1, False), (1, 2, True), (2, 1, True)]
+
+
 async def test_an_internal_error_on_a_retry_hop_keeps_provenance_and_attempt() -> None:
     rig = Rig([READ_TIMEOUT, READ_TIMEOUT])
     await rig.handle(submission(make_request()))

@@ -354,9 +354,10 @@ _BY_NAME: dict[str, type[Event]] = {cls.__name__: cls for cls in EVENT_TYPES}
 _NEW_SAMPLES: dict[type[Event], Event] = {
     **SAMPLES,
     InferenceResult: dataclasses.replace(RESULT, provider_request_id="req_abc", reused_from="batch-0/req-1"),
-    FailureEvent: dataclasses.replace(FAILURE, response_body='{"choices": []}', provider_request_id="req_abc"),
+    FailureEvent: dataclasses.replace(FAILURE, response_body='{"choices": []}', provider_request_id="req_abc",
+                                      run=2),
     RequestState: dataclasses.replace(STATE, next_topic="llm.retry.5s", next_offset=3, retries_spent=2,
-                                      model="m", prompt_tokens=5, completion_tokens=7, reused=True),
+                                      model="m", prompt_tokens=5, completion_tokens=7, reused=True, run=3),
 }
 
 
