@@ -34,6 +34,7 @@ class LedgerRow(NamedTuple):
     layer: str
     code: str
     message: str
+    run: int
     attempt: int
     terminal: bool | int  # SQLite gives 1
     first_failed_at: datetime | str  # PostgreSQL gives a datetime, SQLite the ISO text the sink wrote
@@ -49,7 +50,7 @@ class LedgerRow(NamedTuple):
 TERMINAL_FAILURES = f"""SELECT {', '.join(f'f.{column}' for column in LedgerRow._fields[:-1])}, r.status
     FROM failures f JOIN requests r ON r.batch = f.batch AND r.custom_id = f.custom_id
     WHERE f.terminal{{batch}}
-    ORDER BY f.failed_at, f.attempt"""
+    ORDER BY f.failed_at, f.run, f.attempt"""
 
 
 def epoch_ms(moment: datetime | str) -> int:
@@ -66,7 +67,7 @@ def failure_event(row: LedgerRow) -> FailureEvent:
     return FailureEvent(request, FailureLayer(row.layer), row.code, row.message, row.attempt, bool(row.terminal),
                         first_failure_ms=epoch_ms(row.first_failed_at), last_failure_ms=epoch_ms(row.failed_at),
                         http_status=row.http_status, retry_after_ms=row.retry_after_ms,
-                        response_body=row.provider_body, provider_request_id=row.provider_request_id)
+                        response_body=row.provider_body, provider_request_id=row.provider_request_id, run=row.run)
 
 
 def read_ledger(target: Target, batch_id: str | None) -> tuple[list[FailureEvent], dict[str, RequestStatus]]:

@@ -7,7 +7,7 @@ and that its date functions read.
 
 :class:`RowBatch` collects one poll's records and settles duplicates inside it the way the database does
 across transactions: the first result of a request wins (as in the export), the latest failure of an
-attempt wins, a dead letter is kept once per position.
+attempt (of a run) wins, a dead letter is kept once per position.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class ResultRow(NamedTuple):
 class FailureRow(NamedTuple):
     batch: str
     custom_id: str
+    run: int  # the request's run (a replay starts the next, and attempts restart at 1); 0: unknown
     attempt: int
     request_id: str
     layer: str
@@ -95,8 +96,8 @@ class FailureRow(NamedTuple):
     repair: str | None  # the request's repair context as JSON ({"bad_output", "reason"}), when it carried one
 
     @property
-    def key(self) -> tuple[str, str, int]:
-        return self.batch, self.custom_id, self.attempt
+    def key(self) -> tuple[str, str, int, int]:
+        return self.batch, self.custom_id, self.run, self.attempt
 
 
 class DeadLetterRow(NamedTuple):
@@ -139,9 +140,9 @@ def failure_row(failure: FailureEvent) -> FailureRow:
     request = failure.request
     return FailureRow(
         batch=request.batch_id or "", custom_id=custom_id_of(request.request_id, request.batch_id),
-        attempt=failure.attempt, request_id=request.request_id, layer=failure.layer.value, code=failure.error_code,
-        message=failure.message, http_status=failure.http_status, retry_after_ms=failure.retry_after_ms,
-        terminal=failure.terminal, model=_requested_model(request.body_json),
+        run=failure.run, attempt=failure.attempt, request_id=request.request_id, layer=failure.layer.value,
+        code=failure.error_code, message=failure.message, http_status=failure.http_status,
+        retry_after_ms=failure.retry_after_ms, terminal=failure.terminal, model=_requested_model(request.body_json),
         first_failed_at=iso_ms(failure.first_failure_ms), failed_at=iso_ms(failure.last_failure_ms),
         url=request.url, body=request.body_json, metadata=json.dumps(request.metadata, sort_keys=True),
         provider_body=failure.response_body, provider_request_id=failure.provider_request_id,
@@ -192,7 +193,7 @@ class RowBatch:
     """The rows of one poll, each key once; ``skipped`` counts records that are no event of ours."""
 
     results: dict[tuple[str, str], ResultRow] = field(default_factory=dict)
-    failures: dict[tuple[str, str, int], FailureRow] = field(default_factory=dict)
+    failures: dict[tuple[str, str, int, int], FailureRow] = field(default_factory=dict)
     dead_letters: dict[tuple[int, int], DeadLetterRow] = field(default_factory=dict)
     skipped: int = 0
 
@@ -218,4 +219,4 @@ class RowBatch:
 
     def touched(self) -> set[tuple[str, str]]:
         """The requests this batch wrote about: their failure rows may have become resolved."""
-        return set(self.results) | {(batch, custom_id) for batch, custom_id, _ in self.failures}
+        return set(self.results) | {(batch, custom_id) for batch, custom_id, _, _ in self.failures}

@@ -75,6 +75,47 @@ MIGRATIONS: tuple[Migration, ...] = (
         "ALTER TABLE failures ADD COLUMN submitted_ms BIGINT NOT NULL DEFAULT 0",
         "ALTER TABLE failures ADD COLUMN repair TEXT",
     )),
+    # a replay restarts at attempt 1, so (batch, custom_id, attempt) let its rows overwrite the first run's:
+    # the key gains the run. Neither database changes a primary key in place, so the table is rebuilt (its
+    # index with it) and the view, which names it, is dropped first and made again. Earlier rows are run 0.
+    Migration(3, "failures are keyed by the request's run too: a replay's attempts keep the first run's rows", (
+        "DROP VIEW requests",
+        """CREATE TABLE failures_v3 (
+            batch TEXT NOT NULL, custom_id TEXT NOT NULL, run INTEGER NOT NULL DEFAULT 0,
+            attempt INTEGER NOT NULL, request_id TEXT NOT NULL,
+            layer TEXT NOT NULL, code TEXT NOT NULL, message TEXT NOT NULL,
+            http_status INTEGER, retry_after_ms BIGINT, terminal BOOLEAN NOT NULL,
+            resolved BOOLEAN NOT NULL DEFAULT FALSE, model TEXT,
+            first_failed_at TIMESTAMPTZ NOT NULL, failed_at TIMESTAMPTZ NOT NULL,
+            url TEXT NOT NULL, body TEXT NOT NULL, metadata TEXT NOT NULL,
+            provider_body TEXT, provider_request_id TEXT,
+            submitted_ms BIGINT NOT NULL DEFAULT 0, repair TEXT,
+            PRIMARY KEY (batch, custom_id, run, attempt))""",
+        """INSERT INTO failures_v3 (batch, custom_id, run, attempt, request_id, layer, code, message, http_status,
+                retry_after_ms, terminal, resolved, model, first_failed_at, failed_at, url, body, metadata,
+                provider_body, provider_request_id, submitted_ms, repair)
+            SELECT batch, custom_id, 0, attempt, request_id, layer, code, message, http_status,
+                retry_after_ms, terminal, resolved, model, first_failed_at, failed_at, url, body, metadata,
+                provider_body, provider_request_id, submitted_ms, repair
+            FROM failures""",
+        "DROP TABLE failures",
+        "ALTER TABLE failures_v3 RENAME TO failures",
+        "CREATE INDEX failures_by_code ON failures (batch, layer, code)",
+        # as in version 1, but a later run's failure wins a tie of failed_at over an earlier run's
+        """CREATE VIEW requests AS
+            SELECT batch, custom_id, 'succeeded' AS status, attempt AS attempts, model,
+                   CAST(NULL AS TEXT) AS layer, CAST(NULL AS TEXT) AS code, CAST(NULL AS TEXT) AS message,
+                   finished_at AS ended_at
+            FROM results
+            UNION ALL
+            SELECT batch, custom_id, CASE WHEN terminal THEN 'failed' ELSE 'retrying' END, attempt, model,
+                   layer, code, message, failed_at
+            FROM (SELECT f.*, ROW_NUMBER() OVER (PARTITION BY batch, custom_id
+                                                 ORDER BY failed_at DESC, run DESC, attempt DESC) AS latest
+                  FROM failures f) ranked
+            WHERE latest = 1 AND NOT EXISTS (
+                SELECT 1 FROM results r WHERE r.batch = ranked.batch AND r.custom_id = ranked.custom_id)""",
+    )),
 )
 
 
@@ -97,9 +138,11 @@ def _insert(table: str, columns: tuple[str, ...]) -> str:
 
 # the first result of a request stays (a crash can make a second one; the export keeps the first too)
 INSERT_RESULT = _insert("results", ResultRow._fields) + " ON CONFLICT (batch, custom_id) DO NOTHING"
+FAILURE_KEY = ("batch", "custom_id", "run", "attempt")  # the primary key of failures (migration 3)
 # a redelivered attempt rewrites its row; an older copy never replaces a newer one. ``resolved`` is kept.
-UPSERT_FAILURE = (_insert("failures", FailureRow._fields) + " ON CONFLICT (batch, custom_id, attempt) DO UPDATE SET "
-                  + ", ".join(f"{column} = excluded.{column}" for column in FailureRow._fields[3:])
+UPSERT_FAILURE = (_insert("failures", FailureRow._fields) + f" ON CONFLICT ({', '.join(FAILURE_KEY)}) DO UPDATE SET "
+                  + ", ".join(f"{column} = excluded.{column}" for column in FailureRow._fields
+                              if column not in FAILURE_KEY)
                   + " WHERE excluded.failed_at >= failures.failed_at")
 INSERT_DEAD_LETTER = _insert("dead_letters", DeadLetterRow._fields) + \
     " ON CONFLICT (kafka_partition, kafka_offset) DO NOTHING"

@@ -22,6 +22,7 @@ from streamproc.core.identity import custom_id_of
 from streamproc.devstack.postgres import ThrowawayPostgres
 from streamproc.processes import stop_process
 from streamproc.settings import Settings
+from streamproc.sink.target import PostgresTarget
 from tests.integration.pipeline import (
     OutcomeReader,
     Outcomes,
@@ -33,6 +34,7 @@ from tests.integration.pipeline import (
 )
 from tests.integration.test_operations import batch_file, cli, wait_converged
 from tests.unit.sink.readme import readme_queries
+from tests.unit.sink.version2 import check_upgrade, create_version_2
 
 pytestmark = pytest.mark.integration
 
@@ -111,14 +113,14 @@ def assert_database_matches(database: Database, outcomes: Outcomes, ids: list[st
     """Exactly one results row per succeeded request, one row per failed attempt, one latest outcome each."""
     succeeded = {custom_id_of(request_id, "b1") for request_id in ids if outcomes.results.get(request_id)}
     failed = {custom_id_of(request_id, "b1") for request_id in ids if outcomes.terminal(request_id)}
-    attempts = {(custom_id_of(event.request.request_id, "b1"), event.attempt)
+    attempts = {(custom_id_of(event.request.request_id, "b1"), event.run, event.attempt)
                 for events in outcomes.failures.values() for event in events}
     assert database.count("SELECT COUNT(*) FROM results") == len(succeeded)
     assert {row[0] for row in database.query("SELECT custom_id FROM results WHERE batch = 'b1'")} == succeeded
     assert database.count("SELECT COUNT(*) FROM requests") == len(ids)
     statuses = dict(database.query("SELECT custom_id, status FROM requests"))
     assert statuses == {**dict.fromkeys(failed - succeeded, "failed"), **dict.fromkeys(succeeded, "succeeded")}
-    assert set(database.query("SELECT custom_id, attempt FROM failures")) == attempts
+    assert set(database.query("SELECT custom_id, run, attempt FROM failures")) == attempts
     # resolved exactly when the request has a result
     for custom_id, resolved in database.query("SELECT custom_id, resolved FROM failures"):
         assert bool(resolved) == (custom_id in succeeded), custom_id
@@ -223,6 +225,17 @@ async def test_backfill_after_an_outage_resolves_the_failure_rows(settings: Sett
     assert database.count("SELECT COUNT(*) FROM results WHERE batch = 'outage'") == 200
     assert view("1 = 1") == 200
     assert {row[0] for row in database.query("SELECT DISTINCT custom_id FROM failures WHERE terminal")} == failed_first
+    # the first run's ends are kept beside the replay's rows (whose attempts restart at 1)
+    assert {row[0] for row in database.query("SELECT custom_id FROM failures WHERE terminal AND run = 1")} == \
+        failed_first
     assert database.count("SELECT COUNT(*) FROM failures WHERE NOT resolved") == 0
     unresolved_query = readme_queries("outage")[1]
     assert database.query(unresolved_query) == []
+
+
+def test_a_version_2_database_on_postgresql_upgrades_keeping_its_failures_as_run_0() -> None:
+    """Migration 3 rebuilds the failures table with SQL both databases run (SQLite: tests/unit/sink)."""
+    with ThrowawayPostgres() as server, psycopg.connect(server.url, autocommit=True) as connection:
+        create_version_2(connection.execute)
+        check_upgrade(PostgresTarget(server.url), lambda sql: connection.execute(sql).fetchall(),
+                      "SELECT indexname FROM pg_indexes WHERE tablename = 'failures'")

@@ -14,6 +14,7 @@ from streamproc.sink.database import DatabaseError, SinkDatabase, open_database
 from streamproc.sink.schema import MIGRATIONS, SchemaTooNewError
 from streamproc.sink.target import SqliteTarget
 from tests.unit.sink.events import failure, result, rows_of
+from tests.unit.sink.version2 import check_upgrade, create_version_2
 
 
 @pytest.fixture
@@ -96,11 +97,31 @@ def test_the_view_shows_each_requests_latest_outcome_through_a_backfill(path: Pa
     write(database, failure(attempt=2, failed_ms=6_000, terminal=True, layer=FailureLayer.TRANSPORT,
                             code="read_timeout"))
     assert outcome() == [("failed", 2, "transport", "read_timeout")]
-    # the backfill replay starts at attempt 1 again: its outcome is later, so it is the one shown
-    write(database, failure(attempt=1, failed_ms=20_000, terminal=True, layer=FailureLayer.BUSINESS,
+    # the backfill replay (the next run) starts at attempt 1 again: its outcome is later, so it is the one shown
+    write(database, failure(attempt=1, run=2, failed_ms=20_000, terminal=True, layer=FailureLayer.BUSINESS,
                             code="context_length_exceeded"))
     assert outcome() == [("failed", 1, "business", "context_length_exceeded")]
     write(database, result(attempts=2, completed_ms=30_000))
     assert outcome() == [("succeeded", 2, None, None)]
-    assert query(path, "SELECT COUNT(*), SUM(resolved) FROM failures") == [(2, 2)]
+    assert query(path, "SELECT COUNT(*), SUM(resolved) FROM failures") == [(3, 3)]
     assert query(path, "SELECT COUNT(*) FROM requests") == [(1,)]
+
+
+def test_a_replays_attempt_1_keeps_the_first_runs_attempt_1(path: Path, database: SinkDatabase) -> None:
+    write(database, failure(attempt=1, run=1, failed_ms=5_000, terminal=True, code="http_503"))
+    write(database, failure(attempt=1, run=2, failed_ms=20_000, terminal=True, code="read_timeout"))
+    assert query(path, "SELECT run, attempt, code FROM failures ORDER BY run") == [
+        (1, 1, "http_503"), (2, 1, "read_timeout")]
+
+
+def test_at_the_same_failure_time_the_later_run_is_the_latest_outcome(path: Path, database: SinkDatabase) -> None:
+    write(database, failure(attempt=3, run=1, failed_ms=5_000, terminal=True, code="http_503"),
+          failure(attempt=1, run=2, failed_ms=5_000, terminal=True, code="read_timeout"))
+    assert query(path, "SELECT attempts, code FROM requests") == [(1, "read_timeout")]
+
+
+def test_a_version_2_database_upgrades_keeping_its_failures_as_run_0(path: Path) -> None:
+    with sqlite3.connect(path, isolation_level=None) as connection:
+        create_version_2(connection.execute)
+    check_upgrade(SqliteTarget(path), lambda sql: query(path, sql),
+                  "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'failures'")

@@ -32,9 +32,9 @@ def test_an_unscoped_id_has_the_empty_batch_and_odd_usage_gives_no_tokens() -> N
 
 
 def test_a_failure_row_keeps_what_a_replay_needs() -> None:
-    row = failure_row(failure("req-2", attempt=4, terminal=True, layer=FailureLayer.TRANSPORT, code="read_timeout",
-                              status=None))
-    assert row.key == ("b1", "req-2", 4) and row.terminal
+    row = failure_row(failure("req-2", attempt=4, run=3, terminal=True, layer=FailureLayer.TRANSPORT,
+                              code="read_timeout", status=None))
+    assert row.key == ("b1", "req-2", 3, 4) and row.terminal
     assert (row.layer, row.code, row.http_status, row.model) == ("transport", "read_timeout", None, "mock-small")
     assert row.body == BODY and json.loads(row.metadata) == {"team": "x"} and row.url == "/v1/chat/completions"
     assert (row.first_failed_at, row.failed_at) == (iso_ms(4_000), iso_ms(5_000))
@@ -61,10 +61,12 @@ def test_a_poll_keeps_the_first_result_and_the_latest_copy_of_an_attempt() -> No
     rows.add(Kind.RESULT, record(result(content="second")))
     rows.add(Kind.FAILURE, record(failure(attempt=1, failed_ms=6_000, message="newer")))
     rows.add(Kind.FAILURE, record(failure(attempt=1, failed_ms=5_000, message="older")))
+    rows.add(Kind.FAILURE, record(failure(attempt=1, run=2, failed_ms=4_000, message="the replay's")))
     rows.add(Kind.FAILURE, record(failure("req-9", attempt=2)))
     rows.add(Kind.FAILURE, FakeRecord(b"not avro"))
     rows.add(Kind.RESULT, FakeRecord(None))
     assert rows.results[("b1", "req-1")].content == "first"
-    assert rows.failures[("b1", "req-1", 1)].message == "newer"
-    assert len(rows) == 3 and rows.skipped == 2
+    assert rows.failures[("b1", "req-1", 1, 1)].message == "newer"
+    assert rows.failures[("b1", "req-1", 2, 1)].message == "the replay's"  # its own row, whatever its time
+    assert len(rows) == 4 and rows.skipped == 2
     assert rows.touched() == {("b1", "req-1"), ("b1", "req-9")}
