@@ -115,7 +115,9 @@ class TableStore:
         self._scope = scope
 
     def get(self, request_id: str) -> RequestState | None:
-        raw = self._table.get(request_id.encode())
+        """Read from the table's store: ``Table.get`` asks RocksDB twice (``in``, then the value), a third of a
+        state read's cost, and adds only faust's monitor count of table reads."""
+        raw = self._table.data.get(request_id.encode())
         return codec.decode(raw, RequestState) if raw else None
 
     def put(self, state: RequestState) -> None:

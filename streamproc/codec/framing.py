@@ -146,7 +146,8 @@ class Codec:
     @staticmethod
     def _write_body(buffer: BytesIO, current: CurrentSchema, record: Event) -> None:
         try:
-            schemaless_writer(buffer, current.writer.parsed, to_avro(record))
+            # our datums hold no tuples, so fastavro need not look for its (branch, value) union notation
+            schemaless_writer(buffer, current.writer.parsed, to_avro(record), disable_tuple_notation=True)
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise CodecError(CodecErrorCode.UNENCODABLE, f"cannot encode {current.writer.name}: {exc}") from exc
 

@@ -90,6 +90,9 @@ class Conflict:
 Admission = Start | Skip | Conflict
 
 
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))  # built once, not per record
+
+
 def input_hash(request: InferenceRequest) -> str:
     """A stable fingerprint of what is asked: url plus canonical body JSON (key order and spacing ignored).
 
@@ -97,7 +100,7 @@ def input_hash(request: InferenceRequest) -> str:
     for every record.
     """
     try:
-        canonical = json.dumps(json.loads(request.body_json), sort_keys=True, separators=(",", ":"))
+        canonical = _CANONICAL_JSON.encode(json.loads(request.body_json))
     except (ValueError, RecursionError):
         canonical = request.body_json
     return hashlib.sha256(f"{request.url}\n{canonical}".encode()).hexdigest()[:32]

@@ -58,9 +58,12 @@ def http_stack(settings: Settings, headers: dict[str, str],
     return HttpxPools(settings, headers, transport)
 
 
+_WIRE_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # one, not one per call
+
+
 def json_bytes(body: dict[str, Any]) -> bytes:
     """The body as httpx's ``json=`` writes it (compact, UTF-8; NaN refused), for either stack."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _WIRE_JSON.encode(body).encode()
 
 
 def env_proxy(url: str) -> str | None:
