@@ -126,6 +126,14 @@ class TableStore:
         self._scope.written(key)
 
 
+def records_in_hand(calls: int) -> int:
+    """Records handled at once for ``calls`` LLM calls in flight (the guards' gate bounds the calls): a quarter
+    more, for the records between their call's end and their outcome's ack from the broker (linger, acks=all).
+    With exactly as many records as calls, those held a fifth of the slots at 1 s latency: 217-250 calls ran of
+    256."""
+    return calls + max(1, calls // 4)
+
+
 class WorkerRuntime:
     """The app and its parts, built once per process."""
 
@@ -143,7 +151,7 @@ class WorkerRuntime:
         untyped_table: Any = self.table  # TableT does not declare the serializer attributes
         untyped_table.key_serializer = untyped_table.value_serializer = "raw"
         self.sink = FaustSink(self.app, self.topology)
-        self.dispatcher = Dispatcher(settings.in_flight, on_stuck=self._on_stuck,
+        self.dispatcher = Dispatcher(records_in_hand(settings.in_flight), on_stuck=self._on_stuck,
                                      waiting_room=self.app.conf.stream_buffer_maxsize)
         self.llm = LLMClient(settings)
         self.batch_sizes = batch_sizes or BatchSizes()
