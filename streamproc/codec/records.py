@@ -140,6 +140,8 @@ def _state_to_avro(state: RequestState) -> AvroRecord:
         "completion_tokens": state.completion_tokens,
         "reused": state.reused,
         "run": state.run,
+        "replay_topic": state.replay_topic,
+        "replay_offset": state.replay_offset,
     }
 
 
@@ -165,6 +167,8 @@ def _state_from_avro(datum: AvroRecord) -> RequestState:
         completion_tokens=datum["completion_tokens"],
         reused=datum["reused"],
         run=datum["run"],
+        replay_topic=datum["replay_topic"],
+        replay_offset=datum["replay_offset"],
     )
 
 

@@ -99,3 +99,6 @@ class RequestState:
     completion_tokens: int = 0
     reused: bool = False  # the result was reused from an earlier identical request: no call, no tokens spent
     run: int = 0  # 1 for the first submission, one more per replay that started it again (0: before runs existed)
+    # the backfill replay record that started the current run: read again, it (or an older one) is skipped
+    replay_topic: str | None = None
+    replay_offset: int | None = None

@@ -64,6 +64,7 @@ class SkipReason(StrEnum):
     RETRYING = "retrying"
     ALREADY_FAILED = "already_failed"
     EARLIER_RUN = "earlier_run"  # written before a replay started the request again
+    ALREADY_REPLAYED = "already_replayed"  # a backfill replay record read again after its run ended
 
 
 @dataclass(frozen=True)
@@ -146,9 +147,14 @@ def admit(
         return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))  # its parked attempt, at last
     if replay:
         match status:
-            case RequestStatus.FAILED | RequestStatus.PENDING if run == 0 or run > current.run:
-                # a backfill replay; or a replay's deferred copy whose run the table has lost (a write lost in
-                # recovery); a copy of the table's own run that meets its end is stale
+            case RequestStatus.FAILED | RequestStatus.PENDING if run == 0 and _replayed(current, source):
+                return Skip(SkipReason.ALREADY_REPLAYED)  # read again (a rebalance before its commit)
+            case RequestStatus.FAILED | RequestStatus.PENDING if run == 0:  # a backfill replay: the next run
+                return Start(replace(_in_flight(current, request, digest, attempt, now_ms, source, run),
+                                     replay_topic=source.topic, replay_offset=source.offset))
+            case RequestStatus.FAILED | RequestStatus.PENDING if run > current.run:
+                # a replay's deferred copy whose run the table has lost (a write lost in recovery); a copy of
+                # the table's own run that meets its end is stale
                 return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))
             case RequestStatus.FAILED | RequestStatus.PENDING:
                 return Skip(SkipReason.ALREADY_FAILED)
@@ -182,6 +188,13 @@ def admit(
             if attempt > current.attempts:
                 return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))
             return Skip(SkipReason.RETRYING)
+
+
+def _replayed(current: RequestState, source: RecordRef) -> bool:
+    """Whether ``source`` is the replay record that started the current run, or an older one on its topic
+    (replays of one id share a partition, so offsets order them)."""
+    return (current.replay_topic == source.topic and current.replay_offset is not None
+            and source.offset <= current.replay_offset)
 
 
 def _in_flight(

@@ -193,6 +193,19 @@ def test_replay_of_a_failed_request_starts() -> None:
     assert (new.last_layer, new.last_error_code) == (FailureLayer.SEMANTIC, "invalid_json")  # history kept
 
 
+def test_a_replay_record_read_again_after_its_run_failed_does_not_start_another_run() -> None:
+    replayed = started(admit(replace(state(FAILED), run=1), REQUEST, 1, 9_000, source=REPLAYED, replay=True))
+    assert (replayed.run, replayed.replay_topic, replayed.replay_offset) == (2, "llm.requests", 900)
+    failed_again = on_terminal_failure(replayed, FailureLayer.BUSINESS, "content_filter", 9_500)
+    for older_or_same in (REPLAYED, RecordRef("llm.requests", 899)):  # a rebalance reads it again
+        assert admit(failed_again, REQUEST, 1, 9_600, source=older_or_same, replay=True) == Skip(
+            SkipReason.ALREADY_REPLAYED)
+    run_3 = started(admit(failed_again, REQUEST, 1, 9_700, source=RecordRef("llm.requests", 901), replay=True))
+    assert (run_3.run, run_3.replay_offset) == (3, 901)  # a newer replay is a new decision
+    assert started(admit(run_3, REQUEST, 1, 9_800, source=RecordRef("llm.requests", 901), replay=True)) == replace(
+        run_3, updated_ms=9_800)  # its crash redelivery still runs it again (rule 2)
+
+
 def test_replay_with_a_fixed_body_starts_and_takes_the_new_hash() -> None:
     new = started(admit(state(FAILED), OTHER_BODY, 1, 9_000, source=REPLAYED, replay=True))
     assert new.input_hash == input_hash(OTHER_BODY) != input_hash(REQUEST)
