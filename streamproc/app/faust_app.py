@@ -54,6 +54,10 @@ def make_faust_app(settings: Settings, app_id: str, partitions: int, replication
         # sent by a fifth against 10 ms (README "Less CPU per request"), 50 ms saved no more. The delay is
         # nothing next to an LLM call, and sends are still awaited
         producer_linger=0.03,
+        # a partition's batch may grow to 256 KiB while the one produce request per broker is under way
+        # (aiokafka's default 16 KiB filled at ~800 results/s: every further send then waited for the batch
+        # to drain and woke with all the others, 6 % of the worker's CPU in asyncio.wait; py-spy)
+        producer_max_batch_size=262_144,
         web_enabled=False,
         # at most this many records per fetch handed over (faust's default: all that came, 8 MiB of changelog per
         # fetch while a table is restored, which left 60-80 MB of heap behind; scripts/bench state). The fetch

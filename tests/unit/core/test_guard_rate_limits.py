@@ -287,6 +287,16 @@ def test_with_no_limit_known_congestion_learns_the_rate_sent_and_probes_beyond_i
     assert limiter.pace == 1.0 and limiter.limits.rpm is not None and limiter.limits.rpm > 6000 * 1.1
 
 
+def test_a_rate_sent_beyond_what_is_kept_is_still_learnt_from_the_newest_sends() -> None:
+    """2,000 calls/s for 5 s: more sends than are kept; the newest span less time, at the same rate."""
+    limiter = ModelRateLimiter(RateLimits(), share=1.0, now=0.0)
+    for i in range(10_000):
+        limiter.reserve(10, i / 2000)
+    assert limiter.on_rate_limited({}, 0.0, tokens=10, now=5.0)
+    assert limiter.limits.rpm == pytest.approx(120_000, rel=0.01)
+    assert limiter.limits.tpm == pytest.approx(1_200_000, rel=0.01)
+
+
 def test_an_advertised_limit_replaces_a_learnt_one() -> None:
     limiter = ModelRateLimiter(RateLimits(), share=1.0, now=0.0)
     limiter.on_rate_limited({}, 0.0, tokens=1, now=1.0)
