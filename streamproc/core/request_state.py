@@ -125,7 +125,7 @@ def admit(
     In order: no state → start; a record of an earlier run → skip; in flight and ``source`` is the record that
     started it → start again (crash redelivery); the deferred record of a parked attempt → start; a replay
     (backfill) starts a ``failed`` or ``pending`` request, even with a fixed, different body, and is skipped
-    otherwise, never a conflict (a replay's own deferred copy starts only one its run the table lost); another
+    otherwise, never a conflict (a replay's own deferred copy starts only a run the table has lost); another
     body → conflict; then by status: ``pending`` starts, ``succeeded`` / ``failed`` / ``in_flight`` skip,
     ``retrying`` starts only a retry record newer than the latest attempt started.
     """
