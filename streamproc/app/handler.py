@@ -101,7 +101,7 @@ class StateStore(Protocol):
     """The request_state table, seen through the partition of the record being handled."""
 
     def get(self, request_id: str) -> RequestState | None: ...
-    def put(self, state: RequestState) -> None: ...
+    async def put(self, state: RequestState) -> None: ...
 
 
 def _now_ms() -> int:
@@ -154,7 +154,7 @@ class Handler:
                 # local table write and its changelog send leaves the changelog (what status reads and a new
                 # owner restores) one write behind: stuck in_flight although the result exists (the chaos run
                 # found it). Writing the same state again sends it to the changelog once more.
-                self._store.put(current)
+                await self._store.put(current)
             self._observer.on_skip(admission.reason.value)
             return Disposition.ACK
         if isinstance(admission, Conflict):
@@ -162,7 +162,7 @@ class Handler:
             return Disposition.ACK
         assert isinstance(admission, Start)
         state = admission.state
-        self._store.put(state)
+        await self._store.put(state)
 
         if (closed := self._closed(request.batch_id)) is not None and not hop.replay:  # a replay is a new decision
             why = "was cancelled" if closed == "batch_cancelled" else "passed its completion window"
@@ -174,7 +174,7 @@ class Handler:
                 request, record.headers, state.input_hash, now)) is not None:
             await self._sink.result(reused)  # a normal result event that names its origin; no call is made
             self._observer.on_result()
-            self._store.put(on_reused(state, reused, self._clock_ms()))  # result first, then state (design §4)
+            await self._store.put(on_reused(state, reused, self._clock_ms()))  # result first, then state (design §4)
             return Disposition.ACK
 
         try:  # after admission, so that the terminal failure below also ends the state (a repair hop can fail here)
@@ -215,7 +215,7 @@ class Handler:
                 return Disposition.ACK
             await self._sink.result(result)
             self._observer.on_result()
-            self._store.put(on_success(state, self._clock_ms(), outcome))  # result first, then state (design §4)
+            await self._store.put(on_success(state, self._clock_ms(), outcome))  # result first, then state (design §4)
             return Disposition.ACK
         await self._after_failure(request, outcome, called, body, hop, origin, state)
         return Disposition.ACK
@@ -244,8 +244,9 @@ class Handler:
                 max_tokens=max_tokens, run=state.run))
             self._observer.on_retry(decision.tier.name)
             await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin, called, run=state.run)
-            self._put_unless_superseded(state, on_retry_scheduled(state, failure.layer, failure.code, now, written,
-                                                                  spent_budget=spends_budget(failure)))
+            await self._put_unless_superseded(
+                state, on_retry_scheduled(state, failure.layer, failure.code, now, written,
+                                          spent_budget=spends_budget(failure)))
             return
         failure = decision.failure or failure  # a spent retry budget restates it as retry_budget_exhausted
         await self._terminal(request, failure, hop.attempt, first_failure, origin, state, called)
@@ -262,7 +263,7 @@ class Handler:
         written = await self._sink.retry(tier, request, headers.hop_headers(
             request.request_id, hop.attempt, origin, reason, hop.first_failure_ms, due_ms=due, replay=hop.replay,
             deferred=True, max_tokens=hop.max_tokens, run=state.run))
-        self._put_unless_superseded(state, on_deferred(state, now, deferred.code, written))
+        await self._put_unless_superseded(state, on_deferred(state, now, deferred.code, written))
         self._observer.on_deferred(tier.name)
 
     async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,
@@ -272,13 +273,13 @@ class Handler:
                                  run=0 if state is None else state.run)
         now = self._clock_ms()
         if state is not None:
-            self._put_unless_superseded(state, on_terminal_failure(state, failure.layer, failure.code, now, paid))
+            await self._put_unless_superseded(state, on_terminal_failure(state, failure.layer, failure.code, now, paid))
         elif self._store.get(request.request_id) is None:  # a record rejected before admission
-            self._store.put(RequestState(request.request_id, RequestStatus.FAILED, input_hash(request),
+            await self._store.put(RequestState(request.request_id, RequestStatus.FAILED, input_hash(request),
                                          attempts=attempt, batch_id=request.batch_id, last_layer=failure.layer,
                                          last_error_code=failure.code, created_ms=now, updated_ms=now))
 
-    def _put_unless_superseded(self, started: RequestState, after: RequestState) -> None:
+    async def _put_unless_superseded(self, started: RequestState, after: RequestState) -> None:
         """Write the state after a failure or deferral, unless a newer attempt (or an end) has taken the request
         over since this one was admitted (see :func:`streamproc.core.request_state.superseded`)."""
         current = self._store.get(started.request_id)
@@ -287,7 +288,7 @@ class Handler:
                      "left as it is", started.request_id, started.attempts, after.last_error_code,
                      current.status if current else None, current.attempts if current else None)
             return
-        self._store.put(after)
+        await self._store.put(after)
 
     async def _emit_failure(self, request: InferenceRequest, failure: Failure, attempt: int, terminal: bool,
                             first_failure_ms: int, origin: headers.Origin, called: CallResult | None = None, *,
@@ -356,10 +357,10 @@ class Handler:
         except Exception:
             log.exception("could not record the internal error of %s; holding the record", request_id)
             return Disposition.HOLD
-        self._fail_own_attempt(request.request_id, record, failure)
+        await self._fail_own_attempt(request.request_id, record, failure)
         return Disposition.ACK
 
-    def _fail_own_attempt(self, request_id: str, record: Record, failure: Failure) -> None:
+    async def _fail_own_attempt(self, request_id: str, record: Record, failure: Failure) -> None:
         """Mark ``failed`` an attempt this record left ``in_flight``, so a replay (backfill) may start it again.
 
         Left ``in_flight``, every later record for the id, replays included, would be skipped as a duplicate.
@@ -369,7 +370,7 @@ class Handler:
             state = self._store.get(request_id)
             if (state is not None and state.status is RequestStatus.IN_FLIGHT
                     and (state.source_topic, state.source_offset) == (record.topic, record.offset)):
-                self._store.put(on_terminal_failure(state, failure.layer, failure.code, self._clock_ms()))
+                await self._store.put(on_terminal_failure(state, failure.layer, failure.code, self._clock_ms()))
         except Exception:
             log.exception("could not mark %s failed after its internal error", request_id)
 

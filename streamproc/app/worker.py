@@ -108,11 +108,20 @@ class FaustSink:
 
 class TableStore:
     """``request_state`` as typed values (Avro-encoded in RocksDB and in the changelog); every write is told
-    to ``scope``, so the reconciler reads only what may have changed."""
+    to ``scope``, so the reconciler reads only what may have changed.
 
-    def __init__(self, table: Any, scope: SweepScope) -> None:
+    A write goes to the partition's RocksDB, then straight to aiokafka for the changelog, in the order of the
+    writes (one lock): faust's ``Table.__setitem__`` wraps each changelog record in a future message, queues it
+    for a task that hands it over one at a time, and stores its changelog offset in RocksDB per record: about
+    10 % of a CPU-bound worker's CPU for the two writes of a request, half of it here. The offsets delivered in
+    one loop pass are stored once, the highest per partition (faust reads it to resume a restore there)."""
+
+    def __init__(self, table: Any, producer: Any, scope: SweepScope) -> None:
         self._table = table
+        self._producer = producer
         self._scope = scope
+        self._in_order = asyncio.Lock()
+        self._delivered: dict[Any, int] = {}  # changelog partition -> highest offset acked, not yet stored
 
     def get(self, request_id: str) -> RequestState | None:
         """Read from the table's store: ``Table.get`` asks RocksDB twice (``in``, then the value), a third of a
@@ -120,10 +129,35 @@ class TableStore:
         raw = self._table.data.get(request_id.encode())
         return codec.decode(raw, RequestState) if raw else None
 
-    def put(self, state: RequestState) -> None:
+    async def put(self, state: RequestState) -> None:
         key = state.request_id.encode()
-        self._table[key] = codec.encode(state)
+        value = codec.encode(state)
+        event = faust.current_event()
+        if event is None:
+            raise RuntimeError(f"request {state.request_id}: the state table is written only while handling a record")
+        partition = event.message.partition
+        self._table.data[key] = value  # RocksDB now, before any await: a read right after sees it
         self._scope.written(key)
+        async with self._in_order:  # a later write of the key must not reach the changelog first
+            delivery = await self._producer.send(self._table.changelog_topic_name, key, value, partition=partition,
+                                                 timestamp=None, headers=None)
+        delivery.add_done_callback(self._on_delivered)
+
+    def _on_delivered(self, delivery: asyncio.Future[Any]) -> None:
+        if delivery.cancelled() or delivery.exception() is not None:
+            log.error("a state changelog write was not delivered: %r", None if delivery.cancelled()
+                      else delivery.exception())
+            return
+        written = delivery.result()
+        if not self._delivered:
+            asyncio.get_running_loop().call_soon(self._store_delivered)
+        tp = written.topic_partition
+        self._delivered[tp] = max(written.offset, self._delivered.get(tp, -1))
+
+    def _store_delivered(self) -> None:
+        for tp, offset in self._delivered.items():
+            self._table.data.set_persisted_offset(tp, offset)
+        self._delivered.clear()
 
 
 def records_in_hand(calls: int) -> int:
@@ -162,7 +196,7 @@ class WorkerRuntime:
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
         self.sweep_scope = SweepScope()  # the table's writes, for the reconciler
-        store = TableStore(self.table, self.sweep_scope)
+        store = TableStore(self.table, self.app.producer, self.sweep_scope)
         self.handler = Handler(self.guards, self.sink, store, settings.retry_policy(),
                                self._on_configuration_problem, rng=random.Random(), observer=observer,
                                closed=self.batch_sizes.closed,

@@ -163,7 +163,7 @@ class DictStore:
     def get(self, request_id: str) -> RequestState | None:
         return self.states.get(request_id)
 
-    def put(self, state: RequestState) -> None:
+    async def put(self, state: RequestState) -> None:
         self.log.append(f"state {state.status.value}")
         self.states[state.request_id] = state
 
@@ -831,8 +831,8 @@ async def test_a_late_failure_of_a_superseded_attempt_does_not_undo_a_newer_succ
     def newer_attempt_succeeds_meanwhile(body: dict[str, Any]) -> CallResult:
         admitted = rig.store.get(request.request_id)
         assert admitted is not None
-        rig.store.put(replace(admitted, status=RequestStatus.SUCCEEDED, attempts=2, source_topic=None,
-                              source_offset=None))
+        rig.store.states[request.request_id] = replace(admitted, status=RequestStatus.SUCCEEDED, attempts=2,
+                                                       source_topic=None, source_offset=None)
         return http_error(500, {"error": {"message": "boom", "type": "server_error"}})(body)
 
     rig = Rig([newer_attempt_succeeds_meanwhile])

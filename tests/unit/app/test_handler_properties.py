@@ -84,9 +84,9 @@ class EncodingSink(RecordingSink):
 class EncodingStore(DictStore):
     """The state table as TableStore keeps it: Avro-encoded."""
 
-    def put(self, state: RequestState) -> None:
+    async def put(self, state: RequestState) -> None:
         codec.decode(codec.encode(state), RequestState)
-        super().put(state)
+        await super().put(state)
 
 
 def _check_headers(hdrs: headers.Headers) -> None:
