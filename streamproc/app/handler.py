@@ -309,7 +309,7 @@ class Handler:
             provider_request_id=None if answer is None else provider_request_id(answer.headers), run=run,
         )
         await self._sink.failure(event, headers.hop_headers(request.request_id, attempt, origin, failure,
-                                                            first_failure_ms))
+                                                            first_failure_ms, run=run))
         self._observer.on_failure(failure.layer.value, failure.code, terminal)
 
     async def _decode(self, record: Record, origin: headers.Origin) -> InferenceRequest | None:

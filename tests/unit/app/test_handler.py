@@ -724,7 +724,8 @@ async def test_a_retry_record_from_before_a_replay_is_skipped_while_the_replay_r
 
 
 async def test_each_failure_event_carries_the_run_its_attempt_was_admitted_in() -> None:
-    """A replay's attempt 1 is not the first run's attempt 1: the run tells the sink's rows apart."""
+    """A replay's attempt 1 is not the first run's attempt 1: the run tells the sink's rows apart, and a consumer
+    of the failure topics can tell them apart from the record's headers alone."""
     rig = Rig([READ_TIMEOUT, CONTEXT_TOO_LONG, CONTEXT_TOO_LONG])
     request = make_request()
     await rig.handle(submission(request))
@@ -735,6 +736,7 @@ async def test_each_failure_event_carries_the_run_its_attempt_was_admitted_in() 
 
     assert [(event.run, event.attempt, event.terminal) for event, _ in rig.sink.failures] == [
         (1, 1, False), (1, 2, True), (2, 1, True)]
+    assert [text(hdrs, headers.RUN) for _, hdrs in rig.sink.failures] == ["1", "1", "2"]  # the records' too
 
 
 async def test_an_internal_error_on_a_retry_hop_keeps_provenance_and_attempt() -> None:
