@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections import deque
+from collections import defaultdict, deque
+from functools import partial
 
 
 class SlidingWindow:
@@ -60,18 +61,15 @@ class AdaptiveTimeout:
         self._quantile = quantile
         self._window = window
         self._min_samples = min_samples
-        self._latencies: dict[str, SlidingWindow] = {}
-        self._budgets: dict[str, SlidingWindow] = {}  # max_tokens of the successful calls, where they set one
+        new_window = partial(SlidingWindow, window)  # per model, on its first observation (.get() creates none)
+        self._latencies: defaultdict[str, SlidingWindow] = defaultdict(new_window)
+        self._budgets: defaultdict[str, SlidingWindow] = defaultdict(new_window)  # max_tokens, where calls set one
 
     def observe(self, model: str, latency_s: float, max_tokens: int | None = None) -> None:
         if latency_s >= 0 and math.isfinite(latency_s):
-            if (latencies := self._latencies.get(model)) is None:
-                latencies = self._latencies[model] = SlidingWindow(self._window)
-            latencies.add(latency_s)
+            self._latencies[model].add(latency_s)
             if max_tokens is not None and max_tokens > 0:
-                if (budgets := self._budgets.get(model)) is None:
-                    budgets = self._budgets[model] = SlidingWindow(self._window)
-                budgets.add(max_tokens)
+                self._budgets[model].add(max_tokens)
 
     def timeout_s(self, model: str, max_tokens: int | None = None) -> float:
         tail = self.tail_s(model, max_tokens)
