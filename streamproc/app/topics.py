@@ -96,6 +96,14 @@ async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int],
         await admin.close()
 
 
+COMPACTED = {"cleanup.policy": "compact"}
+# Compaction never touches a partition's active segment, which by the broker's default rolls after 7 days or
+# 1 GiB: a request's 2-4 state writes all stayed in the changelog for a week, and a worker restoring a partition
+# (a new machine, a partition moved without a standby) read them all. Rolled every hour, they become one per
+# request once the broker's cleaner passes (when half the log is uncompacted, its default).
+STATE_CHANGELOG = {**COMPACTED, "segment.ms": str(60 * 60 * 1000)}
+
+
 async def ensure_pipeline_topics(bootstrap: str, topology: Topology,
                                  replication: ReplicationRequest = AUTOMATIC) -> Replication:
     """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests compacted.
@@ -106,8 +114,7 @@ async def ensure_pipeline_topics(bootstrap: str, topology: Topology,
     A namespace that would take over the work of the legacy shared group is refused first (app/namespace).
     """
     await refuse_legacy_takeover(bootstrap, topology)
-    compacted = {"cleanup.policy": "compact"}
     return await ensure_topics(bootstrap, {**topology.all_topics(), topology.state_changelog: topology.partitions,
                                            topology.batches: 1},
-                               configs={topology.batches: compacted, topology.state_changelog: compacted},
+                               configs={topology.batches: COMPACTED, topology.state_changelog: STATE_CHANGELOG},
                                replication=replication)
