@@ -97,8 +97,14 @@ class Reuse(Protocol):
                      now_ms: int) -> InferenceResult | None: ...
 
 
+class StateWriteFailed(Exception):
+    """A state write that did not reach the changelog. The record is held, not failed: its outcome may already be
+    on Kafka, and a failure event beside it would end the request twice (a result and a terminal failure)."""
+
+
 class StateStore(Protocol):
-    """The request_state table, seen through the partition of the record being handled."""
+    """The request_state table, seen through the partition of the record being handled; ``put`` raises
+    :class:`StateWriteFailed` when the write could not be sent on."""
 
     def get(self, request_id: str) -> RequestState | None: ...
     async def put(self, state: RequestState) -> None: ...
@@ -131,6 +137,10 @@ class Handler:
         """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
         try:
             return await self._handle(record)
+        except StateWriteFailed:
+            log.exception("holding %s[%d]@%d: its state could not be written", record.topic, record.partition,
+                          record.offset)
+            return Disposition.HOLD
         except Exception as exc:
             log.exception("unexpected error handling %s[%d]@%d", record.topic, record.partition, record.offset)
             return await self._internal_error(record, exc)
@@ -357,11 +367,12 @@ class Handler:
         except Exception:
             log.exception("could not record the internal error of %s; holding the record", request_id)
             return Disposition.HOLD
-        await self._fail_own_attempt(request.request_id, record, failure)
-        return Disposition.ACK
+        failed_for_good = await self._fail_own_attempt(request.request_id, record, failure)
+        return Disposition.ACK if failed_for_good else Disposition.HOLD
 
-    async def _fail_own_attempt(self, request_id: str, record: Record, failure: Failure) -> None:
-        """Mark ``failed`` an attempt this record left ``in_flight``, so a replay (backfill) may start it again.
+    async def _fail_own_attempt(self, request_id: str, record: Record, failure: Failure) -> bool:
+        """Mark ``failed`` an attempt this record left ``in_flight``, so a replay (backfill) may start it again;
+        False when that write could not be sent on (the record is then held and read again).
 
         Left ``in_flight``, every later record for the id, replays included, would be skipped as a duplicate.
         Any other state (another record's attempt, a success) is not this record's to change.
@@ -371,8 +382,12 @@ class Handler:
             if (state is not None and state.status is RequestStatus.IN_FLIGHT
                     and (state.source_topic, state.source_offset) == (record.topic, record.offset)):
                 await self._store.put(on_terminal_failure(state, failure.layer, failure.code, self._clock_ms()))
+        except StateWriteFailed:
+            log.exception("could not write %s failed after its internal error; holding the record", request_id)
+            return False
         except Exception:
             log.exception("could not mark %s failed after its internal error", request_id)
+        return True
 
 
 _ENDED = frozenset({SkipReason.ALREADY_SUCCEEDED, SkipReason.ALREADY_FAILED})

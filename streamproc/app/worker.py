@@ -14,6 +14,7 @@ import os
 import random
 import sys
 import time
+from collections import defaultdict
 from typing import Any
 
 import faust
@@ -36,7 +37,7 @@ from streamproc.app.bootstrap import resolve_bootstrap
 from streamproc.app.dispatcher import Dispatcher
 from streamproc.app.faust_app import make_faust_app
 from streamproc.app.faust_fixes import watch_skipped_records
-from streamproc.app.handler import Disposition, Handler, Record
+from streamproc.app.handler import Disposition, Handler, Record, StateWriteFailed
 from streamproc.app.manifest_follower import BatchSizes
 from streamproc.app.metrics import serve_worker_metrics, watch_worker
 from streamproc.app.observe import Observer
@@ -111,16 +112,17 @@ class TableStore:
     to ``scope``, so the reconciler reads only what may have changed.
 
     A write goes to the partition's RocksDB, then straight to aiokafka for the changelog, in the order of the
-    writes (one lock): faust's ``Table.__setitem__`` wraps each changelog record in a future message, queues it
-    for a task that hands it over one at a time, and stores its changelog offset in RocksDB per record: about
-    10 % of a CPU-bound worker's CPU for the two writes of a request, half of it here. The offsets delivered in
-    one loop pass are stored once, the highest per partition (faust reads it to resume a restore there)."""
+    writes (one lock per partition: a key stays in its partition). faust's ``Table.__setitem__`` wraps each
+    changelog record in a future message, queues it for a task that hands it over one at a time, and stores
+    its changelog offset in RocksDB per record: about 10 % of a CPU-bound worker's CPU for the two writes of a
+    request, half of it here. The offsets delivered in one loop pass are stored once, the highest per partition
+    (faust reads it to resume a restore there)."""
 
     def __init__(self, table: Any, producer: Any, scope: SweepScope) -> None:
         self._table = table
         self._producer = producer
         self._scope = scope
-        self._in_order = asyncio.Lock()
+        self._in_order: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)  # per changelog partition
         self._delivered: dict[Any, int] = {}  # changelog partition -> highest offset acked, not yet stored
 
     def get(self, request_id: str) -> RequestState | None:
@@ -138,9 +140,13 @@ class TableStore:
         partition = event.message.partition
         self._table.data[key] = value  # RocksDB now, before any await: a read right after sees it
         self._scope.written(key)
-        async with self._in_order:  # a later write of the key must not reach the changelog first
-            delivery = await self._producer.send(self._table.changelog_topic_name, key, value, partition=partition,
-                                                 timestamp=None, headers=None)
+        async with self._in_order[partition]:  # a later write of the key must not reach the changelog first
+            try:
+                delivery = await self._producer.send(self._table.changelog_topic_name, key, value,
+                                                     partition=partition, timestamp=None, headers=None)
+            except Exception as exc:  # aiokafka: no leader before its timeout, a record too large, stopped
+                raise StateWriteFailed(f"request {state.request_id}: its {state.status.value} state was written "
+                                       f"locally but not sent to the changelog: {exc!r}") from exc
         delivery.add_done_callback(self._on_delivered)
 
     def _on_delivered(self, delivery: asyncio.Future[Any]) -> None:
@@ -155,9 +161,12 @@ class TableStore:
         self._delivered[tp] = max(written.offset, self._delivered.get(tp, -1))
 
     def _store_delivered(self) -> None:
-        for tp, offset in self._delivered.items():
-            self._table.data.set_persisted_offset(tp, offset)
-        self._delivered.clear()
+        delivered, self._delivered = self._delivered, {}  # taken first: a failed store must not stop later ones
+        for tp, offset in delivered.items():
+            try:
+                self._table.data.set_persisted_offset(tp, offset)
+            except Exception:  # a restore of that partition on this disk then reads a few more records
+                log.exception("could not store the changelog offset %d of %s", offset, tp)
 
 
 def records_in_hand(calls: int) -> int:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from streamproc import codec
-from streamproc.app.handler import Disposition, Handler, Record
+from streamproc.app.handler import Disposition, Handler, Record, StateWriteFailed
 from streamproc.core import headers
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
 from streamproc.core.outcome import ConfigurationProblem, Failure
@@ -159,6 +159,7 @@ class DictStore:
     def __init__(self, log: list[str]) -> None:
         self.log = log
         self.states: dict[str, RequestState] = {}
+        self.unsent: set[RequestStatus] = set()  # writes of these statuses stay local: the changelog send fails
 
     def get(self, request_id: str) -> RequestState | None:
         return self.states.get(request_id)
@@ -166,6 +167,8 @@ class DictStore:
     async def put(self, state: RequestState) -> None:
         self.log.append(f"state {state.status.value}")
         self.states[state.request_id] = state
+        if state.status in self.unsent:
+            raise StateWriteFailed(f"request {state.request_id}: not sent")
 
 
 class ScriptedCaller:
@@ -964,3 +967,19 @@ async def test_a_redelivered_reused_request_already_succeeded_is_skipped() -> No
     await rig.handle(record)
     await rig.handle(record)  # redelivered after the state was written: already_succeeded
     assert len(rig.sink.results) == 1 and len(index.asked) == 1
+
+
+async def test_a_state_write_that_cannot_reach_the_changelog_holds_the_record_instead_of_failing_it() -> None:
+    """The result is on Kafka; a terminal failure event beside it would end the request twice."""
+    rig = Rig([answer("fine")])
+    rig.store.unsent = {RequestStatus.SUCCEEDED}
+    assert await rig.handle(submission(make_request())) is Disposition.HOLD
+    assert len(rig.sink.results) == 1 and rig.sink.failures == []
+
+
+async def test_an_internal_error_whose_failed_state_cannot_be_sent_holds_the_record() -> None:
+    rig = Rig([READ_TIMEOUT])
+    rig.sink.fail_sends = 1  # the retry record's send fails: an internal error
+    rig.store.unsent = {RequestStatus.FAILED}
+    assert await rig.handle(submission(make_request())) is Disposition.HOLD
+    assert [event.error_code for event, _ in rig.sink.failures][-1] == "internal_error"

@@ -7,9 +7,10 @@ checked is the ordering under a send that waits, which a live broker produces on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +19,7 @@ from aiokafka.structs import RecordMetadata, TopicPartition
 from faust.streams import _current_event
 
 from streamproc import codec
+from streamproc.app.handler import StateWriteFailed
 from streamproc.app.worker import TableStore
 from streamproc.core.events import RequestState
 from streamproc.core.sweep_scope import SweepScope
@@ -39,7 +41,12 @@ class FakeStore:
     def get(self, key: bytes) -> bytes | None:
         return self.values.get(key)
 
+    failing_stores: int = 0  # how many offset stores raise first (a RocksDB error)
+
     def set_persisted_offset(self, tp: TopicPartition, offset: int) -> None:
+        if self.failing_stores:
+            self.failing_stores -= 1
+            raise OSError("rocksdb: IO error")
         self.persisted.append((tp.partition, offset))
 
 
@@ -47,14 +54,17 @@ class FakeProducer:
     """faust's producer: ``send`` returns a delivery future once the record is in the batch; sends listed in
     ``held`` wait for ``release`` first (aiokafka waiting for room in a full batch)."""
 
-    def __init__(self, held: int = 0) -> None:
+    def __init__(self, held: int = 0, refuse: Exception | None = None) -> None:
         self.log: list[tuple[str, int | None, bytes | None, bytes | None]] = []
         self.deliveries: list[asyncio.Future[RecordMetadata]] = []
         self.release = asyncio.Event()
         self._held = held
+        self._refuse = refuse
 
     async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
                    timestamp: float | None, headers: Any) -> asyncio.Future[RecordMetadata]:
+        if self._refuse is not None:
+            raise self._refuse
         if self._held:
             self._held -= 1
             await self.release.wait()
@@ -83,16 +93,26 @@ def state(status: RequestStatus, attempts: int = 1) -> RequestState:
 class HandledEvent:
     """faust's event, as far as a table write looks at it (faust keeps a weak reference)."""
 
-    message = SimpleNamespace(partition=3)
+    def __init__(self, partition: int) -> None:
+        self.message = SimpleNamespace(partition=partition)
+
+
+@contextlib.contextmanager
+def handling(partition: int) -> Iterator[HandledEvent]:
+    """What the handler runs under: faust's current event, a record of ``partition``. Tasks created inside keep
+    it as long as the caller keeps the event (faust's reference is weak)."""
+    event = HandledEvent(partition)
+    token = _current_event.set(weakref.ref(event))  # type: ignore[arg-type]
+    try:
+        yield event
+    finally:
+        _current_event.reset(token)
 
 
 @pytest.fixture
 def handling_partition_3() -> Iterator[None]:
-    """What the handler runs under: faust's current event, a record of partition 3."""
-    event = HandledEvent()
-    token = _current_event.set(weakref.ref(event))  # type: ignore[arg-type]
-    yield
-    _current_event.reset(token)
+    with handling(3):
+        yield
 
 
 @pytest.mark.usefixtures("handling_partition_3")
@@ -156,3 +176,43 @@ async def test_a_write_outside_the_handling_of_a_record_is_refused() -> None:
     with pytest.raises(RuntimeError, match="only while handling a record"):
         await store.put(state(RequestStatus.IN_FLIGHT))
     assert rocksdb.values == {}
+
+
+@pytest.mark.usefixtures("handling_partition_3")
+async def test_a_changelog_send_aiokafka_refuses_is_a_state_write_failure_naming_the_request() -> None:
+    producer = FakeProducer(refuse=TimeoutError("no leader for app-request_state-changelog-3"))
+    store, rocksdb = table_store(producer)
+    with pytest.raises(StateWriteFailed, match="request r-1: its succeeded state was written locally but not sent"):
+        await store.put(state(RequestStatus.SUCCEEDED))
+    assert rocksdb.values[b"r-1"] == codec.encode(state(RequestStatus.SUCCEEDED))
+
+
+async def test_a_send_waiting_in_one_partition_does_not_hold_up_writes_in_another() -> None:
+    producer = FakeProducer(held=1)
+    store, _ = table_store(producer)
+    with handling(3) as partition_3:
+        held = asyncio.create_task(store.put(state(RequestStatus.IN_FLIGHT)))
+    await asyncio.sleep(0)
+    with handling(4):
+        other = replace(state(RequestStatus.IN_FLIGHT), request_id="r-2")
+        await asyncio.wait_for(store.put(other), 1)
+    assert [(partition, key) for _, partition, key, _ in producer.log] == [(4, b"r-2")]
+    producer.release.set()
+    await held
+    assert partition_3.message.partition == 3  # kept alive until the held write is done
+
+@pytest.mark.usefixtures("handling_partition_3")
+async def test_an_offset_store_that_fails_does_not_stop_the_later_ones() -> None:
+    producer = FakeProducer()
+    store, rocksdb = table_store(producer)
+    rocksdb.failing_stores = 1
+    await store.put(state(RequestStatus.IN_FLIGHT))
+    producer.deliver(0, 40)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert rocksdb.persisted == []
+    await store.put(state(RequestStatus.SUCCEEDED))
+    producer.deliver(1, 41)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert rocksdb.persisted == [(3, 41)]
