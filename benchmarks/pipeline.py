@@ -40,20 +40,21 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
 from streamproc import codec
 from streamproc.app.topics import ensure_topics
 from streamproc.core.events import InferenceRequest, InferenceResult
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.devstack.broker import LocalBroker
+from streamproc.devstack.broker import LocalBroker, free_port
 from streamproc.mockllm import MockLLMProcess
 from streamproc.processes import stop_process
 from streamproc.settings import DEFAULT_KAFKA_VERSION, Settings
@@ -365,6 +366,32 @@ async def watch_results(bootstrap: str, results_topic: str, failure_topics: list
     return observed, sampler
 
 
+def counter_total(metrics_text: str, family: str, exclude: Mapping[str, str] | None = None) -> int | None:
+    """The sum of a counter's ``_total`` samples in a Prometheus exposition, leaving out samples whose labels
+    match ``exclude``; None when the exposition has no such counter."""
+    for found in text_string_to_metric_families(metrics_text):
+        if found.name == family:
+            return int(sum(sample.value for sample in found.samples if sample.name.endswith("_total") and not (
+                exclude and all(sample.labels.get(key) == value for key, value in exclude.items()))))
+    return None
+
+
+def scrape_metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def calls_explained(port: int) -> dict[str, int] | None:
+    """Why a worker made more calls than requests, from its metrics: hedges (a second call beside one that ran
+    past its model's p99) and calls that failed (each retried); None when the metrics could not be read."""
+    try:
+        text = scrape_metrics(port)
+    except OSError:
+        return None
+    return {"hedged": counter_total(text, "streamproc_hedged_calls") or 0,
+            "failed calls": counter_total(text, "streamproc_llm_calls", exclude={"outcome": "success"}) or 0}
+
+
 # ---- the runs ----------------------------------------------------------------------------------------------
 
 
@@ -376,6 +403,12 @@ class RunReport:
     cores: dict[str, float]  # average cores used during the measured window, by process, "other", "machine"
     peak_rss_mb: float
     mean_mock_in_flight: float | None = None
+    calls_explained: Mapping[str, int] | None = None  # the worker's calls beyond one per request, by why
+
+    @property
+    def unexplained_calls(self) -> int:
+        """LLM calls at the mock beyond one per request and beyond what the worker's metrics explain."""
+        return self.mock_calls - self.observed.expected - sum((self.calls_explained or {}).values())
 
     @property
     def cpu_ms_per_request(self) -> float:
@@ -388,7 +421,9 @@ class RunReport:
         parts = [f"{self.name}: {len(o.results)} results in {o.seconds:.2f}s = {o.rate:.1f} req/s",
                  f"start-up {o.first_call - o.spawned:.1f}s (excluded)",
                  f"LLM latency p50 {o.latency_ms(0.5):.0f} ms p99 {o.latency_ms(0.99):.0f} ms",
-                 f"LLM calls {self.mock_calls}"]
+                 f"LLM calls {self.mock_calls}"
+                 + ("" if self.calls_explained is None else
+                    " (" + ", ".join(f"{why} {count}" for why, count in self.calls_explained.items()) + ")")]
         if self.mean_mock_in_flight is not None:
             parts.append(f"mean in flight at the mock {self.mean_mock_in_flight:.0f}")
         parts.append(f"CPU {self.cpu_ms_per_request:.2f} ms/request")
@@ -436,6 +471,8 @@ class Bench:
         env = worker_env(self.bootstrap, topology.prefix, llm_url, self.stack.workdir / f"{name}-data",
                          self.in_flight, self.partitions)
         env.update({**self.worker_settings, **(settings or {})})
+        metrics_port = free_port()
+        env["STREAMPROC_WORKER_METRICS_PORT"] = str(metrics_port)
         command = [*(wrap or []), sys.executable, "-m", "streamproc", "worker"]
         worker: list[subprocess.Popen[bytes]] = []
 
@@ -448,6 +485,7 @@ class Bench:
             observed, watch = await watch_results(
                 self.bootstrap, topology.results, [topology.failed(layer) for layer in FailureLayer], requests,
                 spawn, timeout_s, self.sampler("worker", mock_pid))
+            explained = await asyncio.to_thread(calls_explained, metrics_port)
         except BenchError as exc:
             raise BenchError(f"{name}: {exc}\n--- worker log ({self.stack.log_path(name)}):\n"
                              f"{self.stack.log_tail(name)}") from exc
@@ -463,6 +501,7 @@ class Bench:
             watch.peak_rss_kb / 1024,
             mean_mock_in_flight=mock.mean_in_flight(observed.first_call, observed.last_seen) if sample_mock
             else None,
+            calls_explained=explained,
         )
 
     async def baseline(self, name: str, topology: Topology, llm_url: str, mock_pid: int, requests: int,
@@ -609,9 +648,11 @@ def shared_and_unclean(*runs: RunReport) -> list[str]:
         warnings.append(f"other processes used {busy[0]:.2f} cores during {busy[1]}: the machine was shared, "
                         "the figures are lower than on an idle machine")
     for run in runs:
-        if run.observed.duplicates or run.observed.failures or run.mock_calls != run.observed.expected:
+        if run.observed.duplicates or run.observed.failures or run.unexplained_calls:
             warnings.append(f"{run.name}: {run.observed.duplicates} duplicate results, {run.observed.failures} "
-                            f"failure events, {run.mock_calls} LLM calls for {run.observed.expected} requests")
+                            f"failure events, {run.mock_calls} LLM calls for {run.observed.expected} requests"
+                            + ("" if run.calls_explained is None else
+                               f", {run.unexplained_calls} not explained by the worker's metrics"))
     return warnings
 
 

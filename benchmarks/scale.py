@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,6 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import KafkaError
-from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.pipeline import (
     OTHER_LOAD_WARNING,
@@ -56,7 +54,9 @@ from benchmarks.pipeline import (
     _machine_busy_s,
     add_worker_setting_argument,
     chat_request,
+    counter_total,
     produce_requests,
+    scrape_metrics,
     suite_main,
     table,
     watch_results,
@@ -187,15 +187,14 @@ class ScaleRun:
 
 def results_written(metrics_text: str) -> int:
     """``streamproc_results_total`` of a worker's Prometheus exposition."""
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name == "streamproc_results":
-            return int(sum(sample.value for sample in family.samples if sample.name.endswith("_total")))
-    raise BenchError("the worker's metrics have no streamproc_results counter")
+    written = counter_total(metrics_text, "streamproc_results")
+    if written is None:
+        raise BenchError("the worker's metrics have no streamproc_results counter")
+    return written
 
 
 def scrape_results(port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return results_written(response.read().decode())
+    return results_written(scrape_metrics(port))
 
 
 async def requests_partitions(bootstrap: str, group: str, topic: str) -> list[list[int]] | None:
