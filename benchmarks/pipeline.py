@@ -470,9 +470,9 @@ class Bench:
         mock.reset()
         env = worker_env(self.bootstrap, topology.prefix, llm_url, self.stack.workdir / f"{name}-data",
                          self.in_flight, self.partitions)
-        env.update({**self.worker_settings, **(settings or {})})
-        metrics_port = free_port()
+        metrics_port = free_port()  # a variant may turn the metrics off (worker_metrics_port=0): nothing explained
         env["STREAMPROC_WORKER_METRICS_PORT"] = str(metrics_port)
+        env.update({**self.worker_settings, **(settings or {})})
         command = [*(wrap or []), sys.executable, "-m", "streamproc", "worker"]
         worker: list[subprocess.Popen[bytes]] = []
 
