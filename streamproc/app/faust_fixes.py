@@ -31,7 +31,9 @@ offset yet (the worker died before its first commit):
    soon as no message left the buffer for 0.1 s, and it never waits for the one being handed over. With a
    slow or restarting broker the commit then passes records whose state writes are still in memory: a
    SIGKILL loses them, and the reconciler later sees a finished request as ``in_flight`` and calls it again.
-   Here the flush waits until the buffer is empty and no hand-over is under way.
+   Here the flush waits until the buffer is empty and no hand-over is under way. (The state table's writes
+   no longer pass through that buffer: ``TableStore`` in app/worker.py hands them to aiokafka itself. The
+   fix still covers faust's own table writes, e.g. the roundtrip tool's table.)
 
 5. **Records skipped, then committed as a gap.** faust takes any jump in the offsets it delivers for
    a partition as a gap in the log (compaction, transaction markers) and counts the missing offsets *and
