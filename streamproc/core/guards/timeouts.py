@@ -59,7 +59,6 @@ class AdaptiveTimeout:
         self._floor = min(floor_s, ceiling_s)
         self._multiplier = multiplier
         self._quantile = quantile
-        self._window = window
         self._min_samples = min_samples
         new_window = partial(SlidingWindow, window)  # per model, on its first observation (.get() creates none)
         self._latencies: defaultdict[str, SlidingWindow] = defaultdict(new_window)
