@@ -17,15 +17,23 @@ stays where it was, as TCP's slow start, then by ``sqrt`` per window).
 Slow start ends as HyStart++ (RFC 9406) ends it: a window clearly slower than the one before (x1.25, and
 by more than ``min_rise_s``) starts a *conservative* phase that grows by a quarter of the slow-start rate.
 If latency comes back to its level before the rise, the rise was noise (a burst of slow answers, a
-connection warming up) and slow start resumes; after five conservative windows still above it, or as
-soon as the gradient drops below 1 (a queue measured against the best call), growth goes on by ``sqrt``
-only. Ending slow start on the first slow window stranded the limit at a tenth of a fast server's ceiling
-for minutes after one early burst of slow answers.
+connection warming up) and slow start resumes; after five conservative windows still above it, growth
+goes on by ``sqrt`` only. A window the gradient cuts (a queue measured against the best call, or a burst)
+counts as a conservative window. Ending slow start on the first slow window stranded the limit at a tenth
+of a fast server's ceiling for minutes after one early burst of slow answers.
+
+The first window has no window before it: it grows x4 only if its mean raw latency is within
+``FIRST_WINDOW_SPREAD`` of its fastest call's (its calls all started at once, and the first to answer did
+not wait), else by ``sqrt``, and the next window is judged against it.
 
 Latency is compared per completion token when the answers say how many they produced: an LLM's latency is
 mostly its output length, and a batch mixing 5-token labels with 500-token summaries must not read as a
 queue. A rise must also exceed ``min_rise_s`` of raw latency, so milliseconds of scheduler noise (a local
-mock, a saturated event loop) never cut the limit. The tolerance (3) leaves room for the spread of
+mock, a saturated event loop) never cut the limit. That rise is the window's mean latency beyond what its
+calls would have taken at the baseline's pace (its tokens times the best latency per token), not beyond the
+best call's own latency: the best call per token is often a long answer that itself waited in a queue, and
+against a one-slot server its seconds hid the queue of the short answers around it (the limit went x4 to 64;
+a real llama.cpp server then timed calls out). The tolerance (3) leaves room for the spread of
 healthy latencies around their best. The baseline relaxes slowly towards each window's best call, so a
 lasting change (a slower model version) becomes the new normal; under a queue that lasts, it drifts up
 too, which lets the limit creep (Vegas has the same trade-off). Windows where fewer than half the slots
@@ -45,6 +53,7 @@ SLOW_START_GROWTH = 4  # per window while nothing queues: 16 -> 256 in two round
 SLOW_START_RISE = 1.25  # a window this much slower than the one before ends slow start (as HyStart)
 CONSERVATIVE_GROWTH = 1 + (SLOW_START_GROWTH - 1) / 4  # HyStart++'s conservative slow start: a quarter of the rate
 CONSERVATIVE_WINDOWS = 5  # windows of conservative growth before growth is by sqrt only (RFC 9406's CSS_ROUNDS)
+FIRST_WINDOW_SPREAD = 2.0  # the first window grows x4 only if its mean raw latency is within this of its fastest
 BASELINE_RELAX = 0.002  # per window, the fraction of the gap to the window's best call the baseline moves up
 
 
@@ -53,16 +62,28 @@ class _Window:
     samples: int = 0
     per_token: float = 0.0  # sum of latency per completion token (or raw latency when tokens are unknown)
     raw: float = 0.0  # sum of raw latency, seconds
+    units: float = 0.0  # sum of completion tokens (1 for a call without a token count)
     busiest: int = 0  # most calls in flight seen during the window
-    best: tuple[float, float] = (math.inf, math.inf)  # the fastest call: (per token, raw seconds)
+    best: float = math.inf  # the fastest call's latency per token
+    fastest_s: float = math.inf  # the fastest call's raw latency
 
     def add(self, latency_s: float, tokens: int | None, in_flight: int) -> None:
         per_token = latency_s / tokens if tokens else latency_s
         self.samples += 1
         self.per_token += per_token
         self.raw += latency_s
+        self.units += tokens or 1
         self.busiest = max(self.busiest, in_flight)
-        self.best = min(self.best, (per_token, latency_s))
+        self.best = min(self.best, per_token)
+        self.fastest_s = min(self.fastest_s, latency_s)
+
+    def excess_s(self, baseline: float) -> float:
+        """Mean seconds per call beyond what the window's calls take at ``baseline`` (seconds per token)."""
+        return (self.raw - baseline * self.units) / self.samples
+
+    def spread(self) -> float:
+        """Mean raw latency over the fastest call's."""
+        return self.raw / self.samples / self.fastest_s if self.fastest_s > 0 else 1.0
 
 
 class GradientLimit:
@@ -103,7 +124,6 @@ class GradientLimit:
         self._previous_recent: float | None = None  # the last window's mean latency per token
         self._window = _Window()
         self._baseline: float | None = None  # the best call's latency per token
-        self._baseline_raw: float | None = None  # and its raw latency, seconds
         self._last_cut = -math.inf
         self._changed_at = -math.inf  # calls started before the last change say nothing about the new limit
         self._listeners: list[Callable[[], None]] = []
@@ -114,8 +134,9 @@ class GradientLimit:
 
     @property
     def baseline_s(self) -> float | None:
-        """The no-load latency the limiter compares with (raw seconds), once a window completed."""
-        return self._baseline_raw
+        """The no-load latency per completion token the limiter compares with (seconds; per call when answers
+        carry no token counts), once a window completed."""
+        return self._baseline
 
     def subscribe(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever :attr:`limit` changes (a gate wakes its waiters when it grows)."""
@@ -142,33 +163,33 @@ class GradientLimit:
 
     def _close(self, window: _Window, now: float) -> None:
         recent = window.per_token / window.samples
-        recent_raw = window.raw / window.samples
-        best, best_raw = window.best
-        if self._baseline is None or self._baseline_raw is None or best < self._baseline:
-            self._baseline, self._baseline_raw = best, best_raw
-        gradient = self._gradient(recent, recent_raw)
-        self._baseline += BASELINE_RELAX * (best - self._baseline)
-        self._baseline_raw += BASELINE_RELAX * (best_raw - self._baseline_raw)
+        if self._baseline is None or window.best < self._baseline:
+            self._baseline = window.best
+        risen = window.excess_s(self._baseline) > self._min_rise_s
+        gradient = self._gradient(recent, risen)
+        self._baseline += BASELINE_RELAX * (window.best - self._baseline)
         used_half = window.busiest * 2 >= self.limit
         if gradient >= 1.0 and not used_half:
             return  # the client, not the server, kept the calls few: nothing learnt about capacity
         previous, self._previous_recent = self._previous_recent, recent
-        if gradient >= 1.0 and self._slow_start:  # the first window is its own level: no rise to judge yet
-            growth = self._slow_start_growth(recent, recent_raw, recent if previous is None else previous)
+        # The first window has no level before it to judge a rise by, and its calls all started at once. The
+        # first to answer did not wait; if the mean took FIRST_WINDOW_SPREAD times as long, the others may have
+        # waited behind it (per token it does not show: a long answer that waited can be the best per token).
+        # Then it grows by sqrt only, and the next window is judged against this one.
+        calm = not risen and window.spread() <= FIRST_WINDOW_SPREAD
+        if gradient >= 1.0 and self._slow_start and (previous is not None or calm):
+            growth = self._slow_start_growth(recent, risen, recent if previous is None else previous)
             if growth is not None:
                 self._set(min(float(self._maximum), self._value * growth), now)
                 return
-        if gradient < 1.0:
-            self._slow_start = False
-            self._conservative = None
+        if gradient < 1.0 and self._slow_start:
+            self._doubt(recent if previous is None else previous)
         target = self._value * gradient + math.sqrt(self._value)
         smoothed = self._value + self._smoothing * (target - self._value)
         self._set(min(float(self._maximum), max(float(self._minimum), smoothed)), now)
 
-    def _slow_start_growth(self, recent: float, recent_raw: float, previous: float) -> float | None:
+    def _slow_start_growth(self, recent: float, risen: bool, previous: float) -> float | None:
         """The factor slow start grows by after this window, or None once it is over (HyStart++)."""
-        assert self._baseline_raw is not None
-        risen = recent_raw - self._baseline_raw > self._min_rise_s
         if self._conservative is None:
             if recent <= SLOW_START_RISE * previous or not risen:
                 return SLOW_START_GROWTH
@@ -185,9 +206,20 @@ class GradientLimit:
         self._conservative = (level, spent + 1)
         return CONSERVATIVE_GROWTH
 
-    def _gradient(self, recent: float, recent_raw: float) -> float:
-        assert self._baseline is not None and self._baseline_raw is not None
-        if recent <= 0 or recent_raw - self._baseline_raw <= self._min_rise_s:
+    def _doubt(self, previous: float) -> None:
+        """A window cut during slow start: a queue, or a burst of slow answers. It counts as a conservative
+        window: slow start resumes if latency comes back to its level before, and ends after
+        ``CONSERVATIVE_WINDOWS`` windows that do not."""
+        level, spent = self._conservative or (previous, 0)
+        if spent + 1 >= CONSERVATIVE_WINDOWS:
+            self._slow_start = False
+            self._conservative = None
+        else:
+            self._conservative = (level, spent + 1)
+
+    def _gradient(self, recent: float, risen: bool) -> float:
+        assert self._baseline is not None
+        if recent <= 0 or not risen:
             return 1.0
         return max(MIN_GRADIENT, min(1.0, self._tolerance * self._baseline / recent))
 
