@@ -75,9 +75,17 @@ class RoutingLayer:
                 continue
             if model != requested:
                 self._count_fallback(requested, model, "breaker_open")
-            called = await self._inner.call(request, {**body, "model": model} if model != requested else body, first)
-            if not isinstance(called, Refused):
-                self._pauses.record(model, called.outcome, self._clock())
+            call = self._pauses.begin(model)
+            try:
+                called = await self._inner.call(request, {**body, "model": model} if model != requested else body,
+                                                first)
+            except BaseException:
+                self._pauses.abandon(model, call, self._clock())
+                raise
+            if isinstance(called, Refused):
+                self._pauses.abandon(model, call, self._clock())
+            else:
+                self._pauses.record(model, called.outcome, self._clock(), call)
                 return Routed(model, called)
 
     async def _await_breakers(self, model: str, deadline: float) -> bool:

@@ -3,10 +3,16 @@
 A refused header, an unsupported parameter, a model the endpoint does not serve: the first calls of a model
 fail with the same non-retryable answer (same status, code and message), and every later call would too.
 Failing the batch one request at a time spends a call per request and buries the one cause under
-thousands of failure records. So once the first ``threshold`` answers of a model are that same failure,
+thousands of failure records. So once the first ``threshold`` calls of a model end in that same failure,
 the model is *paused*: its calls are parked (like those of an open breaker) while other models go on, and
-one probe call per ``probe_interval_s`` checks whether it was fixed. A model that has answered well even
-once is never paused by this rule: later failures are the requests' own.
+one probe call per ``probe_interval_s`` checks whether it was fixed. A model that has answered even once
+is never paused by this rule: later failures are the requests' own.
+
+"First" is in the order the calls were sent, not answered: a refusal comes back at once while an answer
+takes seconds, so with 16 calls in flight the first three to come back were refusals of one unsupported
+parameter (a real llama.cpp server and ``json_schema``), and the model was paused although the calls sent
+before them were being answered. A call that ends without an answer (refused before it went, cancelled)
+is skipped.
 
 Time is passed in; the caller logs, counts and parks.
 """
@@ -14,7 +20,7 @@ Time is passed in; the caller logs, counts and parks.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamproc.core.outcome import ConfigurationProblem, Failure, Outcome, Success
 from streamproc.core.vocabulary import FailureLayer
@@ -36,15 +42,27 @@ class Pause:
 
 @dataclass
 class _Model:
-    proven: bool = False  # answered well once: never paused by this rule
-    first: Signature | None = None  # the failure its first answers all gave
+    proven: bool = False  # answered once: never paused by this rule
+    first: Signature | None = None  # the failure its first calls all gave
     repeats: int = 0
     pause: Pause | None = None
+    sent: int = 0  # calls handed a number by :meth:`ModelPauses.begin`
+    judged: int = 0  # calls judged in the order sent: the next one to judge
+    ended: dict[int, Signature | None] = field(default_factory=dict)  # ended, waiting for those sent before
 
 
-REQUEST_SCOPED = frozenset({"context_length_exceeded", "content_policy_violation"})
+REQUEST_SCOPED = frozenset({"context_length_exceeded", "content_policy_violation", "refusal"})
 """Business failures about the request's own input: alike for alike inputs (a batch of equally long prompts
-gets the same context-length message), and proof that the model read the request, like an answer."""
+gets the same context-length message, a safety-tuned model the same refusal text), and proof that the model
+read the request, like an answer."""
+
+
+def answered(outcome: Outcome) -> bool:
+    """Whether the model itself answered: a success, a semantic failure (a cut answer, JSON that does not fit:
+    the model worked, the answer did not), or a request-scoped business failure."""
+    if isinstance(outcome, Success):
+        return True
+    return isinstance(outcome, Failure) and (outcome.layer is FailureLayer.SEMANTIC or outcome.code in REQUEST_SCOPED)
 
 
 def signature(outcome: Outcome) -> Signature | None:
@@ -86,15 +104,45 @@ class ModelPauses:
         state.pause = Pause(state.pause.reason, state.pause.since, now + self._probe_interval_s)
         return True
 
-    def record(self, model: str, outcome: Outcome, now: float) -> None:
+    def begin(self, model: str) -> int:
+        """The number of a call about to go to ``model``; pass it to :meth:`record` or :meth:`abandon`."""
         state = self._model(model)
-        if isinstance(outcome, Success) or (isinstance(outcome, Failure) and outcome.code in REQUEST_SCOPED):
+        state.sent += 1
+        return state.sent - 1
+
+    def abandon(self, model: str, call: int, now: float) -> None:
+        """Call number ``call`` ended without an answer: it neither counts nor holds the calls after it (whose
+        failures may pause the model now)."""
+        self._end(model, call, None, now)
+
+    def record(self, model: str, outcome: Outcome, now: float, call: int | None = None) -> None:
+        """Call number ``call`` (from :meth:`begin`; None: judged at once) ended with ``outcome``."""
+        state = self._model(model)
+        if answered(outcome):
             state.proven = True
+            state.ended.clear()
             if state.pause is not None:
                 state.pause = None
                 self._changed(model, None)
             return
-        failed_as = signature(outcome)
+        if call is None:
+            self._judge(model, state, signature(outcome), now)
+        else:
+            self._end(model, call, signature(outcome), now)
+
+    def _end(self, model: str, call: int, failed_as: Signature | None, now: float) -> None:
+        state = self._model(model)
+        if state.proven or state.pause is not None or call < state.judged:
+            return
+        state.ended[call] = failed_as
+        while state.judged in state.ended and not state.proven and state.pause is None:
+            failed = state.ended.pop(state.judged)
+            state.judged += 1
+            self._judge(model, state, failed, now)
+
+    def _judge(self, model: str, state: _Model, failed_as: Signature | None, now: float) -> None:
+        """The next call in the order sent failed (``failed_as``; None: retryable or no answer, which neither
+        counts nor clears)."""
         if state.proven or failed_as is None or state.pause is not None:
             return
         if state.first is None:
@@ -107,6 +155,7 @@ class ModelPauses:
             status, code, message = failed_as
             state.pause = Pause(f"its first {state.repeats} calls all failed alike: "
                                 f"{code} (HTTP {status}): {message}"[:1000], now, now + self._probe_interval_s)
+            state.ended.clear()
             self._changed(model, state.pause)
 
     def _model(self, model: str) -> _Model:

@@ -76,3 +76,66 @@ def test_failures_about_the_input_never_pause_a_model() -> None:
     for _ in range(5):  # the model read requests: a later systematic refusal is not one from the start
         pauses.record("m", REFUSED, 1.0)
     assert pauses.paused() == {}
+
+
+def test_an_answer_that_fails_its_checks_proves_the_model_and_resumes_it() -> None:
+    """A real server (llama-cpp-python) refuses `json_schema` at once with a 500, while answers take a second:
+    the first three answers were the refusals, and the model stayed paused for the 30 s until its probe,
+    although cut answers (semantic failures) came in meanwhile."""
+    cut = Failure(FailureLayer.SEMANTIC, "truncated", "finish_reason=length: the answer was cut off", None)
+    pauses = ModelPauses()
+    for _ in range(3):
+        pauses.record("m", REFUSED, 0.0)
+    assert set(pauses.paused()) == {"m"}
+    pauses.record("m", cut, 1.0)
+    assert pauses.paused() == {}
+    for _ in range(5):
+        pauses.record("m", REFUSED, 2.0)
+    assert pauses.paused() == {}  # proven: later refusals are the requests' own
+
+
+def test_the_same_refusal_text_is_the_requests_own() -> None:
+    """A safety-tuned model answers many prompts with one identical refusal: that is not a setup problem."""
+    refusal = Failure(FailureLayer.BUSINESS, "refusal", "the model refused: I can't help with that.", None)
+    pauses = ModelPauses()
+    for _ in range(5):
+        pauses.record("m", refusal, 0.0)
+    assert pauses.paused() == {}
+
+
+def test_the_first_calls_are_those_sent_first_not_answered_first() -> None:
+    """16 calls in flight; the refusals of calls 5-7 come back at once, the answers of calls 0-4 later."""
+    pauses = ModelPauses()
+    calls = [pauses.begin("m") for _ in range(16)]
+    for call in calls[5:8]:
+        pauses.record("m", REFUSED, 0.1, call)
+    assert pauses.paused() == {}  # calls 0-4 are still out
+    pauses.record("m", OK, 1.0, calls[0])
+    for call in calls[8:]:
+        pauses.record("m", REFUSED, 1.1, call)
+    assert pauses.paused() == {}  # proven by the first answer
+
+
+def test_the_first_calls_failing_alike_pause_in_whatever_order_they_end() -> None:
+    pauses = ModelPauses()
+    first, second, third, fourth = (pauses.begin("m") for _ in range(4))
+    pauses.record("m", REFUSED, 0.1, fourth)
+    pauses.record("m", REFUSED, 0.2, third)
+    pauses.record("m", REFUSED, 0.3, second)
+    assert pauses.paused() == {}  # the first call sent has not ended
+    pauses.record("m", REFUSED, 0.4, first)
+    assert pauses.paused()["m"].since == 0.4
+
+
+def test_calls_without_an_answer_are_skipped_and_do_not_hold_the_others() -> None:
+    pauses = ModelPauses()
+    calls = [pauses.begin("m") for _ in range(5)]
+    pauses.abandon("m", calls[0], 0.0)  # refused before it went (a rate limit), or cancelled
+    pauses.record("m", REFUSED, 0.1, calls[1])
+    pauses.record("m", UNAVAILABLE, 0.1, calls[2])  # retryable: neither counts nor clears
+    pauses.record("m", REFUSED, 0.2, calls[3])
+    assert pauses.paused() == {}
+    pauses.record("m", REFUSED, 0.3, calls[4])
+    assert set(pauses.paused()) == {"m"}
+    pauses.record("m", OK, 5.0, pauses.begin("m"))  # the probe
+    assert pauses.paused() == {}
