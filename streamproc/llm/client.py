@@ -22,6 +22,7 @@ import httpx
 
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.hedging import HedgeBudget, hedge_after_s
+from streamproc.core.guards.own_queue import OwnQueue, Place
 from streamproc.core.guards.timeouts import AdaptiveTimeout
 from streamproc.core.outcome import Outcome, Success
 from streamproc.core.sendable_json import NotSendable, loads_sendable
@@ -101,6 +102,7 @@ class LLMClient:
             headers["authorization"] = f"Bearer {settings.llm_api_key.get_secret_value()}"
         self._http = http_stack(settings, headers, transport)
         self.timeouts = AdaptiveTimeout(settings.llm_timeout_s)  # per model; the setting is the ceiling
+        self._queue = OwnQueue()  # a call's timeout runs from when the calls sent before it are done
         self._hedges = HedgeBudget(settings.llm_hedge_ratio)
         self.hedged = 0  # hedges sent (read by the metrics)
 
@@ -114,11 +116,18 @@ class LLMClient:
         headers = correlation_headers(request)
         self._hedges.on_call()
         started = time.monotonic()
+        place = self._queue.start(model, started)
+        # the socket's own read timeout is only a backstop: the watchdog in _first_answer cuts a hung call
+        socket_timeout_s = read_timeout_s * (1 + place.ahead)
         try:
             answer, answered_after = await self._first_answer(
-                lambda: self._http.post(path, body, headers, read_timeout_s), model, budget, started)
-        except Exception as exc:
+                lambda: self._http.post(path, body, headers, socket_timeout_s), place, budget, started)
+        except BaseException as exc:
+            self._queue.finish(place, time.monotonic(), answered=False)
+            if not isinstance(exc, Exception):
+                raise
             return CallResult(classify_exception(exc), b"", _ms_since(started), model=model)
+        self._queue.finish(place, time.monotonic(), answered=True)
         latency = _ms_since(started)
         if answer.status == 200:
             outcome = check_completion(answer.content, body)
@@ -128,13 +137,16 @@ class LLMClient:
         return CallResult(classify_http_error(answer.status, answer.headers, answer.content), answer.content, latency,
                           answer.headers, model)
 
-    async def _first_answer(self, post: Callable[[], Awaitable[Answer]], model: str, budget: int | None,
+    async def _first_answer(self, post: Callable[[], Awaitable[Answer]], place: Place, budget: int | None,
                             started: float) -> tuple[Answer, float]:
         """The first answer of the call or of its hedge (core.guards.hedging); ReadTimeout once the call has run
         longer than the model's adaptive timeout *now*: a call that started while the timeout was still its
         ceiling (the model's first calls) is cut as soon as the answers of others teach a shorter one, so an
-        early hang costs seconds, not the ceiling. A copy that fails while the other runs is not the answer.
+        early hang costs seconds, not the ceiling. The time counts from when the calls sent before it to
+        the same model were done (core.guards.own_queue): a call waiting behind them is not hung while the
+        server answers them. A copy that fails while the other runs is not the answer.
         Returns the answer and how long the copy that gave it took (seconds)."""
+        model = place.model
         running = {asyncio.ensure_future(post()): started}  # each copy and when it was sent
         hedged = False
         try:
@@ -144,12 +156,15 @@ class LLMClient:
                     sent = running.pop(task)
                     if task.exception() is None or not running:
                         return task.result(), time.monotonic() - sent
-                elapsed = time.monotonic() - started
+                now = time.monotonic()
                 limit = self.timeouts.timeout_s(model, budget)
-                if elapsed > limit:
-                    raise httpx.ReadTimeout(f"no answer within the adaptive timeout of {limit:.1f} s")
+                if self._queue.overdue(place, limit, now):
+                    behind = f" ({now - started:.1f} s after it was sent, behind {place.ahead})" if place.ahead else ""
+                    raise httpx.ReadTimeout(f"no answer within the adaptive timeout of {limit:.1f} s{behind}")
+                served = self._queue.served_for_s(place, now)
                 after = hedge_after_s(self.timeouts.tail_s(model, budget))
-                if not hedged and after is not None and elapsed > after and self._hedges.take():
+                if (not hedged and after is not None and served is not None and served > after
+                        and self._hedges.take()):
                     hedged = True
                     self.hedged += 1
                     running[asyncio.ensure_future(post())] = time.monotonic()

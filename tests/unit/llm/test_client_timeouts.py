@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import httpx
 
@@ -88,3 +90,52 @@ async def test_hedges_are_rationed_and_off_at_ratio_zero() -> None:
         await client.aclose()
     assert isinstance(result.outcome, Failure) and result.outcome.code == "read_timeout"
     assert client.hedged == 0
+
+
+def one_slot(seconds: float) -> Callable[[httpx.Request], Coroutine[Any, Any, httpx.Response]]:
+    """A server that works on one call at a time, first come first served (llama.cpp with one slot)."""
+    slot = asyncio.Lock()
+
+    async def serve(request: httpx.Request) -> httpx.Response:
+        async with slot:
+            if b"hang" in request.content:
+                await asyncio.sleep(3600)
+            await asyncio.sleep(seconds)
+        return httpx.Response(200, json=ANSWER)
+    return serve
+
+
+async def test_calls_queued_behind_the_clients_own_are_not_cut_while_the_server_answers_them() -> None:
+    """Six calls at once to one slot, 0.3 s each, timeout 0.9 s: the last waits 1.5 s for the server, which
+    is busy with the calls sent before it, not hung (a real llama.cpp server lost 16 of 100 calls so)."""
+    client = LLMClient(Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=60),
+                       transport=httpx.MockTransport(one_slot(0.3)))
+    client.timeouts = AdaptiveTimeout(60, floor_s=0.9, quantile=0.5, min_samples=1)
+    for _ in range(200):  # what it learnt before: 0.3 s a call (the queue's longer answers do not move it)
+        client.timeouts.observe("m", 0.3)
+    try:
+        results = await asyncio.gather(*(client.call(InferenceRequest(f"r{i}", "{}"), BODY) for i in range(6)))
+    finally:
+        await client.aclose()
+    assert [type(result.outcome) for result in results] == [Success] * 6, [r.outcome for r in results]
+    assert max(result.latency_ms for result in results) > 1500  # the last one did wait behind the others
+
+
+async def test_calls_behind_others_at_a_silent_server_are_cut_after_one_timeout_not_more() -> None:
+    """A hung server answers none of them: the call behind is not waiting for a busy server."""
+    client = LLMClient(Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=60),
+                       transport=httpx.MockTransport(answer))
+    client.timeouts = AdaptiveTimeout(60, floor_s=0.5, min_samples=1)
+    client.timeouts.observe("m", 0.1)
+    hang = {**BODY, "messages": [{"role": "user", "content": "hang"}]}
+    started = time.monotonic()
+    try:
+        results = await asyncio.wait_for(asyncio.gather(
+            *(client.call(InferenceRequest(f"h{i}", "{}"), hang) for i in range(3))), 5)
+    finally:
+        await client.aclose()
+    for result in results:
+        assert isinstance(result.outcome, Failure) and result.outcome.code == "read_timeout", result.outcome
+    last = results[2].outcome
+    assert isinstance(last, Failure) and "behind 2" in last.message
+    assert time.monotonic() - started < 1.5  # one timeout (0.5 s) and a check, side by side
