@@ -1,8 +1,8 @@
 """The adaptive in-flight gate (an asyncio semaphore whose size follows the core's gradient limit), and the layer
 that holds one of its slots around the rest of the call and feeds the latency back.
 
-A server that queues sees fewer concurrent calls: every generation's latency (per completion token) feeds
-the gradient limit; 429 congestion reaches it from the rate-limit layer below.
+A server that queues sees fewer concurrent calls: every answered call's latency (per completion token)
+feeds the gradient limit; 429 congestion reaches it from the rate-limit layer below.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from typing import Any
 
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.gradient import GradientLimit
-from streamproc.core.outcome import Failure, Outcome, Success
-from streamproc.core.vocabulary import FailureLayer
+from streamproc.core.outcome import Success
 from streamproc.llm.client import CallResult
-from streamproc.llm.completion import billed_tokens
 from streamproc.llm.layer import Layer, Refused
 
 
@@ -94,14 +92,7 @@ class GatedLayer:
     async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
         async with self._gate:
             called = await self._inner.call(request, body, first)
-            if isinstance(called, CallResult) and answered_by_model(called.outcome):
+            if isinstance(called, CallResult) and isinstance(called.outcome, Success):
                 self._gate.limit.on_sample(called.latency_ms / 1000, self._gate.in_use, self._clock(),
-                                           billed_tokens(called.outcome, called.response_body)[1])
+                                           called.outcome.completion_tokens)
             return called
-
-
-def answered_by_model(outcome: Outcome) -> bool:
-    """A generation's latency: a success, or an answer that failed its checks (cut at max_tokens, JSON that
-    does not fit). Those are real generations too; leaving them out could leave the limit without the one
-    call that did not queue (a serial server's first answer was cut, and every sample had waited)."""
-    return isinstance(outcome, Success) or (isinstance(outcome, Failure) and outcome.layer is FailureLayer.SEMANTIC)

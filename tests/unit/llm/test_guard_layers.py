@@ -253,25 +253,6 @@ async def test_gated_layer_holds_a_slot_during_the_call_and_feeds_the_limit_on_s
     assert adaptive.limit == 8 and adaptive.baseline_s == 0.04  # a window of one answer, no queue: slow start x4
 
 
-async def test_the_gated_layer_feeds_answers_that_fail_their_checks_but_not_refusals() -> None:
-    """A cut answer is a generation: its latency and tokens are a sample. A refusal of the request is not."""
-    cut = CallResult(Failure(FailureLayer.SEMANTIC, "truncated", "finish_reason=length", 200),
-                     b'{"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 64}}', 2000)
-    refused = CallResult(Failure(FailureLayer.BUSINESS, "invalid_request_error", "HTTP 500: json_schema", 500),
-                         b"", 3)
-    seen: list[tuple[float, int | None]] = []
-
-    class Recording(GradientLimit):
-        def on_sample(self, latency_s: float, in_flight: int, now: float,
-                      completion_tokens: int | None = None) -> None:
-            seen.append((latency_s, completion_tokens))
-
-    layer = GatedLayer(Script([cut, refused, OK]), AdaptiveGate(Recording(1, 10, initial=2)), MonotonicClock())
-    for _ in range(3):
-        await layer.call(REQUEST, BODY, True)
-    assert seen == [(2.0, 64), (0.04, 1)]
-
-
 async def test_a_call_waiting_for_a_breaker_holds_no_gate_slot() -> None:
     """Routing runs outside the gate: with one slot, a call held for an open breaker does not block another
     model's call."""
