@@ -172,18 +172,19 @@ class GradientLimit:
         if gradient >= 1.0 and not used_half:
             return  # the client, not the server, kept the calls few: nothing learnt about capacity
         previous, self._previous_recent = self._previous_recent, recent
+        level_before = recent if previous is None else previous
         # The first window has no level before it to judge a rise by, and its calls all started at once. The
         # first to answer did not wait; if the mean took FIRST_WINDOW_SPREAD times as long, the others may have
         # waited behind it (per token it does not show: a long answer that waited can be the best per token).
         # Then it grows by sqrt only, and the next window is judged against this one.
         calm = not risen and window.spread() <= FIRST_WINDOW_SPREAD
         if gradient >= 1.0 and self._slow_start and (previous is not None or calm):
-            growth = self._slow_start_growth(recent, risen, recent if previous is None else previous)
+            growth = self._slow_start_growth(recent, risen, level_before)
             if growth is not None:
                 self._set(min(float(self._maximum), self._value * growth), now)
                 return
         if gradient < 1.0 and self._slow_start:
-            self._doubt(recent if previous is None else previous)
+            self._doubt(level_before)
         target = self._value * gradient + math.sqrt(self._value)
         smoothed = self._value + self._smoothing * (target - self._value)
         self._set(min(float(self._maximum), max(float(self._minimum), smoothed)), now)

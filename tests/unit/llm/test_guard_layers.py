@@ -144,23 +144,29 @@ async def test_a_model_whose_first_calls_all_fail_alike_is_paused_and_probed() -
     assert isinstance(await routing.call(REQUEST, BODY, True), Deferred)  # one probe per interval
 
 
+@dataclass
+class FirstCallWaits:
+    """The HTTP caller: the first call waits for ``released`` and then gives ``first``; every later one gives
+    ``later`` at once (a server that refuses fast and answers slowly)."""
+
+    released: asyncio.Event
+    first: CallResult
+    later: CallResult
+    sent: int = 0
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult:
+        self.sent += 1
+        if self.sent == 1:
+            await self.released.wait()
+            return self.first
+        return self.later
+
+
 async def test_fast_refusals_of_later_calls_do_not_pause_a_model_whose_first_call_is_being_answered() -> None:
     """As a real llama.cpp server does: a refused parameter comes back at once, an answer after a second."""
     clock, answered = MonotonicClock(), asyncio.Event()
     refused = CallResult(Failure(FailureLayer.BUSINESS, "invalid_request_error", "HTTP 500: json_schema", 500), b"", 1)
-
-    @dataclass
-    class SlowAnswerFastRefusals:
-        sent: int = 0
-
-        async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult:
-            self.sent += 1
-            if self.sent == 1:
-                await answered.wait()
-                return OK
-            return refused
-
-    routing = RoutingLayer(SlowAnswerFastRefusals(), Routes(), Breakers(None), lambda *key: None, clock)
+    routing = RoutingLayer(FirstCallWaits(answered, OK, refused), Routes(), Breakers(None), lambda *key: None, clock)
     first_call = asyncio.create_task(routing.call(REQUEST, BODY, True))
     await asyncio.sleep(0)
     for _ in range(3):
@@ -173,18 +179,7 @@ async def test_fast_refusals_of_later_calls_do_not_pause_a_model_whose_first_cal
 async def test_a_cancelled_call_does_not_hold_the_pause_of_the_calls_after_it() -> None:
     clock, never = MonotonicClock(), asyncio.Event()
     refused = CallResult(Failure(FailureLayer.BUSINESS, "invalid_request_error", "HTTP 400: bad param", 400), b"", 5)
-
-    @dataclass
-    class HangsFirst:
-        sent: int = 0
-
-        async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult:
-            self.sent += 1
-            if self.sent == 1:
-                await never.wait()
-            return refused
-
-    routing = RoutingLayer(HangsFirst(), Routes(), Breakers(None), lambda *key: None, clock)
+    routing = RoutingLayer(FirstCallWaits(never, refused, refused), Routes(), Breakers(None), lambda *key: None, clock)
     hung = asyncio.create_task(routing.call(REQUEST, BODY, True))
     await asyncio.sleep(0)
     for _ in range(3):
