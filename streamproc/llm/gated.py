@@ -17,6 +17,7 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.outcome import Success
 from streamproc.llm.client import CallResult
+from streamproc.llm.completion import billed_tokens
 from streamproc.llm.layer import Layer, Refused
 
 
@@ -92,7 +93,14 @@ class GatedLayer:
     async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
         async with self._gate:
             called = await self._inner.call(request, body, first)
+            limit = self._gate.limit
             if isinstance(called, CallResult) and isinstance(called.outcome, Success):
-                self._gate.limit.on_sample(called.latency_ms / 1000, self._gate.in_use, self._clock(),
-                                           called.outcome.completion_tokens)
+                limit.on_sample(called.latency_ms / 1000, self._gate.in_use, self._clock(),
+                                called.outcome.completion_tokens)
+            elif limit.probing:  # a call sent alone measures the server whatever its answer was
+                if isinstance(called, CallResult):
+                    limit.on_unsampled(called.latency_ms / 1000, self._clock(),
+                                       billed_tokens(called.outcome, called.response_body)[1])
+                else:
+                    limit.on_unsampled(0.0, self._clock())
             return called

@@ -22,9 +22,18 @@ goes on by ``sqrt`` only. A window the gradient cuts (a queue measured against t
 counts as a conservative window. Ending slow start on the first slow window stranded the limit at a tenth
 of a fast server's ceiling for minutes after one early burst of slow answers.
 
-The first window has no window before it: it grows x4 only if its mean raw latency is within
+The first window has no window before it: it grows x4 if its mean raw latency is within
 ``FIRST_WINDOW_SPREAD`` of its fastest call's (its calls all started at once, and the first to answer did
-not wait), else by ``sqrt``, and the next window is judged against it.
+not wait). Otherwise its latencies are spread by a queue, by a stall, or by the answers themselves, and its
+best call may itself have waited (behind other calls, or behind answers that fed no sample): the baseline
+cannot tell which. So the limiter *probes*, once, as BBR's ProbeRTT drains its queue to measure the path's
+own delay: the limit drops to its minimum until the calls out have drained and one call went alone. If the
+first window's calls waited, by their median, more than ``PROBE_WAITED`` such calls beyond their own
+length at its pace, the window was a queue the client made: the limit falls by that much (at most x4) and
+slow start ends. Otherwise the limit goes back where it was and the next window is a first window again
+(grown by ``sqrt`` if it is not calm, and the one after judged against it). Against a real one-slot
+llama.cpp server, a baseline taken from a queued first window was 3x the real one and the limit hovered at
+11-16, once climbing to 61, instead of settling at a few calls.
 
 Latency is compared per completion token when the answers say how many they produced: an LLM's latency is
 mostly its output length, and a batch mixing 5-token labels with 500-token summaries must not read as a
@@ -45,8 +54,9 @@ seen yet.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIN_GRADIENT = 0.5  # at most halve per window: one slow window must not collapse the limit
 SLOW_START_GROWTH = 4  # per window while nothing queues: 16 -> 256 in two round trips, from the first
@@ -55,6 +65,17 @@ CONSERVATIVE_GROWTH = 1 + (SLOW_START_GROWTH - 1) / 4  # HyStart++'s conservativ
 CONSERVATIVE_WINDOWS = 5  # windows of conservative growth before growth is by sqrt only (RFC 9406's CSS_ROUNDS)
 FIRST_WINDOW_SPREAD = 2.0  # the first window grows x4 only if its mean raw latency is within this of its fastest
 BASELINE_RELAX = 0.002  # per window, the fraction of the gap to the window's best call the baseline moves up
+PROBE_WAITED = 2.0  # the first window's median call waited this many alone calls: it was a queue of ours
+PROBE_ATTEMPTS = 5  # calls sent alone that generated nothing (refused, failed) before the probe gives up
+
+
+@dataclass
+class _Probe:
+    """A call to be sent alone, after the first window: what that window showed, and where the limit was."""
+
+    window: _Window  # the first window
+    value: float  # the limit before the probe
+    attempts: int = 0
 
 
 @dataclass
@@ -66,6 +87,7 @@ class _Window:
     busiest: int = 0  # most calls in flight seen during the window
     best: float = math.inf  # the fastest call's latency per token
     fastest_s: float = math.inf  # the fastest call's raw latency
+    calls: list[tuple[float, float]] = field(default_factory=list)  # (raw latency, tokens or 1) of each call
 
     def add(self, latency_s: float, tokens: int | None, in_flight: int) -> None:
         per_token = latency_s / tokens if tokens else latency_s
@@ -76,6 +98,12 @@ class _Window:
         self.busiest = max(self.busiest, in_flight)
         self.best = min(self.best, per_token)
         self.fastest_s = min(self.fastest_s, latency_s)
+        self.calls.append((latency_s, tokens or 1))
+
+    def median_wait_s(self, alone: float) -> float:
+        """The median of the calls' latency beyond what each would take at ``alone`` (seconds per token): the
+        time they waited. The median, not the mean: a few stalled calls move the mean, a queue moves this."""
+        return statistics.median(latency - alone * units for latency, units in self.calls)
 
     def excess_s(self, baseline: float) -> float:
         """Mean seconds per call beyond what the window's calls take at ``baseline`` (seconds per token)."""
@@ -126,11 +154,18 @@ class GradientLimit:
         self._baseline: float | None = None  # the best call's latency per token
         self._last_cut = -math.inf
         self._changed_at = -math.inf  # calls started before the last change say nothing about the new limit
+        self._probe: _Probe | None = None
+        self._probed = False  # one probe, after the first window
         self._listeners: list[Callable[[], None]] = []
 
     @property
     def limit(self) -> int:
         return min(self._maximum, max(self._minimum, math.floor(self._value + 1e-9)))
+
+    @property
+    def probing(self) -> bool:
+        """True while the limit waits, at its minimum, for a call sent alone."""
+        return self._probe is not None
 
     @property
     def baseline_s(self) -> float | None:
@@ -146,11 +181,30 @@ class GradientLimit:
         """A call answered after ``latency_s`` with ``in_flight`` calls running (itself included)."""
         if not (latency_s >= 0 and math.isfinite(latency_s)) or now - latency_s < self._changed_at:
             return
+        if self._probe is not None:
+            tokens = completion_tokens if completion_tokens and completion_tokens > 0 else None
+            self._judge_probe(self._probe, latency_s, tokens, now)
+            return
         self._window.add(latency_s, completion_tokens if completion_tokens and completion_tokens > 0 else None,
                          in_flight)
         if self._window.samples >= self._window_size:
             window, self._window = self._window, _Window()
             self._close(window, now)
+
+    def on_unsampled(self, latency_s: float, now: float, completion_tokens: int | None = None) -> None:
+        """A call answered without a sample: an answer that failed its checks (``completion_tokens`` generated),
+        or a failure or refusal. Only a probe hears it: a generation sent alone measures as well as a success;
+        anything else taught nothing, and after ``PROBE_ATTEMPTS`` of those the limit goes back where it was."""
+        probe = self._probe
+        if probe is None or now - latency_s < self._changed_at:
+            return
+        if completion_tokens:
+            self._judge_probe(probe, latency_s, completion_tokens, now)
+            return
+        probe.attempts += 1
+        if probe.attempts >= PROBE_ATTEMPTS:
+            self._probe = None
+            self._set(probe.value, now)
 
     def on_congestion(self, now: float) -> None:
         """The provider pushed back (a 429 saying a limit is exhausted): cut, at most once per cooldown."""
@@ -159,6 +213,8 @@ class GradientLimit:
         self._last_cut = now
         self._slow_start = False
         self._conservative = None
+        if self._probe is not None:
+            self._value, self._probe = self._probe.value, None
         self._set(max(float(self._minimum), self._value * self._backoff), now)
 
     def _close(self, window: _Window, now: float) -> None:
@@ -176,18 +232,47 @@ class GradientLimit:
         # The first window has no level before it to judge a rise by, and its calls all started at once. The
         # first to answer did not wait; if the mean took FIRST_WINDOW_SPREAD times as long, the others may have
         # waited behind it (per token it does not show: a long answer that waited can be the best per token).
-        # Then it grows by sqrt only, and the next window is judged against this one.
+        # Then a call sent alone tells.
         calm = not risen and window.spread() <= FIRST_WINDOW_SPREAD
+        if previous is None and self._slow_start and not calm and not self._probed:
+            self._probed = True
+            self._probe = _Probe(window, self._value)
+            self._set(float(self._minimum), now)
+            return
         if gradient >= 1.0 and self._slow_start and (previous is not None or calm):
             growth = self._slow_start_growth(recent, risen, level_before)
             if growth is not None:
                 self._set(min(float(self._maximum), self._value * growth), now)
                 return
+        self._follow(gradient, level_before, now)
+
+    def _follow(self, gradient: float, level_before: float, now: float) -> None:
+        """Move the limit halfway to ``limit * gradient + sqrt(limit)``; a cut in slow start is a doubt."""
         if gradient < 1.0 and self._slow_start:
             self._doubt(level_before)
         target = self._value * gradient + math.sqrt(self._value)
         smoothed = self._value + self._smoothing * (target - self._value)
         self._set(min(float(self._maximum), max(float(self._minimum), smoothed)), now)
+
+    def _judge_probe(self, probe: _Probe, latency_s: float, tokens: int | None, now: float) -> None:
+        """The call sent alone answered after ``latency_s``: a latency with no queue of ours before it. If the
+        first window's calls waited, by their median, more than ``tolerance`` such calls beyond their own
+        length at its pace, the window was a queue the client made: the limit falls by as much (at most x4)
+        and slow start ends. Otherwise the window is judged as any other."""
+        self._probe = None
+        alone = latency_s / tokens if tokens else latency_s
+        assert self._baseline is not None
+        self._baseline = min(self._baseline, alone)
+        self._value = probe.value
+        self._previous_recent = None
+        waited = probe.window.median_wait_s(alone) / latency_s if latency_s > 0 else 0.0
+        if waited <= PROBE_WAITED:  # spread answers, or a queue one call cannot tell: start again, as before
+            self._set(probe.value, now)
+            return
+        self._slow_start = False
+        self._conservative = None
+        shrink = max(1 / SLOW_START_GROWTH, self._tolerance / (1 + waited))
+        self._set(max(float(self._minimum), probe.value * shrink), now)
 
     def _slow_start_growth(self, recent: float, risen: bool, previous: float) -> float | None:
         """The factor slow start grows by after this window, or None once it is over (HyStart++)."""

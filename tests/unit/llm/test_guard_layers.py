@@ -27,6 +27,7 @@ from streamproc.llm.metered import MeteredCaller
 from streamproc.llm.paced import RateLimitedLayer
 from streamproc.llm.routed import Deferred, Routed, RoutingLayer
 from tests.unit.app.test_handler_guards import MonotonicClock
+from tests.unit.core.test_guard_gradient import QUEUED_FIRST_WINDOW
 
 REQUEST = InferenceRequest("r-1", "{}", batch_id="b")
 BODY: dict[str, Any] = {"model": "big", "messages": [{"role": "user", "content": "x" * 400}]}
@@ -246,6 +247,33 @@ async def test_gated_layer_holds_a_slot_during_the_call_and_feeds_the_limit_on_s
     await GatedLayer(Peek(), gate, MonotonicClock()).call(REQUEST, BODY, True)
     assert in_use == [1] and gate.in_use == 0
     assert adaptive.limit == 8 and adaptive.baseline_s == 0.04  # a window of one answer, no queue: slow start x4
+
+
+async def test_gated_layer_lets_a_probe_measure_an_answer_that_failed_its_checks() -> None:
+    """The call sent alone came back cut at max_tokens (a semantic failure, no sample): its latency and the
+    tokens in its usage still judge the probe. A refusal with nothing generated does not."""
+    adaptive = GradientLimit(1, 256, initial=16)
+    for latency, tokens in QUEUED_FIRST_WINDOW:
+        adaptive.on_sample(latency, 16, latency, tokens)
+    assert adaptive.probing
+    clock = MonotonicClock()
+    clock.now = 40.0
+    refused = CallResult(Failure(FailureLayer.BUSINESS, "invalid_request_error", "no", http_status=500), b"{}", 5)
+    cut = CallResult(Failure(FailureLayer.SEMANTIC, "truncated", "cut", http_status=200),
+                     b'{"usage": {"prompt_tokens": 30, "completion_tokens": 64}}', 1200)
+
+    @dataclass
+    class Answers:
+        script: list[CallResult]
+
+        async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
+            return self.script.pop(0)
+
+    layer = GatedLayer(Answers([refused, cut]), AdaptiveGate(adaptive), clock)
+    await layer.call(REQUEST, BODY, True)
+    assert adaptive.probing and adaptive.limit == 1
+    await layer.call(REQUEST, BODY, True)
+    assert not adaptive.probing and adaptive.limit == 4
 
 
 async def test_a_call_waiting_for_a_breaker_holds_no_gate_slot() -> None:
