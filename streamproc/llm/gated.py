@@ -8,6 +8,7 @@ feeds the gradient limit; 429 congestion reaches it from the rate-limit layer be
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
@@ -19,6 +20,8 @@ from streamproc.core.outcome import Success
 from streamproc.llm.client import CallResult
 from streamproc.llm.completion import billed_tokens
 from streamproc.llm.layer import Layer, Refused
+
+log = logging.getLogger(__name__)
 
 
 class AdaptiveGate:
@@ -94,6 +97,7 @@ class GatedLayer:
         async with self._gate:
             called = await self._inner.call(request, body, first)
             limit = self._gate.limit
+            probing = limit.probing
             if isinstance(called, CallResult) and isinstance(called.outcome, Success):
                 limit.on_sample(called.latency_ms / 1000, self._gate.in_use, self._clock(),
                                 called.outcome.completion_tokens)
@@ -103,4 +107,15 @@ class GatedLayer:
                                        billed_tokens(called.outcome, called.response_body)[1])
                 else:
                     limit.on_unsampled(0.0, self._clock())
+            if limit.probing != probing:
+                self._tell_probe(limit)
             return called
+
+    def _tell_probe(self, limit: GradientLimit) -> None:
+        """A probe holds every call back until the calls out drained: say so, and what it found."""
+        if limit.probing:
+            log.info("in-flight limit: the first calls queued or stalled; holding new calls until the %d out have "
+                     "answered, then timing one alone", self._gate.in_use)
+        else:
+            log.info("in-flight limit: probe done (baseline %.4f s per token), limit %d", limit.baseline_s or 0.0,
+                     limit.limit)

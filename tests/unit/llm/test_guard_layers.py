@@ -6,8 +6,11 @@ Time is a fake monotonic clock; sleeps only advance it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+import pytest
 
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.budget import RetryBudget
@@ -249,7 +252,8 @@ async def test_gated_layer_holds_a_slot_during_the_call_and_feeds_the_limit_on_s
     assert adaptive.limit == 8 and adaptive.baseline_s == 0.04  # a window of one answer, no queue: slow start x4
 
 
-async def test_gated_layer_lets_a_probe_measure_an_answer_that_failed_its_checks() -> None:
+async def test_gated_layer_lets_a_probe_measure_an_answer_that_failed_its_checks(
+        caplog: pytest.LogCaptureFixture) -> None:
     """The call sent alone came back cut at max_tokens (a semantic failure, no sample): its latency and the
     tokens in its usage still judge the probe. A refusal with nothing generated does not."""
     adaptive = GradientLimit(1, 256, initial=16)
@@ -272,8 +276,10 @@ async def test_gated_layer_lets_a_probe_measure_an_answer_that_failed_its_checks
     layer = GatedLayer(Answers([refused, cut]), AdaptiveGate(adaptive), clock)
     await layer.call(REQUEST, BODY, True)
     assert adaptive.probing and adaptive.limit == 1
-    await layer.call(REQUEST, BODY, True)
+    with caplog.at_level(logging.INFO, logger="streamproc.llm.gated"):
+        await layer.call(REQUEST, BODY, True)
     assert not adaptive.probing and adaptive.limit == 4
+    assert "probe done (baseline 0.0187 s per token), limit 4" in caplog.text  # 1.2 s / 64
 
 
 async def test_a_call_waiting_for_a_breaker_holds_no_gate_slot() -> None:
