@@ -115,8 +115,8 @@ class ModelPauses:
         failures may pause the model now)."""
         self._end(model, call, None, now)
 
-    def record(self, model: str, outcome: Outcome, now: float, call: int | None = None) -> None:
-        """Call number ``call`` (from :meth:`begin`; None: judged at once) ended with ``outcome``."""
+    def record(self, model: str, outcome: Outcome, now: float, call: int) -> None:
+        """Call number ``call`` (from :meth:`begin`) ended with ``outcome``."""
         state = self._model(model)
         if answered(outcome):
             state.proven = True
@@ -125,10 +125,7 @@ class ModelPauses:
                 state.pause = None
                 self._changed(model, None)
             return
-        if call is None:
-            self._judge(model, state, signature(outcome), now)
-        else:
-            self._end(model, call, signature(outcome), now)
+        self._end(model, call, signature(outcome), now)
 
     def _end(self, model: str, call: int, failed_as: Signature | None, now: float) -> None:
         state = self._model(model)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from streamproc.core.guards.pauses import ModelPauses, Pause
-from streamproc.core.outcome import ConfigurationProblem, Failure, Success
+from streamproc.core.outcome import ConfigurationProblem, Failure, Outcome, Success
 from streamproc.core.vocabulary import FailureLayer
 
 OK = Success("fine", "m", 10, 2)
@@ -13,12 +13,17 @@ MISSING = ConfigurationProblem("model_not_found", "HTTP 404: The model `gpt-5o` 
 UNAVAILABLE = Failure(FailureLayer.SERVICE, "http_503", "HTTP 503", 503)
 
 
+def ended(pauses: ModelPauses, model: str, outcome: Outcome, now: float) -> None:
+    """A call sent and answered before the next one went."""
+    pauses.record(model, outcome, now, pauses.begin(model))
+
+
 def test_three_identical_refusals_from_the_start_pause_the_model_only() -> None:
     heard: list[tuple[str, Pause | None]] = []
     pauses = ModelPauses(on_change=lambda model, pause: heard.append((model, pause)))
     for second in range(3):
         assert pauses.may_call("m", float(second))
-        pauses.record("m", REFUSED, float(second))
+        ended(pauses, "m", REFUSED, float(second))
     assert not pauses.may_call("m", 3.0) and pauses.may_call("other", 3.0)
     [(model, pause)] = heard
     assert model == "m" and pause is not None and "x-request-id must be a UUID" in pause.reason
@@ -28,40 +33,40 @@ def test_three_identical_refusals_from_the_start_pause_the_model_only() -> None:
 def test_a_model_not_found_is_paused_like_any_systematic_refusal() -> None:
     pauses = ModelPauses()
     for _ in range(3):
-        pauses.record("gpt-5o", MISSING, 0.0)
+        ended(pauses, "gpt-5o", MISSING, 0.0)
     assert set(pauses.paused()) == {"gpt-5o"}
 
 
 def test_a_probe_that_succeeds_resumes_the_model_and_one_that_fails_waits_again() -> None:
     pauses = ModelPauses(threshold=1, probe_interval_s=60)
-    pauses.record("m", REFUSED, 0.0)
+    ended(pauses, "m", REFUSED, 0.0)
     assert pauses.may_call("m", 60.0)  # the probe
     assert not pauses.may_call("m", 61.0)  # only one per interval
-    pauses.record("m", REFUSED, 61.0)
+    ended(pauses, "m", REFUSED, 61.0)
     assert not pauses.may_call("m", 100.0) and pauses.may_call("m", 120.0)
-    pauses.record("m", OK, 121.0)
+    ended(pauses, "m", OK, 121.0)
     assert pauses.paused() == {} and pauses.may_call("m", 121.5)
 
 
 def test_a_model_that_answered_well_once_is_never_paused_by_later_failures() -> None:
     pauses = ModelPauses()
-    pauses.record("m", OK, 0.0)
+    ended(pauses, "m", OK, 0.0)
     for _ in range(10):
-        pauses.record("m", REFUSED, 1.0)
+        ended(pauses, "m", REFUSED, 1.0)
     assert pauses.paused() == {}
 
 
 def test_different_first_failures_are_the_requests_own_not_systematic() -> None:
     pauses = ModelPauses()
     for failure in (REFUSED, OTHER, REFUSED, REFUSED, REFUSED):
-        pauses.record("m", failure, 0.0)
+        ended(pauses, "m", failure, 0.0)
     assert pauses.paused() == {}
 
 
 def test_retryable_failures_neither_count_nor_reset() -> None:
     pauses = ModelPauses()
     for failure in (REFUSED, UNAVAILABLE, REFUSED, UNAVAILABLE, REFUSED):
-        pauses.record("m", failure, 0.0)
+        ended(pauses, "m", failure, 0.0)
     assert set(pauses.paused()) == {"m"}
 
 
@@ -71,10 +76,10 @@ def test_failures_about_the_input_never_pause_a_model() -> None:
     too_long = Failure(FailureLayer.BUSINESS, "context_length_exceeded", "maximum context length is 4096", 400)
     pauses = ModelPauses()
     for _ in range(5):
-        pauses.record("m", too_long, 0.0)
+        ended(pauses, "m", too_long, 0.0)
     assert pauses.paused() == {}
     for _ in range(5):  # the model read requests: a later systematic refusal is not one from the start
-        pauses.record("m", REFUSED, 1.0)
+        ended(pauses, "m", REFUSED, 1.0)
     assert pauses.paused() == {}
 
 
@@ -85,12 +90,12 @@ def test_an_answer_that_fails_its_checks_proves_the_model_and_resumes_it() -> No
     cut = Failure(FailureLayer.SEMANTIC, "truncated", "finish_reason=length: the answer was cut off", None)
     pauses = ModelPauses()
     for _ in range(3):
-        pauses.record("m", REFUSED, 0.0)
+        ended(pauses, "m", REFUSED, 0.0)
     assert set(pauses.paused()) == {"m"}
-    pauses.record("m", cut, 1.0)
+    ended(pauses, "m", cut, 1.0)
     assert pauses.paused() == {}
     for _ in range(5):
-        pauses.record("m", REFUSED, 2.0)
+        ended(pauses, "m", REFUSED, 2.0)
     assert pauses.paused() == {}  # proven: later refusals are the requests' own
 
 
@@ -99,7 +104,7 @@ def test_the_same_refusal_text_is_the_requests_own() -> None:
     refusal = Failure(FailureLayer.BUSINESS, "refusal", "the model refused: I can't help with that.", None)
     pauses = ModelPauses()
     for _ in range(5):
-        pauses.record("m", refusal, 0.0)
+        ended(pauses, "m", refusal, 0.0)
     assert pauses.paused() == {}
 
 
