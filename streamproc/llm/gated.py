@@ -113,9 +113,18 @@ class GatedLayer:
 
     def _tell_probe(self, limit: GradientLimit) -> None:
         """A probe holds every call back until the calls out drained: say so, and what it found."""
-        if limit.probing:
+        expires_at = limit.probe_expires_at
+        if expires_at is not None:
             log.info("in-flight limit: the first calls queued or stalled; holding new calls until the %d out have "
-                     "answered, then timing one alone", self._gate.in_use)
+                     "answered, then timing one alone (for %.1f s at most)", self._gate.in_use,
+                     expires_at - self._clock())
+            asyncio.get_running_loop().call_later(max(0.0, expires_at - self._clock()), self._expire, limit)
         else:
             log.info("in-flight limit: probe done (baseline %.4f s per token), limit %d", limit.baseline_s or 0.0,
                      limit.limit)
+
+    def _expire(self, limit: GradientLimit) -> None:
+        if limit.probing:
+            limit.on_probe_expired(self._clock())
+            if not limit.probing:
+                log.info("in-flight limit: probe given up (a call hung), limit back to %d", limit.limit)

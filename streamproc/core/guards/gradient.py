@@ -31,7 +31,8 @@ own delay: the limit drops to its minimum until the calls out have drained and o
 first window's calls waited, by their median, more than ``PROBE_WAITED`` such calls beyond their own
 length at its pace, the window was a queue the client made: the limit falls by that much (at most x4) and
 slow start ends. Otherwise the limit goes back where it was and the next window is a first window again
-(grown by ``sqrt`` if it is not calm, and the one after judged against it). Against a real one-slot
+(grown by ``sqrt`` if it is not calm, and the one after judged against it). A probe whose calls hang
+gives up at :attr:`GradientLimit.probe_expires_at` (the caller keeps the timer) and the limit goes back. Against a real one-slot
 llama.cpp server, a baseline taken from a queued first window was 3x the real one and the limit hovered at
 11-16, once climbing to 61, instead of settling at a few calls.
 
@@ -66,6 +67,7 @@ CONSERVATIVE_WINDOWS = 5  # windows of conservative growth before growth is by s
 FIRST_WINDOW_SPREAD = 2.0  # the first window grows x4 only if its mean raw latency is within this of its fastest
 BASELINE_RELAX = 0.002  # per window, the fraction of the gap to the window's best call the baseline moves up
 PROBE_WAITED = 2.0  # the first window's median call waited this many alone calls: it was a queue of ours
+PROBE_EXPIRY = 2.0  # the probe gives up after twice the drain a one-slot server would take: a call hung
 PROBE_ATTEMPTS = 5  # calls sent alone that generated nothing (refused, failed) before the probe gives up
 
 
@@ -75,6 +77,7 @@ class _Probe:
 
     window: _Window  # the first window
     value: float  # the limit before the probe
+    expires_at: float  # a drain or a probe call slower than this is a stall, not a measurement
     attempts: int = 0
 
 
@@ -87,6 +90,7 @@ class _Window:
     busiest: int = 0  # most calls in flight seen during the window
     best: float = math.inf  # the fastest call's latency per token
     fastest_s: float = math.inf  # the fastest call's raw latency
+    slowest_s: float = 0.0  # the slowest call's raw latency
     calls: list[tuple[float, float]] = field(default_factory=list)  # (raw latency, tokens or 1) of each call
 
     def add(self, latency_s: float, tokens: int | None, in_flight: int) -> None:
@@ -98,6 +102,7 @@ class _Window:
         self.busiest = max(self.busiest, in_flight)
         self.best = min(self.best, per_token)
         self.fastest_s = min(self.fastest_s, latency_s)
+        self.slowest_s = max(self.slowest_s, latency_s)
         self.calls.append((latency_s, tokens or 1))
 
     def median_wait_s(self, alone: float) -> float:
@@ -203,8 +208,23 @@ class GradientLimit:
             return
         probe.attempts += 1
         if probe.attempts >= PROBE_ATTEMPTS:
-            self._probe = None
-            self._set(probe.value, now)
+            self._give_up_probe(now)
+
+    @property
+    def probe_expires_at(self) -> float | None:
+        """When a probe still waiting (for the calls out to drain, or for its own answer) gives up."""
+        return self._probe.expires_at if self._probe is not None else None
+
+    def on_probe_expired(self, now: float) -> None:
+        """The caller's timer for :attr:`probe_expires_at`: a call that hangs must not hold every other call
+        back for a whole read timeout. The limit goes back where it was."""
+        if self._probe is not None and now >= self._probe.expires_at:
+            self._give_up_probe(now)
+
+    def _give_up_probe(self, now: float) -> None:
+        assert self._probe is not None
+        value, self._probe = self._probe.value, None
+        self._set(value, now)
 
     def on_congestion(self, now: float) -> None:
         """The provider pushed back (a 429 saying a limit is exhausted): cut, at most once per cooldown."""
@@ -236,7 +256,9 @@ class GradientLimit:
         calm = not risen and window.spread() <= FIRST_WINDOW_SPREAD
         if previous is None and self._slow_start and not calm and not self._probed:
             self._probed = True
-            self._probe = _Probe(window, self._value)
+            # against one slot, the calls out drain in about (limit / window) times the window's slowest call
+            drain_s = window.slowest_s * max(1.0, self._value / window.samples)
+            self._probe = _Probe(window, self._value, now + PROBE_EXPIRY * drain_s)
             self._set(float(self._minimum), now)
             return
         if gradient >= 1.0 and self._slow_start and (previous is not None or calm):

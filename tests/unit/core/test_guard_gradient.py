@@ -208,6 +208,15 @@ def test_a_probe_that_generates_nothing_gives_up_and_the_limit_goes_back() -> No
     assert not limiter.probing and limiter.limit > 1
 
 
+def test_a_probe_held_up_by_a_hung_call_expires_and_the_limit_goes_back() -> None:
+    limiter = queued_first_window()  # ended at 17 s, its slowest call 17 s, 16 in flight
+    assert limiter.probe_expires_at == pytest.approx(17.0 + 2 * 17.0 * 1.6)
+    limiter.on_probe_expired(60.0)  # too early: a one-slot server may still be draining
+    assert limiter.probing
+    limiter.on_probe_expired(71.4)
+    assert not limiter.probing and limiter.limit == 16 and limiter.probe_expires_at is None
+
+
 def test_congestion_during_a_probe_ends_it_and_cuts_from_the_limit_before() -> None:
     limiter = queued_first_window()
     limiter.on_congestion(30.0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -280,6 +281,39 @@ async def test_gated_layer_lets_a_probe_measure_an_answer_that_failed_its_checks
         await layer.call(REQUEST, BODY, True)
     assert not adaptive.probing and adaptive.limit == 4
     assert "probe done (baseline 0.0187 s per token), limit 4" in caplog.text  # 1.2 s / 64
+
+
+async def test_a_probe_held_up_by_a_hung_call_gives_up_and_lets_the_waiting_calls_go(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The first window (10 ms and 50 ms answers) is not calm, so the limit drops to 1 until the calls out
+    drain; one of them hangs. After twice the drain a one-slot server would take, the probe gives up."""
+    adaptive = GradientLimit(1, 16, initial=4, window=2, min_rise_s=0.0)
+    gate, hang = AdaptiveGate(adaptive), asyncio.Event()
+    seconds = {"a": 0.01, "b": 0.05, "d": 0.0}
+
+    @dataclass
+    class Sleeps:
+        async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
+            if request.request_id == "hung":
+                await hang.wait()
+            delay = seconds.get(request.request_id, 0.0)
+            await asyncio.sleep(delay)
+            return CallResult(Success("fine", "big", 10, 10), b"{}", int(delay * 1000))
+
+    layer = GatedLayer(Sleeps(), gate, time.monotonic)
+    calls = [asyncio.create_task(layer.call(InferenceRequest(name, "{}", batch_id="b"), BODY, True))
+             for name in ("hung", "a", "b")]
+    with caplog.at_level(logging.INFO, logger="streamproc.llm.gated"):
+        await asyncio.wait_for(asyncio.gather(*calls[1:]), 1)
+        assert adaptive.probing and adaptive.limit == 1 and gate.in_use == 1  # the hung call is still out
+        waiting = asyncio.create_task(layer.call(InferenceRequest("d", "{}", batch_id="b"), BODY, True))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await asyncio.wait_for(waiting, 1)  # 2 x 50 ms x (4 / 2) after the window closed
+    assert not adaptive.probing and adaptive.limit == 4
+    assert "probe given up (a call hung), limit back to 4" in caplog.text
+    hang.set()
+    await asyncio.wait_for(calls[0], 1)
 
 
 async def test_a_call_waiting_for_a_breaker_holds_no_gate_slot() -> None:
