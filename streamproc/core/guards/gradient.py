@@ -32,9 +32,9 @@ first window's calls waited, by their median, more than ``PROBE_WAITED`` such ca
 length at its pace, the window was a queue the client made: the limit falls by that much (at most x4) and
 slow start ends. Otherwise the limit goes back where it was and the next window is a first window again
 (grown by ``sqrt`` if it is not calm, and the one after judged against it). A probe whose calls hang
-gives up at :attr:`GradientLimit.probe_expires_at` (the caller keeps the timer) and the limit goes back. Against a real one-slot
-llama.cpp server, a baseline taken from a queued first window was 3x the real one and the limit hovered at
-11-16, once climbing to 61, instead of settling at a few calls.
+gives up at :attr:`GradientLimit.probe_expires_at` (the caller keeps the timer) and the limit goes back.
+Against a real one-slot llama.cpp server, a baseline taken from a queued first window was 3x the real one
+and the limit hovered at 11-16, once climbing to 61, instead of settling at a few calls.
 
 Latency is compared per completion token when the answers say how many they produced: an LLM's latency is
 mostly its output length, and a batch mixing 5-token labels with 500-token summaries must not read as a
@@ -69,16 +69,6 @@ BASELINE_RELAX = 0.002  # per window, the fraction of the gap to the window's be
 PROBE_WAITED = 2.0  # the first window's median call waited this many alone calls: it was a queue of ours
 PROBE_EXPIRY = 2.0  # the probe gives up after twice the drain a one-slot server would take: a call hung
 PROBE_ATTEMPTS = 5  # calls sent alone that generated nothing (refused, failed) before the probe gives up
-
-
-@dataclass
-class _Probe:
-    """A call to be sent alone, after the first window: what that window showed, and where the limit was."""
-
-    window: _Window  # the first window
-    value: float  # the limit before the probe
-    expires_at: float  # a drain or a probe call slower than this is a stall, not a measurement
-    attempts: int = 0
 
 
 @dataclass
@@ -117,6 +107,16 @@ class _Window:
     def spread(self) -> float:
         """Mean raw latency over the fastest call's."""
         return self.raw / self.samples / self.fastest_s if self.fastest_s > 0 else 1.0
+
+
+@dataclass
+class _Probe:
+    """A call to be sent alone, after the first window: what that window showed, and where the limit was."""
+
+    window: _Window  # the first window
+    value: float  # the limit before the probe
+    expires_at: float  # a drain or a probe call slower than this is a stall, not a measurement
+    attempts: int = 0
 
 
 class GradientLimit:
@@ -186,12 +186,11 @@ class GradientLimit:
         """A call answered after ``latency_s`` with ``in_flight`` calls running (itself included)."""
         if not (latency_s >= 0 and math.isfinite(latency_s)) or now - latency_s < self._changed_at:
             return
+        tokens = completion_tokens if completion_tokens and completion_tokens > 0 else None
         if self._probe is not None:
-            tokens = completion_tokens if completion_tokens and completion_tokens > 0 else None
             self._judge_probe(self._probe, latency_s, tokens, now)
             return
-        self._window.add(latency_s, completion_tokens if completion_tokens and completion_tokens > 0 else None,
-                         in_flight)
+        self._window.add(latency_s, tokens, in_flight)
         if self._window.samples >= self._window_size:
             window, self._window = self._window, _Window()
             self._close(window, now)
@@ -234,7 +233,7 @@ class GradientLimit:
         self._slow_start = False
         self._conservative = None
         if self._probe is not None:
-            self._value, self._probe = self._probe.value, None
+            self._value, self._probe = self._probe.value, None  # cut from where it was, in one change
         self._set(max(float(self._minimum), self._value * self._backoff), now)
 
     def _close(self, window: _Window, now: float) -> None:
