@@ -120,11 +120,11 @@ class GatedLayer:
                      expires_at - self._clock())
             asyncio.get_running_loop().call_later(max(0.0, expires_at - self._clock()), self._expire, limit)
         else:
-            log.info("in-flight limit: probe done (baseline %.4f s per token), limit %d", limit.baseline_s or 0.0,
-                     limit.limit)
+            log.info("in-flight limit: probe ended, %s; baseline %.4f s per token, limit %d", limit.last_probe,
+                     limit.baseline_s or 0.0, limit.limit)
 
     def _expire(self, limit: GradientLimit) -> None:
         if limit.probing:
             limit.on_probe_expired(self._clock())
             if not limit.probing:
-                log.info("in-flight limit: probe given up (a call hung), limit back to %d", limit.limit)
+                self._tell_probe(limit)

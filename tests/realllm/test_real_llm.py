@@ -98,6 +98,9 @@ async def test_a_realistic_batch_against_a_real_server_ends_without_transport_fa
     print(f"\nreal server: {sum(1 for i in ids if outcomes.results.get(i))} results, terminal failures "
           f"{dict(terminal)}, {calls} calls ({calls / len(ids):.2f} per request), in-flight limit "
           f"{limits[0] if limits else '?'} -> {limits[-1] if limits else '?'} (min {min(limits, default=0)})")
+    for line in worker.log_path.read_text(errors="replace").splitlines():  # shown when an assertion fails
+        if "in-flight limit:" in line:
+            print(line)
 
     assert [(e.request.request_id, e.error_code, e.message) for e in events if e.layer is FailureLayer.TRANSPORT
             ] == [], "a call timed out or broke"

@@ -119,6 +119,24 @@ class _Probe:
     attempts: int = 0
 
 
+@dataclass(frozen=True)
+class ProbeVerdict:
+    """What the last probe found: ``queue`` (the first window was the client's own queue), ``unclear`` (spread
+    answers, or a queue one call cannot tell), ``no_answer`` (its calls generated nothing), ``expired`` (a call
+    hung) or ``congestion`` (a 429 ended it); for the first two, the alone call and the median wait."""
+
+    verdict: str
+    alone_s: float | None = None
+    tokens: int | None = None
+    waited: float | None = None  # the first window's median wait, in alone calls
+
+    def __str__(self) -> str:
+        if self.alone_s is None:
+            return self.verdict
+        return (f"{self.verdict}: a call alone took {self.alone_s:.2f} s for {self.tokens or '?'} tokens, the first "
+                f"window's calls waited {self.waited:.1f} such calls (median)")
+
+
 class GradientLimit:
     """Concurrency limit from the latency gradient, cut by ``backoff`` on congestion; within [minimum, maximum].
 
@@ -161,6 +179,7 @@ class GradientLimit:
         self._changed_at = -math.inf  # calls started before the last change say nothing about the new limit
         self._probe: _Probe | None = None
         self._probed = False  # one probe, after the first window
+        self.last_probe: ProbeVerdict | None = None
         self._listeners: list[Callable[[], None]] = []
 
     @property
@@ -207,7 +226,7 @@ class GradientLimit:
             return
         probe.attempts += 1
         if probe.attempts >= PROBE_ATTEMPTS:
-            self._give_up_probe(now)
+            self._give_up_probe(now, "no_answer")
 
     @property
     def probe_expires_at(self) -> float | None:
@@ -218,11 +237,12 @@ class GradientLimit:
         """The caller's timer for :attr:`probe_expires_at`: a call that hangs must not hold every other call
         back for a whole read timeout. The limit goes back where it was."""
         if self._probe is not None and now >= self._probe.expires_at:
-            self._give_up_probe(now)
+            self._give_up_probe(now, "expired")
 
-    def _give_up_probe(self, now: float) -> None:
+    def _give_up_probe(self, now: float, verdict: str) -> None:
         assert self._probe is not None
         value, self._probe = self._probe.value, None
+        self.last_probe = ProbeVerdict(verdict)
         self._set(value, now)
 
     def on_congestion(self, now: float) -> None:
@@ -234,6 +254,7 @@ class GradientLimit:
         self._conservative = None
         if self._probe is not None:
             self._value, self._probe = self._probe.value, None  # cut from where it was, in one change
+            self.last_probe = ProbeVerdict("congestion")
         self._set(max(float(self._minimum), self._value * self._backoff), now)
 
     def _close(self, window: _Window, now: float) -> None:
@@ -287,7 +308,9 @@ class GradientLimit:
         self._value = probe.value
         self._previous_recent = None
         waited = probe.window.median_wait_s(alone) / latency_s if latency_s > 0 else 0.0
-        if waited <= PROBE_WAITED:  # spread answers, or a queue one call cannot tell: start again, as before
+        queue = waited > PROBE_WAITED
+        self.last_probe = ProbeVerdict("queue" if queue else "unclear", latency_s, tokens, waited)
+        if not queue:  # spread answers, or a queue one call cannot tell: start again, as before
             self._set(probe.value, now)
             return
         self._slow_start = False

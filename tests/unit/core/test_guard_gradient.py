@@ -190,6 +190,7 @@ def test_a_queued_first_window_is_probed_by_a_call_alone_and_the_limit_falls_to_
     assert limiter.probing
     limiter.on_sample(0.99, 1, 40.0, 51)  # alone: 0.02 s a token
     assert not limiter.probing and limiter.limit == 4
+    assert limiter.last_probe is not None and limiter.last_probe.verdict == "queue"
     assert limiter.baseline_s == pytest.approx(0.99 / 51)
     for _ in range(10):  # a window with no rise: slow start is over, so no x4, only sqrt
         limiter.on_sample(1.0, 4, 50.0, 51)
@@ -202,7 +203,7 @@ def test_a_probe_that_generates_nothing_gives_up_and_the_limit_goes_back() -> No
         limiter.on_unsampled(0.01, 30.0)  # refused at once: nothing measured
     assert limiter.probing
     limiter.on_unsampled(0.01, 30.0)
-    assert not limiter.probing and limiter.limit == 16
+    assert not limiter.probing and limiter.limit == 16 and str(limiter.last_probe) == "no_answer"
     for latency, tokens in QUEUED_FIRST_WINDOW:  # a first window again, not calm: no second probe
         limiter.on_sample(latency, 16, 31.0 + latency, tokens)
     assert not limiter.probing and limiter.limit > 1
