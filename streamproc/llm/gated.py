@@ -115,10 +115,10 @@ class GatedLayer:
         """A probe holds every call back until the calls out drained: say so, and what it found."""
         expires_at = limit.probe_expires_at
         if expires_at is not None:
+            expires_in = max(0.0, expires_at - self._clock())
             log.info("in-flight limit: the first calls queued or stalled; holding new calls until the %d out have "
-                     "answered, then timing one alone (for %.1f s at most)", self._gate.in_use,
-                     expires_at - self._clock())
-            asyncio.get_running_loop().call_later(max(0.0, expires_at - self._clock()), self._expire, limit)
+                     "answered, then timing one alone (for %.1f s at most)", self._gate.in_use, expires_in)
+            asyncio.get_running_loop().call_later(expires_in, self._expire, limit)
         else:
             log.info("in-flight limit: probe ended, %s; baseline %.4f s per token, limit %d", limit.last_probe,
                      limit.baseline_s or 0.0, limit.limit)

@@ -298,9 +298,10 @@ class GradientLimit:
 
     def _judge_probe(self, probe: _Probe, latency_s: float, tokens: int | None, now: float) -> None:
         """The call sent alone answered after ``latency_s``: a latency with no queue of ours before it. If the
-        first window's calls waited, by their median, more than ``tolerance`` such calls beyond their own
-        length at its pace, the window was a queue the client made: the limit falls by as much (at most x4)
-        and slow start ends. Otherwise the window is judged as any other."""
+        first window's calls waited, by their median, more than ``PROBE_WAITED`` such calls beyond their own
+        length at its pace, the window was a queue the client made: the limit falls by ``tolerance / (1 +
+        waited)`` (at most x4) and slow start ends. Otherwise the limit goes back and the next window is a
+        first window again."""
         self._probe = None
         alone = latency_s / tokens if tokens else latency_s
         assert self._baseline is not None
