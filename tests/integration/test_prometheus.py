@@ -48,7 +48,7 @@ class Prometheus:
         job["static_configs"] = [{"targets": [target]}]
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         binary = shutil.which("prometheus")
-        assert binary is not None, "prometheus is not installed: apt-get install prometheus (.ci/run does)"
+        assert binary is not None, "prometheus is not installed: apt-get install prometheus (scripts/system-deps does)"
         self.port = free_port()
         self.log = workdir / "prometheus.log"
         with open(self.log, "wb") as log:
