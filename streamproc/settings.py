@@ -54,6 +54,34 @@ class Settings(BaseSettings):
     kafka_idempotence: bool = Field(default=True, description="Idempotent producers (a retried send is written "
                                     "once); off only for a cluster whose ACLs refuse IdempotentWrite.")
 
+    # -- how clients prove who they are to Kafka (design §6 "Connecting"): Kafka's own names, as environment
+    kafka_client_properties: Path | None = Field(
+        default=None, description="A Java client properties file (as kafka-console-consumer --consumer.config "
+        "reads: security.protocol, sasl.*, ssl.* with PEM files); the variables below override its values.")
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = Field(
+        default=None, description="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL.")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_sasl_password_file: Path | None = Field(default=None, description="A file holding the SASL password.")
+    kafka_ssl_cafile: Path | None = Field(default=None, description="PEM file of the CA(s) that signed the brokers' "
+                                          "certificates; unset: the system's trust store.")
+    kafka_ssl_certfile: Path | None = Field(default=None, description="PEM client certificate (mTLS); may hold the "
+                                            "key too.")
+    kafka_ssl_keyfile: Path | None = None
+    kafka_ssl_key_password: SecretStr | None = None
+    kafka_ssl_check_hostname: bool | None = Field(default=None, description="Check the broker's certificate names "
+                                                  "its host (default: yes).")
+    kafka_oauth_token_file: Path | None = Field(default=None, description="OAUTHBEARER: a file holding the token, "
+                                                "re-read before it expires.")
+    kafka_oauth_token_endpoint_url: str | None = Field(default=None, description="OAUTHBEARER: an OIDC token "
+                                                       "endpoint (client credentials grant).")
+    kafka_oauth_client_id: str | None = None
+    kafka_oauth_client_secret: SecretStr | None = None
+    kafka_oauth_scope: str | None = None
+    kafka_oauth_token_provider: str | None = Field(default=None, description="OAUTHBEARER: package.module:factory "
+                                                   "returning an aiokafka AbstractTokenProvider (a cloud signer).")
+
     kafka_session_timeout_s: float = Field(
         default=30.0, ge=6.0, le=300.0,
         description="How long the group waits for a silent worker before handing its partitions over.",
@@ -141,6 +169,8 @@ class Settings(BaseSettings):
     worker_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off.")
     worker_metrics_host: str = Field(default="127.0.0.1", min_length=1,
                                      description="Address /metrics listens on (0.0.0.0 in a container).")
+    llm_max_response_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="Largest answer the worker "
+                                        "reads, decoded (a gzip bomb stops here); past it: response_too_large.")
 
     @model_validator(mode="before")
     @classmethod
