@@ -2,20 +2,23 @@
 
 Both drivers are DB-API connections, so one class serves both; what differs is a :class:`Dialect`. The
 calls block, so the consumer runs them in a thread (``asyncio.to_thread``) and keeps its heartbeats.
+A batch the driver refuses for its data (not for the connection) is written again row by row, and the rows
+refused alone go to ``rejected_rows``: one row never stops the sink.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from streamproc.errors import UserFacingError
 from streamproc.sink import schema
-from streamproc.sink.rows import RowBatch, iso_ms
+from streamproc.sink.rows import RejectedRow, RowBatch, iso_ms, rejected_row
 from streamproc.sink.target import PostgresTarget, SqliteTarget, Target
 
 
@@ -31,11 +34,19 @@ class Dialect:
     placeholder: str
     begin: str | None  # None: the driver opens the transaction itself
     lock_migrations: str | None  # serialises two sinks that migrate the same database at once
+    # what the driver raises for a row's data (a NUL, a number out of range, a broken constraint), as against
+    # the connection or the server: those stop the write and are retried, these set the row aside
+    row_errors: tuple[type[Exception], ...] = ()
 
 
-SQLITE = Dialect(placeholder="?", begin="BEGIN IMMEDIATE", lock_migrations=None)  # IMMEDIATE locks already
+# errors of the data in Python itself, raised while binding a row, whichever the driver
+_DATA_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, OverflowError, RecursionError)
+SQLITE = Dialect(placeholder="?", begin="BEGIN IMMEDIATE", lock_migrations=None,  # IMMEDIATE locks already
+                 row_errors=(*_DATA_ERRORS, sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError,
+                             sqlite3.ProgrammingError))
 # any constant works as an advisory lock id; this one is "sink" in ASCII
-POSTGRES = Dialect(placeholder="%s", begin=None, lock_migrations="SELECT pg_advisory_xact_lock(1936289643)")
+POSTGRES = Dialect(placeholder="%s", begin=None, lock_migrations="SELECT pg_advisory_xact_lock(1936289643)",
+                   row_errors=_DATA_ERRORS)  # psycopg's own are added once it is imported
 
 
 class DatabaseError(UserFacingError):
@@ -82,15 +93,41 @@ class SinkDatabase:
                 version = migration.version
         return version
 
-    def write(self, rows: RowBatch) -> None:
-        """All of ``rows`` in one transaction: committed together or not at all."""
+    def write(self, rows: RowBatch) -> list[RejectedRow]:
+        """All of ``rows`` in one transaction, committed together or not at all; if the driver refuses a row's
+        data, each row alone, and those it refuses are set aside. Gives the rows set aside (the batch's own,
+        records that made no row, and those refused here), all written to ``rejected_rows``."""
+        try:
+            with self._transaction() as cursor:
+                self._write_rows(cursor, rows)
+                self._write_rejected(cursor, rows.rejected.values())
+            return list(rows.rejected.values())
+        except self._dialect.row_errors:
+            pass  # some row's data: find which, below
+        rejected = dict(rows.rejected)
+        for origin, request_id, single in rows.singles():
+            try:
+                with self._transaction() as cursor:
+                    self._write_rows(cursor, single)
+            except self._dialect.row_errors as exc:
+                refused = rejected_row(origin, request_id, f"not written: {type(exc).__name__}: {exc}")
+                rejected.setdefault(refused.key, refused)
         with self._transaction() as cursor:
-            for statement, values in ((schema.INSERT_RESULT, list(rows.results.values())),
-                                      (schema.UPSERT_FAILURE, list(rows.failures.values())),
-                                      (schema.INSERT_DEAD_LETTER, list(rows.dead_letters.values())),
-                                      (schema.RESOLVE, sorted(rows.touched()))):
-                if values:
-                    cursor.executemany(self._sql(statement), values)
+            self._write_rejected(cursor, rejected.values())
+        return list(rejected.values())
+
+    def _write_rows(self, cursor: Any, rows: RowBatch) -> None:
+        for statement, values in ((schema.INSERT_RESULT, list(rows.results.values())),
+                                  (schema.UPSERT_FAILURE, list(rows.failures.values())),
+                                  (schema.INSERT_DEAD_LETTER, list(rows.dead_letters.values())),
+                                  (schema.RESOLVE, sorted(rows.touched()))):
+            if values:
+                cursor.executemany(self._sql(statement), values)
+
+    def _write_rejected(self, cursor: Any, rejected: Iterable[RejectedRow]) -> None:
+        values = list(rejected)
+        if values:
+            cursor.executemany(self._sql(schema.INSERT_REJECTED), values)
 
     def read(self, statement: str, values: Sequence[object] = ()) -> list[tuple[Any, ...]]:
         """The rows one query gives (one statement: one snapshot). No write lock is taken, so a sink keeps
@@ -143,4 +180,5 @@ def _postgres(target: PostgresTarget) -> tuple[Connection, Dialect]:
         connection = psycopg.connect(target.conninfo, connect_timeout=10)
     except psycopg.Error as exc:
         raise DatabaseError(f"cannot connect to {target.describe()}: {' '.join(str(exc).split())}") from exc
-    return connection, POSTGRES
+    return connection, dataclasses.replace(POSTGRES, row_errors=(*POSTGRES.row_errors, psycopg.DataError,
+                                                                 psycopg.IntegrityError, psycopg.NotSupportedError))

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.kafka.clients import kafka_consumer
 from streamproc.settings import Settings
 from streamproc.sink.database import SinkDatabase, open_database
 from streamproc.sink.rows import Kind, RowBatch
@@ -47,19 +48,22 @@ class SinkTotals:
     failures: int = 0
     dead_letters: int = 0
     skipped: int = 0  # records that are no event of ours
+    rejected: int = 0  # records set aside in rejected_rows (a row that could not be made or written)
     records: int = 0
 
-    def add(self, rows: RowBatch, records: int) -> None:
+    def add(self, rows: RowBatch, records: int, rejected: int) -> None:
         self.results += len(rows.results)
         self.failures += len(rows.failures)
         self.dead_letters += len(rows.dead_letters)
         self.skipped += rows.skipped
+        self.rejected += rejected
         self.records += records
 
     def line(self) -> str:
         skipped = f", {self.skipped} foreign records skipped" if self.skipped else ""
+        rejected = f", {self.rejected} set aside in rejected_rows" if self.rejected else ""
         return (f"{self.records} records: {self.results} results, {self.failures} failed attempts, "
-                f"{self.dead_letters} dead letters written{skipped}")
+                f"{self.dead_letters} dead letters written{skipped}{rejected}")
 
 
 async def run_sink(settings: Settings, target: Target, *, group: str, until_idle: bool,
@@ -73,11 +77,11 @@ async def run_sink(settings: Settings, target: Target, *, group: str, until_idle
             asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     database = await asyncio.to_thread(open_database, target)
     try:
-        bootstrap = resolve_bootstrap(settings)
+        kafka = resolve_connection(settings)
         topology = settings.topology()
-        await ensure_pipeline_topics(bootstrap, topology, settings.replication())
+        await ensure_pipeline_topics(kafka, topology, settings.replication())
         kinds = topic_kinds(topology)
-        consumer = AIOKafkaConsumer(*kinds, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+        consumer = kafka_consumer(kafka, *kinds, group_id=group, enable_auto_commit=False,
                                     auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1024 * 1024)
         await consumer.start()
         report(f"sink: {target.describe()} (schema up to date), group {group}, {len(kinds)} topics")
@@ -99,13 +103,16 @@ async def _follow(consumer: AIOKafkaConsumer, database: SinkDatabase, kinds: dic
             rows = RowBatch()
             for tp, records in polled.items():
                 for record in records:
-                    rows.add(kinds[tp.topic], record)
-            await asyncio.to_thread(database.write, rows)
+                    rows.add(kinds[tp.topic], record, tp.topic)
+            rejected = await asyncio.to_thread(database.write, rows)
+            for row in rejected:
+                report(f"sink: {row.topic}[{row.kafka_partition}]@{row.kafka_offset} (request "
+                       f"{row.request_id or 'unknown'}) set aside in rejected_rows: {row.reason}")
             try:
                 await consumer.commit({tp: records[-1].offset + 1 for tp, records in polled.items()})
             except (CommitFailedError, IllegalStateError) as exc:
                 report(f"sink: offsets not committed ({exc}): their new owner writes the same rows again")
-            totals.add(rows, sum(len(records) for records in polled.values()))
+            totals.add(rows, sum(len(records) for records in polled.values()), len(rejected))
         elif until_idle and await _caught_up(consumer):
             report(f"sink: idle, {totals.line()}")
             return totals

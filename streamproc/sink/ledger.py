@@ -19,6 +19,7 @@ from streamproc.core.events import FailureEvent, InferenceRequest, RepairContext
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.sink.database import DatabaseError, open_database
 from streamproc.sink.target import SqliteTarget, Target
+from streamproc.sink.text import restored_row
 
 
 class LedgerRow(NamedTuple):
@@ -83,5 +84,5 @@ def read_ledger(target: Target, batch_id: str | None) -> tuple[list[FailureEvent
             raw = database.read(TERMINAL_FAILURES.format(batch=" AND f.batch = ?"), (batch_id,))
     finally:
         database.close()
-    rows = [LedgerRow(*values) for values in raw]
+    rows = [restored_row(LedgerRow(*values)) for values in raw]
     return [failure_event(row) for row in rows], {row.request_id: RequestStatus(row.status) for row in rows}

@@ -13,7 +13,7 @@ attempt (of a run) wins, a dead letter is kept once per position.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
@@ -23,6 +23,9 @@ from streamproc import codec
 from streamproc.core import headers
 from streamproc.core.events import FailureEvent, InferenceResult
 from streamproc.core.identity import custom_id_of
+from streamproc.sink.text import storable, storable_row
+
+REASON_CHARS = 1000  # a rejected row's reason is cut here: an exception's text can quote the whole record
 
 
 class Kind(Enum):
@@ -188,35 +191,99 @@ def _requested_model(body_json: str) -> str | None:
     return model if isinstance(model, str) else None
 
 
+class Origin(NamedTuple):
+    """Where a row's record sits: what a rejected row names."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class RejectedRow(NamedTuple):
+    """A record whose row could not be made or written: set aside, so the sink goes on past it."""
+
+    topic: str
+    kafka_partition: int
+    kafka_offset: int
+    request_id: str | None
+    reason: str
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return self.topic, self.kafka_partition, self.kafka_offset
+
+
+def rejected_row(origin: Origin, request_id: str | None, reason: str) -> RejectedRow:
+    """The row that sets ``origin`` aside, its reason bounded and storable (``request_id`` is already)."""
+    if len(reason) > REASON_CHARS:
+        reason = reason[:REASON_CHARS] + f"... ({len(reason)} characters)"
+    return RejectedRow(origin.topic, origin.partition, origin.offset, request_id, storable(reason))
+
+
+def _header_request_id(record: Record) -> str | None:
+    value = headers.as_mapping(record.headers).get(headers.REQUEST_ID)
+    return storable(value.decode("utf-8", "replace")) if value else None
+
+
 @dataclass
 class RowBatch:
-    """The rows of one poll, each key once; ``skipped`` counts records that are no event of ours."""
+    """The rows of one poll, each key once; ``skipped`` counts records that are no event of ours,
+    ``rejected`` the records set aside (no row could be made of them), ``origins`` where each row came from."""
 
     results: dict[tuple[str, str], ResultRow] = field(default_factory=dict)
     failures: dict[tuple[str, str, int, int], FailureRow] = field(default_factory=dict)
     dead_letters: dict[tuple[int, int], DeadLetterRow] = field(default_factory=dict)
     skipped: int = 0
+    rejected: dict[tuple[str, int, int], RejectedRow] = field(default_factory=dict)
+    origins: dict[tuple[object, ...], Origin] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.results) + len(self.failures) + len(self.dead_letters)
 
-    def add(self, kind: Kind, record: Record) -> None:
-        if kind is Kind.DEAD_LETTER:
-            row = dead_letter_row(record)
-            self.dead_letters.setdefault(row.key, row)
-            return
+    def add(self, kind: Kind, record: Record, topic: str = "") -> None:
+        """The record's row; one that is no event of ours is skipped, one that makes no row (deeply nested
+        JSON: ``RecursionError``, or any other error) is rejected. Never raises."""
+        origin = Origin(topic, record.partition, record.offset)
         try:
-            if kind is Kind.RESULT:
-                result = result_row(codec.decode(record.value, InferenceResult))
-                self.results.setdefault(result.key, result)
-            else:
-                failure = failure_row(codec.decode(record.value, FailureEvent))
-                held = self.failures.get(failure.key)
-                if held is None or held.failed_at <= failure.failed_at:
-                    self.failures[failure.key] = failure
+            self._add(kind, record, origin)
         except codec.CodecError:
             self.skipped += 1  # a foreign record on our topic: part of no request's outcome
+        except Exception as exc:  # any error: one record never stops the sink
+            reason = f"unreadable: {type(exc).__name__}: {exc}"
+            self.reject(rejected_row(origin, _header_request_id(record), reason))
+
+    def _add(self, kind: Kind, record: Record, origin: Origin) -> None:
+        if kind is Kind.DEAD_LETTER:
+            row = storable_row(dead_letter_row(record))
+            if row.key not in self.dead_letters:
+                self.dead_letters[row.key] = row
+                self.origins[row.key] = origin
+            return
+        if kind is Kind.RESULT:
+            result = storable_row(result_row(codec.decode(record.value, InferenceResult)))
+            if result.key not in self.results:
+                self.results[result.key] = result
+                self.origins[result.key] = origin
+            return
+        failure = storable_row(failure_row(codec.decode(record.value, FailureEvent)))
+        held = self.failures.get(failure.key)
+        if held is None or held.failed_at <= failure.failed_at:
+            self.failures[failure.key] = failure
+            self.origins[failure.key] = origin
+
+    def reject(self, row: RejectedRow) -> None:
+        self.rejected.setdefault(row.key, row)
 
     def touched(self) -> set[tuple[str, str]]:
         """The requests this batch wrote about: their failure rows may have become resolved."""
         return set(self.results) | {(batch, custom_id) for batch, custom_id, _, _ in self.failures}
+
+    def singles(self) -> Iterator[tuple[Origin, str | None, RowBatch]]:
+        """Each row alone, with its origin and request id: what is written one by one when the batch
+        as a whole could not be."""
+        for key, result in self.results.items():
+            yield self.origins[key], result.request_id, RowBatch(results={key: result})
+        for failure_key, failure in self.failures.items():
+            yield self.origins[failure_key], failure.request_id, RowBatch(failures={failure_key: failure})
+        for letter_key, letter in self.dead_letters.items():
+            yield self.origins[letter_key], letter.request_id, RowBatch(dead_letters={letter_key: letter})

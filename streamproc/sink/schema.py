@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamproc.errors import UserFacingError
-from streamproc.sink.rows import DeadLetterRow, FailureRow, ResultRow
+from streamproc.sink.rows import DeadLetterRow, FailureRow, RejectedRow, ResultRow
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             WHERE latest = 1 AND NOT EXISTS (
                 SELECT 1 FROM results r WHERE r.batch = ranked.batch AND r.custom_id = ranked.custom_id)""",
     )),
+    # a record whose row cannot be made or written is set aside here, so the sink commits past it
+    Migration(4, "rejected_rows: records set aside, with the reason, so one row never stops the sink", (
+        """CREATE TABLE rejected_rows (
+            topic TEXT NOT NULL, kafka_partition INTEGER NOT NULL, kafka_offset BIGINT NOT NULL,
+            request_id TEXT, reason TEXT NOT NULL, rejected_at TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP,
+            PRIMARY KEY (topic, kafka_partition, kafka_offset))""",
+    )),
 )
 
 
@@ -146,6 +153,8 @@ UPSERT_FAILURE = (_insert("failures", FailureRow._fields) + f" ON CONFLICT ({', 
                   + " WHERE excluded.failed_at >= failures.failed_at")
 INSERT_DEAD_LETTER = _insert("dead_letters", DeadLetterRow._fields) + \
     " ON CONFLICT (kafka_partition, kafka_offset) DO NOTHING"
+INSERT_REJECTED = _insert("rejected_rows", RejectedRow._fields) + \
+    " ON CONFLICT (topic, kafka_partition, kafka_offset) DO NOTHING"
 # a request with a result has every failure row resolved, whichever was written first
 RESOLVE = """UPDATE failures SET resolved = TRUE
     WHERE batch = ? AND custom_id = ? AND NOT resolved
