@@ -64,6 +64,7 @@ from streamproc.app.topics import ensure_topics
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.mockllm import FaultKind, MockLLMProcess
 from streamproc.mockllm.engine import (
     BODY_TOO_LARGE,
@@ -531,7 +532,7 @@ class GuardBench:
         """One worker over ``requests`` records already on its own requests topic, against a fresh mock."""
         stack = self.bench.stack
         topology = self.bench.topology(name)
-        await ensure_topics(self.bench.bootstrap, topology.all_topics())
+        await ensure_topics(KafkaConnection(bootstrap=self.bench.bootstrap), topology.all_topics())
         batch = Batch.make(f"{name}-{self.bench.run_id}", requests)
         await produce_requests(self.bench.bootstrap, topology.requests, batch.requests)
         mock = start_mock(stack, f"mock-{name}", self.limits, seed)

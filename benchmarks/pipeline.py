@@ -55,6 +55,7 @@ from streamproc.core.events import InferenceRequest, InferenceResult
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import LocalBroker, free_port
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.mockllm import MockLLMProcess
 from streamproc.processes import stop_process
 from streamproc.settings import DEFAULT_KAFKA_VERSION, Settings
@@ -510,7 +511,7 @@ class Bench:
         mock = MockWatch(llm_url)
         mock.reset()
         results_topic = f"{topology.prefix}.baseline-results"
-        await ensure_topics(self.bootstrap, {results_topic: self.partitions})
+        await ensure_topics(KafkaConnection(bootstrap=self.bootstrap), {results_topic: self.partitions})
         env = {key: value for key, value in os.environ.items() if not key.startswith("STREAMPROC_")}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         command = [sys.executable, "-m", "benchmarks.baseline", "--bootstrap", self.bootstrap,
@@ -543,7 +544,7 @@ class Bench:
     async def warm_up(self, requests: int) -> None:
         """A pipeline run that is not reported: a fresh broker spends a core on JIT compilation for a while."""
         topology = self.topology("warmup")
-        await ensure_topics(self.bootstrap, topology.all_topics())
+        await ensure_topics(KafkaConnection(bootstrap=self.bootstrap), topology.all_topics())
         llm_url, mock_pid = self.zero_latency_mock()
         await produce_requests(self.bootstrap, topology.requests, (chat_request("warm", i) for i in range(requests)))
         report = await self.pipeline("worker-warmup", topology, llm_url, mock_pid, requests, 120 + requests / 20,
@@ -553,7 +554,7 @@ class Bench:
 
     async def latency_bound(self, requests: int, latency_s: float) -> RunReport:
         topology = self.topology("latency")
-        await ensure_topics(self.bootstrap, topology.all_topics())
+        await ensure_topics(KafkaConnection(bootstrap=self.bootstrap), topology.all_topics())
         llm_url, mock_pid = self.stack.start_mock("mock-latency", latency_s)
         await produce_requests(self.bootstrap, topology.requests,
                                (chat_request("lat", i) for i in range(requests)))
@@ -565,7 +566,7 @@ class Bench:
 
     async def cpu_bound(self, requests: int) -> tuple[RunReport, RunReport]:
         topology = self.topology("cpu")
-        await ensure_topics(self.bootstrap, topology.all_topics())
+        await ensure_topics(KafkaConnection(bootstrap=self.bootstrap), topology.all_topics())
         llm_url, mock_pid = self.zero_latency_mock()
         await produce_requests(self.bootstrap, topology.requests, (chat_request("cpu", i) for i in range(requests)))
         timeout_s = 120 + requests / 20  # even at 20 req/s it converges

@@ -66,6 +66,7 @@ from streamproc.app.topics import ensure_topics
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import free_port
 from streamproc.devstack.cluster import LocalCluster
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import DEFAULT_KAFKA_VERSION, Settings
 
 NODES = 3
@@ -271,7 +272,7 @@ class ScaleBench:
         bench, stack = self.bench, self.bench.stack
         tag = f"w{count}-r{round_}"
         topology = bench.topology(tag)
-        await ensure_topics(bench.bootstrap, topology.all_topics())
+        await ensure_topics(KafkaConnection(bootstrap=bench.bootstrap), topology.all_topics())
         llm_url, mock_pid = bench.zero_latency_mock()
         mock = MockWatch(llm_url)
         mock.reset()

@@ -72,6 +72,7 @@ from streamproc.app.topics import ensure_topics
 from streamproc.core.events import InferenceRequest
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import free_port
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.mockllm import BUILTIN_PROFILES, FaultKind
 from streamproc.mockllm.engine import OUTAGE, RATE_LIMITED
 from streamproc.settings import DEFAULT_KAFKA_VERSION
@@ -523,7 +524,7 @@ class ServersBench:
         ``/stats?detail=1``, the cores used, and the worker's ``/metrics`` at the end ('' without a port).
         """
         topology = self.bench.topology(name)
-        await ensure_topics(self.bench.bootstrap, topology.all_topics())
+        await ensure_topics(KafkaConnection(bootstrap=self.bench.bootstrap), topology.all_topics())
         batch = Batch.make(f"{name}-{self.bench.run_id}", requests)
         await produce_requests(self.bench.bootstrap, topology.requests, batch.requests)
         mock = spawn_mock(self.stack, f"mock-{name}", mock_options)

@@ -50,6 +50,7 @@ from benchmarks.pipeline import (
 from benchmarks.state_fill import Filled, fill_changelog, finished_states
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core.topology import Topology
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import DEFAULT_KAFKA_VERSION
 
 TARGET_RATIO = 1.2  # full-table run / empty-table run, per-record CPU and peak RSS
@@ -170,7 +171,7 @@ class StateBench:
 
     async def namespace(self, name: str) -> Topology:
         topology = self.bench.topology(name)
-        await ensure_pipeline_topics(self.bench.bootstrap, topology)
+        await ensure_pipeline_topics(KafkaConnection(bootstrap=self.bench.bootstrap), topology)
         return topology
 
     async def batch(self, name: str, topology: Topology, requests: int, earlier: int = 0) -> Measured:

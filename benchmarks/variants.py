@@ -41,6 +41,7 @@ from benchmarks.pipeline import (
 )
 from streamproc.app.topics import ensure_topics
 from streamproc.core.topology import Topology
+from streamproc.kafka.connection import KafkaConnection
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ async def one_batch(bench: Bench, variant: Variant, tag: str, requests: int,
                     wrap: list[str] | None = None) -> tuple[RunReport, Topology]:
     """The variant's worker over a fresh CPU-bound batch; returns its report and the batch's topology."""
     topology = bench.topology(f"{variant.label}-{tag}")
-    await ensure_topics(bench.bootstrap, topology.all_topics())
+    await ensure_topics(KafkaConnection(bootstrap=bench.bootstrap), topology.all_topics())
     llm_url, mock_pid = bench.zero_latency_mock()
     await produce_requests(bench.bootstrap, topology.requests, (chat_request(tag, i) for i in range(requests)))
     report = await bench.pipeline(f"worker-{variant.label}-{tag}", topology, llm_url, mock_pid, requests,

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 from aiokafka.errors import KafkaConnectionError
 
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.lag_reader import read_lag, sample_lag
 from streamproc.core.durations import parse_duration_ms
 from streamproc.core.vocabulary import FailureLayer
@@ -72,23 +72,35 @@ class _Commands(click.Group):
 
 
 _BOOTSTRAP = "streamproc.bootstrap_server"
+_COMMAND_CONFIG = "streamproc.command_config"
 
 
-def _keep_bootstrap(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value:
-        ctx.meta[_BOOTSTRAP] = value
+def _keep(key: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def keep(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value:
+            ctx.meta[key] = value
+    return keep
 
 
-bootstrap_option = click.option(
-    "-b", "--bootstrap-server", metavar="HOST:PORT[,...]", expose_value=False, callback=_keep_bootstrap,
-    help="The Kafka cluster [default: $STREAMPROC_KAFKA_BOOTSTRAP, else the built-in broker].")
-"""``-b/--bootstrap-server``, as faust and Kafka's own tools spell it, on every command that talks to Kafka."""
+def kafka_options(command: FC) -> FC:
+    """``-b/--bootstrap-server`` and ``--command-config``, as Kafka's own tools spell them, on every command
+    that talks to Kafka."""
+    command = click.option(
+        "--command-config", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path), expose_value=False,
+        callback=_keep(_COMMAND_CONFIG),
+        help="A Java client properties file for TLS/SASL (security.protocol, sasl.*, ssl.*) "
+             "[default: $STREAMPROC_KAFKA_CLIENT_PROPERTIES].")(command)
+    return click.option(
+        "-b", "--bootstrap-server", metavar="HOST:PORT[,...]", expose_value=False, callback=_keep(_BOOTSTRAP),
+        help="The Kafka cluster [default: $STREAMPROC_KAFKA_BOOTSTRAP, else bootstrap.servers of the "
+             "client properties, else the built-in broker].")(command)
 
 
 def _settings() -> Settings:
-    """The environment's settings, with ``-b/--bootstrap-server`` over ``STREAMPROC_KAFKA_BOOTSTRAP``."""
-    bootstrap = click.get_current_context().meta.get(_BOOTSTRAP)
-    return Settings(kafka_bootstrap=bootstrap) if bootstrap else Settings()
+    """The environment's settings, with ``-b`` and ``--command-config`` over their variables."""
+    meta = click.get_current_context().meta
+    given = {"kafka_bootstrap": meta.get(_BOOTSTRAP), "kafka_client_properties": meta.get(_COMMAND_CONFIG)}
+    return Settings(**{name: value for name, value in given.items() if value})
 
 
 def json_option(what: str) -> Callable[[FC], FC]:
@@ -194,7 +206,7 @@ def real_llm_status(as_json: bool) -> None:
 
 
 @cli.command("roundtrip")
-@bootstrap_option
+@kafka_options
 @click.option("--records", default=1000, show_default=True, help="Keys sent in each of the two passes.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False),
               help="Where the worker's output goes [default: $STREAMPROC_DATA_DIR/roundtrip-worker.log].")
@@ -255,7 +267,7 @@ _REUSE_HELP = ("Answer a request whose model and body got an answer before (any 
 
 
 @cli.command("submit")
-@bootstrap_option
+@kafka_options
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--batch-id", required=True, help="Name of the batch (status, results and backfill use it).")
 @click.option("--skip-invalid", is_flag=True, help="Send the valid lines even when some are invalid.")
@@ -285,7 +297,7 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
 
 
 @cli.command("status")
-@bootstrap_option
+@kafka_options
 @click.option("--batch-id", required=True)
 @json_option("the counts")
 def status(batch_id: str, as_json: bool) -> None:
@@ -306,7 +318,7 @@ def status(batch_id: str, as_json: bool) -> None:
 
 
 @cli.command("cancel")
-@bootstrap_option
+@kafka_options
 @click.option("--batch-id", required=True)
 @json_option("batch_id and cancelled_at (seconds)")
 def cancel(batch_id: str, as_json: bool) -> None:
@@ -329,7 +341,7 @@ def cancel(batch_id: str, as_json: bool) -> None:
 
 
 @cli.command("batches")
-@bootstrap_option
+@kafka_options
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=0),
               help="Show the newest N batches; 0: all.")
 @click.option("--json", "as_json", is_flag=True,
@@ -353,7 +365,7 @@ def batches(limit: int, as_json: bool) -> None:
 
 
 @cli.command("results")
-@bootstrap_option
+@kafka_options
 @click.option("--batch-id", required=True)
 @click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="One line per succeeded custom_id (OpenAI's batch output file); with --format anthropic and "
@@ -396,7 +408,7 @@ def results(batch_id: str, output: Path, errors: Path | None, format_name: str, 
 
 
 @cli.command("sink")
-@bootstrap_option
+@kafka_options
 @click.option("--to", "url", required=True, metavar="URL",
               help="sqlite:///relative.db, sqlite:////absolute.db or postgresql://user@host:5432/db")
 @click.option("--group", help="Consumer group of the sink [default: <app id>.sink]; one per database.")
@@ -426,7 +438,7 @@ def _mock_profile(ctx: click.Context, param: click.Parameter, value: str | None)
 
 
 @cli.command("run")
-@bootstrap_option
+@kafka_options
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--errors", type=click.Path(dir_okay=False, path_type=Path))
@@ -467,7 +479,7 @@ def _warn(text: str) -> None:
 
 
 @cli.command("backfill")
-@bootstrap_option
+@kafka_options
 @click.option("--batch-id", help="Only this batch.")
 @click.option("--layer", "layers", multiple=True, type=click.Choice([layer.value for layer in FailureLayer]),
               help="Only these failure layers (repeatable).")
@@ -500,7 +512,7 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
         error_codes=frozenset(error_codes), since_ms=_epoch_ms(since), until_ms=_epoch_ms(until),
         include_business=include_business)
     if from_db is None:
-        failures, statuses = _run(read_for_backfill(resolve_bootstrap(settings), settings.topology()))
+        failures, statuses = _run(read_for_backfill(resolve_connection(settings), settings.topology()))
     else:
         failures, statuses = read_ledger(parse_target(from_db), batch_id)
     plan = plan_backfill(failures, statuses, selection)
@@ -523,7 +535,7 @@ def _epoch_ms(moment: datetime | None) -> int | None:
 
 
 @cli.command("worker")
-@bootstrap_option
+@kafka_options
 @click.option("--loglevel", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def worker(loglevel: str) -> None:
@@ -541,7 +553,7 @@ def worker(loglevel: str) -> None:
 
 
 @cli.command("lag")
-@bootstrap_option
+@kafka_options
 @click.option("--group", "groups", multiple=True, metavar="GROUP",
               help="Consumer group; repeatable [default: STREAMPROC_APP_ID, the workers' group].")
 @click.option("--all-groups", is_flag=True, help="Every consumer group of the cluster.")
@@ -568,16 +580,16 @@ def lag(groups: tuple[str, ...], all_groups: bool, as_json: bool, max_lag: int |
       streamproc lag --group streamproc --json --interval 10
     """
     settings = _settings()
-    bootstrap = resolve_bootstrap(settings)
+    kafka = resolve_connection(settings)
     wanted = None if all_groups else list(groups) or [settings.app_id]
     topology = settings.topology()  # the workers' inputs are listed even before their first commit
     inputs = {settings.app_id: topology.inputs}
     if no_rate:
-        report = _run(read_lag(bootstrap, wanted, inputs))
+        report = _run(read_lag(kafka, wanted, inputs))
     else:
         if sys.stderr.isatty():
             click.echo(f"reading offsets twice, {interval:g}s apart (--no-rate: once)...", err=True)
-        report = _run(sample_lag(bootstrap, wanted, interval, inputs))
+        report = _run(sample_lag(kafka, wanted, interval, inputs))
     click.echo(dumps(report, max_lag) if as_json else format_table(report))
     if max_lag is not None and (over := report.over(max_lag)):
         worst = max(over, key=lambda group: group.lag)

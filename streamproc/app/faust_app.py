@@ -6,11 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import faust
+from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 from faust.transport.drivers.aiokafka import Producer
 from faust.types import ProducerT
 
 import streamproc.app.faust_fixes  # noqa: F401  (applies the recovery fixes to faust before any app exists)
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
+from streamproc.kafka.clients import shared_token_provider, tls_context
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 
 
@@ -35,14 +38,30 @@ class _DurableApp(faust.App):
         return producer
 
 
+def faust_credentials(connection: KafkaConnection) -> faust.types.auth.CredentialsT | None:
+    """The connection's security as faust's ``broker_credentials``, which faust hands to each client it builds."""
+    context = tls_context(connection)
+    if connection.sasl_mechanism == "OAUTHBEARER":
+        provider = shared_token_provider(connection)
+        assert provider is not None  # KafkaConnection requires a token source for OAUTHBEARER
+        return OAuthCredentials(oauth_cb=provider, ssl_context=context)
+    if connection.uses_sasl:
+        return SASLCredentials(username=connection.sasl_username, mechanism=connection.sasl_mechanism,
+                               password=connection.sasl_password.get_secret_value() if connection.sasl_password
+                               else None, ssl_context=context)
+    return SSLCredentials(context) if context is not None else None
+
+
 def make_faust_app(settings: Settings, app_id: str, partitions: int, replication_factor: int) -> faust.App:
     """A faust App with RocksDB (rocksdict) tables under the data dir, no web server, acks=all and idempotent
     sends; the topics faust creates itself (its leader topic) get ``replication_factor`` replicas."""
     datadir = settings.data_dir / "faust" / app_id
     datadir.mkdir(parents=True, exist_ok=True)
+    connection = resolve_connection(settings)
     app = _DurableApp(
         app_id,
-        broker=f"kafka://{resolve_bootstrap(settings)}",
+        broker=f"kafka://{connection.bootstrap}",
+        broker_credentials=faust_credentials(connection),
         store="rocksdb://",
         datadir=str(datadir),
         topic_partitions=partitions,

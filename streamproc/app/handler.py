@@ -51,7 +51,7 @@ from streamproc.core.request_state import (
 from streamproc.core.retry_policy import Retry, RetryPolicy, Tier, spends_budget
 from streamproc.core.reuse import on_reused
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
-from streamproc.llm.client import Caller, CallResult, answer_content, request_body
+from streamproc.llm.client import Caller, CallResult, UnsupportedUrl, answer_content, request_body
 from streamproc.llm.completion import billed_tokens
 from streamproc.llm.guarded import Guards
 from streamproc.llm.provider_answer import kept_body, provider_request_id
@@ -189,6 +189,8 @@ class Handler:
 
         try:  # after admission, so that the terminal failure below also ends the state (a repair hop can fail here)
             body = self._guards.precheck(with_max_tokens(request_body(request), hop.max_tokens))
+        except UnsupportedUrl as exc:  # a url outside the endpoint table (core.endpoints): never sent
+            body = exc.failure
         except ValueError as exc:
             body = Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
         if isinstance(body, Failure):  # malformed, or over the model's context window: no call

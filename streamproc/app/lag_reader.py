@@ -17,13 +17,13 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from types import TracebackType
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from streamproc.core.lag import DrainEstimator, GroupLag, LagReport, PartitionLag
 from streamproc.errors import ExitCode, UserFacingError
+from streamproc.kafka.clients import kafka_admin, kafka_consumer
+from streamproc.kafka.connection import KafkaConnection
 
 
 class LagError(UserFacingError):
@@ -43,10 +43,10 @@ class GroupNotFound(LagError):
 class LagReader:
     """An admin client and a group-less consumer, kept open for repeated readings."""
 
-    def __init__(self, bootstrap: str, request_timeout_ms: int = 10_000) -> None:
-        self._bootstrap = bootstrap
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+    def __init__(self, kafka: KafkaConnection, request_timeout_ms: int = 10_000) -> None:
+        self._kafka = kafka
+        self._admin = kafka_admin(kafka, request_timeout_ms=request_timeout_ms)
+        self._consumer = kafka_consumer(kafka, group_id=None, enable_auto_commit=False,
                                           request_timeout_ms=request_timeout_ms)
         self._started = False
 
@@ -56,7 +56,7 @@ class LagReader:
             await self._consumer.start()
         except KafkaError as exc:
             await self.close()
-            raise BrokerUnavailable(f"Kafka at {self._bootstrap} is not reachable ({exc})") from exc
+            raise BrokerUnavailable(f"Kafka at {self._kafka.bootstrap} is not reachable ({exc})") from exc
         self._started = True
 
     async def close(self) -> None:
@@ -90,7 +90,7 @@ class LagReader:
             wanted = known if groups is None else list(dict.fromkeys(groups))
             missing = [g for g in wanted if g not in known]
             if missing:
-                raise GroupNotFound(f"consumer group {missing[0]!r} does not exist on {self._bootstrap} "
+                raise GroupNotFound(f"consumer group {missing[0]!r} does not exist on {self._kafka.bootstrap} "
                                     f"(known: {', '.join(known) or 'none'})")
             committed = {g: await self._admin.list_consumer_group_offsets(g) for g in wanted}
             described = await self._describe(wanted)
@@ -104,7 +104,7 @@ class LagReader:
             ends = await self._consumer.end_offsets(everything) if everything else {}
             starts = await self._consumer.beginning_offsets(everything) if everything else {}
         except KafkaError as exc:
-            raise BrokerUnavailable(f"could not read offsets from Kafka at {self._bootstrap} ({exc})") from exc
+            raise BrokerUnavailable(f"could not read offsets from Kafka at {self._kafka.bootstrap} ({exc})") from exc
         now = time.time()
         report = []
         for group in wanted:
@@ -146,21 +146,21 @@ class LagReader:
         return out
 
 
-async def read_lag(bootstrap: str, groups: list[str] | None,
+async def read_lag(kafka: KafkaConnection, groups: list[str] | None,
                    topics: Mapping[str, Collection[str]] | None = None) -> LagReport:
     """One reading of the lag of ``groups`` (every group of the cluster when None).
 
     Raises :class:`BrokerUnavailable` or :class:`GroupNotFound` (both :class:`LagError`).
     """
-    async with LagReader(bootstrap) as reader:
+    async with LagReader(kafka) as reader:
         return await reader.read(groups, topics)
 
 
-async def sample_lag(bootstrap: str, groups: list[str] | None, interval_s: float,
+async def sample_lag(kafka: KafkaConnection, groups: list[str] | None, interval_s: float,
                      topics: Mapping[str, Collection[str]] | None = None) -> LagReport:
     """Two readings ``interval_s`` apart: the second one, with rates and drain estimates."""
     estimator = DrainEstimator(window_s=max(interval_s * 2, 1.0))
-    async with LagReader(bootstrap) as reader:
+    async with LagReader(kafka) as reader:
         first = await reader.read(groups, topics)
         estimator.add(first.taken_at, first.committed(), first.ends())
         await asyncio.sleep(interval_s)

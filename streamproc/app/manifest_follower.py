@@ -20,6 +20,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import decode_manifest
+from streamproc.kafka.connection import KafkaConnection
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +74,13 @@ class BatchSizes:
         if manifest.reuse_results:
             self._reusing.add(manifest.batch_id)
 
-    async def load(self, bootstrap: str, topic: str) -> None:
+    async def load(self, kafka: KafkaConnection, topic: str) -> None:
         """Read the manifests topic up to now (at start-up, before any request is handled)."""
-        async with TopicReader(bootstrap, [topic]) as reader:
+        async with TopicReader(kafka, [topic]) as reader:
             for record in await reader.read_to_end():
                 self.apply(record.value)
 
-    async def follow(self, bootstrap: str, topic: str, interval_s: float = FOLLOW_INTERVAL_S) -> None:
+    async def follow(self, kafka: KafkaConnection, topic: str, interval_s: float = FOLLOW_INTERVAL_S) -> None:
         """Keep reading new manifests until cancelled; a broker problem is logged and retried after
         ``interval_s * 5`` seconds, for ever (the budget falls back to counting; never stop the worker for it)."""
 
@@ -89,12 +90,12 @@ class BatchSizes:
 
         retrying = AsyncRetrying(retry=retry_if_exception_type(Exception), wait=wait_fixed(interval_s * 5),
                                  before_sleep=warn)  # never stops; cancellation is no Exception, so it ends it
-        await retrying(self._poll, bootstrap, topic, interval_s)
+        await retrying(self._poll, kafka, topic, interval_s)
 
-    async def _poll(self, bootstrap: str, topic: str, interval_s: float) -> None:
+    async def _poll(self, kafka: KafkaConnection, topic: str, interval_s: float) -> None:
         """Read the new manifests every ``interval_s`` seconds, for as long as the reader works (a poll by
         design, not a retry)."""
-        async with TopicReader(bootstrap, [topic]) as reader:
+        async with TopicReader(kafka, [topic]) as reader:
             while True:
                 for record in await reader.read_to_end():
                     self.apply(record.value)

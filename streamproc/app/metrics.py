@@ -54,6 +54,7 @@ from streamproc.app.observe import LlmCall
 from streamproc.core.guards.breaker import BreakerState
 from streamproc.core.lag import PartitionLag
 from streamproc.core.stalls import StallWatch
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.guarded import Guards
 
 log = logging.getLogger(__name__)
@@ -239,12 +240,12 @@ class GuardsCollector(Collector):
 class LagWatcher:
     """Refreshes ``consumer_lag`` for the partitions of ``topics`` currently assigned to this worker."""
 
-    def __init__(self, metrics: WorkerMetrics, bootstrap: str, group: str, topics: Collection[str],
+    def __init__(self, metrics: WorkerMetrics, kafka: KafkaConnection, group: str, topics: Collection[str],
                  assignment: Callable[[], Iterable[tuple[str, int]]],
                  clock: Callable[[], float] | None = None, stall_after_s: float = 660.0,
                  reader: LagReader | None = None) -> None:
         self._metrics = metrics
-        self._bootstrap = bootstrap
+        self._kafka = kafka
         self._group = group
         self._topics = frozenset(topics)
         self._assignment = assignment
@@ -259,7 +260,7 @@ class LagWatcher:
         try:
             mine = {(topic, partition) for topic, partition in self._assignment() if topic in self._topics}
             if self._reader is None:
-                reader = LagReader(self._bootstrap)
+                reader = LagReader(self._kafka)
                 await reader.start()
                 self._reader = reader
             rows = await self._reader.partitions(self._group, mine)
@@ -302,7 +303,7 @@ def serve_worker_metrics(port: int, host: str, prices: Mapping[str, tuple[float,
     return metrics
 
 
-def watch_worker(metrics: WorkerMetrics, app: Any, bootstrap: str, group: str, topics: Collection[str],
+def watch_worker(metrics: WorkerMetrics, app: Any, kafka: KafkaConnection, group: str, topics: Collection[str],
                  in_flight: Callable[[], int], interval_s: float = LAG_REFRESH_S,
                  stall_after_s: float = 660.0) -> LagWatcher:
     """Hook the gauges to a faust app: ``in_flight`` from ``in_flight()``, lag from a periodic timer."""
@@ -311,7 +312,7 @@ def watch_worker(metrics: WorkerMetrics, app: Any, bootstrap: str, group: str, t
     def assignment() -> list[tuple[str, int]]:
         return [(tp.topic, tp.partition) for tp in app.consumer.assignment()]
 
-    watcher = LagWatcher(metrics, bootstrap, group, topics, assignment, stall_after_s=stall_after_s)
+    watcher = LagWatcher(metrics, kafka, group, topics, assignment, stall_after_s=stall_after_s)
     app.timer(interval_s, name="streamproc.app.metrics.consumer_lag")(watcher.refresh)
     app.on_before_shutdown.connect(watcher.close)
     return watcher

@@ -10,22 +10,22 @@ input topics and the derived group has not, ``submit`` and the worker stop and s
 
 from __future__ import annotations
 
-from aiokafka.admin import AIOKafkaAdminClient
-
 from streamproc.core.topology import LEGACY_APP_ID, Topology, default_app_id
 from streamproc.errors import UserFacingError
+from streamproc.kafka.clients import kafka_admin
+from streamproc.kafka.connection import KafkaConnection
 
 
 class LegacyNamespaceError(UserFacingError):
     """This deployment's offsets and state live under the legacy app id."""
 
 
-async def refuse_legacy_takeover(bootstrap: str, topology: Topology) -> None:
+async def refuse_legacy_takeover(kafka: KafkaConnection, topology: Topology) -> None:
     """Raise :class:`LegacyNamespaceError` if a derived namespace would take over the legacy group's work."""
     if topology.app_id == LEGACY_APP_ID or topology.app_id != default_app_id(topology.prefix):
         return  # the legacy name itself, or an app id set on purpose
     inputs = set(topology.inputs)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = kafka_admin(kafka)
     await admin.start()
     try:
         # only groups that exist are asked (a fresh cluster has no group coordinator until a group is used)

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -40,6 +39,8 @@ from streamproc.core.reconcile import Redrive, redrive_headers, stranded
 from streamproc.core.sweep_scope import SweepScope
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import RequestStatus
+from streamproc.kafka.clients import kafka_admin, kafka_consumer
+from streamproc.kafka.connection import KafkaConnection
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +52,14 @@ _ENDED = (RequestStatus.SUCCEEDED, RequestStatus.FAILED)  # nothing can strand t
 class RecordFetcher:
     """Reads single records by offset with a group-less consumer (it never touches the group's offsets)."""
 
-    def __init__(self, bootstrap: str) -> None:
-        self._bootstrap = bootstrap
+    def __init__(self, kafka: KafkaConnection) -> None:
+        self._kafka = kafka
         self._consumer: AIOKafkaConsumer | None = None  # made on first use: aiokafka needs the running loop
 
     async def read(self, topic: str, partition: int, offset: int, timeout_s: float = 10.0) -> ConsumerRecord | None:
         """The record at ``offset``, or None when it is gone (deleted by retention) or cannot be read."""
         if self._consumer is None:
-            consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False,
+            consumer = kafka_consumer(self._kafka, group_id=None, enable_auto_commit=False,
                                         auto_offset_reset="earliest")
             await consumer.start()
             self._consumer = consumer
@@ -92,7 +93,7 @@ class Sweep:
 class Reconciler:
     """Finds the stranded requests of this worker's partitions and sends their record again."""
 
-    def __init__(self, app: Any, table: Any, resend: Resend, topology: Topology, bootstrap: str, group: str,
+    def __init__(self, app: Any, table: Any, resend: Resend, topology: Topology, kafka: KafkaConnection, group: str,
                  grace_s: float, on_redriven: Callable[[str], None] | None = None,
                  on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None,
                  scope: SweepScope | None = None) -> None:
@@ -101,13 +102,13 @@ class Reconciler:
         self._scope = scope or SweepScope()  # without one told of the table's writes, every pass reads all
         self._resend = resend
         self._topology = topology
-        self._bootstrap = bootstrap
+        self._kafka = kafka
         self._group = group
         self._grace_ms = round(grace_s * 1000)
         self._on_redriven = on_redriven
         self._on_spent = on_spent
         self._tier_topics = {topology.retry(tier) for tier in topology.tiers}
-        self._fetcher = RecordFetcher(bootstrap)
+        self._fetcher = RecordFetcher(kafka)
         self._partitioner = DefaultPartitioner()
         self._sent: dict[str, int] = {}  # request id -> the state's updated_ms when it was re-driven
         self.redriven = 0
@@ -191,7 +192,7 @@ class Reconciler:
         return sweep
 
     async def _committed(self) -> dict[tuple[str, int], int]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, request_timeout_ms=10_000)
+        admin = kafka_admin(self._kafka, request_timeout_ms=10_000)
         await admin.start()
         try:
             offsets = await admin.list_consumer_group_offsets(self._group)
@@ -227,14 +228,14 @@ def _offset_on(committed: dict[tuple[str, int], int], partition: int, topic: str
     return committed.get((topic, partition))
 
 
-def reconcile_periodically(app: Any, table: Any, resend: Resend, topology: Topology, bootstrap: str, group: str,
+def reconcile_periodically(app: Any, table: Any, resend: Resend, topology: Topology, kafka: KafkaConnection, group: str,
                            interval_s: float, grace_s: float,
                            on_redriven: Callable[[str], None] | None = None,
                            on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None,
                            scope: SweepScope | None = None) -> Reconciler:
     """Run a :class:`Reconciler` pass every ``interval_s`` on the faust app, closed when the app stops;
     ``scope``, told of every table write, narrows the passes (see :class:`SweepScope`)."""
-    reconciler = Reconciler(app, table, resend, topology, bootstrap, group, grace_s, on_redriven, on_spent, scope)
+    reconciler = Reconciler(app, table, resend, topology, kafka, group, grace_s, on_redriven, on_spent, scope)
     app.timer(interval_s, name="streamproc.app.reconciler")(reconciler.run_once)
     app.on_before_shutdown.connect(reconciler.close)
     return reconciler

@@ -31,6 +31,7 @@ from streamproc import codec
 from streamproc.app.topic_reader import TopicReader
 from streamproc.core.events import InferenceRequest, InferenceResult
 from streamproc.core.reuse import indexable, reuse_wanted, reused_result
+from streamproc.kafka.connection import KafkaConnection
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,11 @@ _OFFSETS = b"\x00offsets"  # {partition: the next offset to read}, as JSON (inpu
 class ResultIndex:
     """input hash -> the first result called for it, read from the results topic into a local RocksDB."""
 
-    def __init__(self, path: Path, bootstrap: str, results_topic: str) -> None:
+    def __init__(self, path: Path, kafka: KafkaConnection, results_topic: str) -> None:
         self._path = path
         self._db: Rdict | None = None  # opened at the first lookup: a worker that never reuses never opens it
         self._offsets: dict[int, int] = {}
-        self._bootstrap = bootstrap
+        self._kafka = kafka
         self._topic = results_topic
         self._reading = asyncio.Lock()
         self._next_read: asyncio.Future[None] | None = None
@@ -97,7 +98,7 @@ class ResultIndex:
     async def _read_new(self) -> None:
         self._store()  # its offsets first
         start = {TopicPartition(self._topic, partition): offset for partition, offset in self._offsets.items()}
-        async with TopicReader(self._bootstrap, [self._topic], start) as reader:
+        async with TopicReader(self._kafka, [self._topic], start) as reader:
             async for chunk in reader.chunks_to_end():
                 for record in chunk:
                     self._add(record.value)

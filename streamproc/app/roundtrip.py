@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.faust_app import make_faust_app
 from streamproc.app.topics import ensure_topics
+from streamproc.kafka.clients import kafka_consumer, kafka_producer
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.processes import stop_process
 from streamproc.settings import Settings
 
@@ -61,7 +62,7 @@ class Worker:
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self) -> None:
-        env = {**os.environ, "STREAMPROC_KAFKA_BOOTSTRAP": resolve_bootstrap(self.settings),
+        env = {**os.environ, "STREAMPROC_KAFKA_BOOTSTRAP": resolve_connection(self.settings).bootstrap,
                "STREAMPROC_DATA_DIR": str(self.settings.data_dir)}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -78,8 +79,8 @@ class Worker:
         return stop_process(self.process, timeout)
 
 
-async def produce(settings: Settings, bootstrap: str, topic: str, records: Iterable[tuple[str, int]]) -> int:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **settings.producer_options())
+async def produce(settings: Settings, kafka: KafkaConnection, topic: str, records: Iterable[tuple[str, int]]) -> int:
+    producer = kafka_producer(kafka, **settings.producer_options())
     await producer.start()
     sent = 0
     try:
@@ -92,11 +93,11 @@ async def produce(settings: Settings, bootstrap: str, topic: str, records: Itera
     return sent
 
 
-async def read_all(bootstrap: str, topic: str, expected: int, wait_s: float,
+async def read_all(kafka: KafkaConnection, topic: str, expected: int, wait_s: float,
                    alive: Callable[[], bool] = lambda: True) -> list[tuple[str, int]]:
     """Read ``topic`` from the beginning until ``expected`` records arrived, ``wait_s`` passed or the
     producing side died (``alive`` turned false)."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+    consumer = kafka_consumer(kafka, topic, auto_offset_reset="earliest",
                                 enable_auto_commit=False, group_id=None)
     await consumer.start()
     records: list[tuple[str, int]] = []
@@ -127,10 +128,10 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
     """Two passes of ``records`` keys through the app, with a worker restart between them."""
     started = time.monotonic()
     run_id = uuid.uuid4().hex[:8]
-    bootstrap = resolve_bootstrap(settings)
+    kafka = resolve_connection(settings)
     in_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.in"
     out_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.out"
-    replication = await ensure_topics(bootstrap, {in_topic: partitions, out_topic: partitions},
+    replication = await ensure_topics(kafka, {in_topic: partitions, out_topic: partitions},
                                       replication=settings.replication())
     worker = Worker(settings, f"streamproc-roundtrip-{run_id}", in_topic, out_topic, partitions, replication.factor,
                     log_path)
@@ -138,16 +139,16 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
 
     worker.start()
     try:
-        await produce(settings, bootstrap, in_topic, ((k, 1) for k in keys))
-        first = await read_all(bootstrap, out_topic, records, wait_s=120, alive=worker.alive)
+        await produce(settings, kafka, in_topic, ((k, 1) for k in keys))
+        first = await read_all(kafka, out_topic, records, wait_s=120, alive=worker.alive)
     finally:
         worker.stop()
     first_ok = sorted(first) == sorted((k, 1) for k in keys)
 
     worker.start()
     try:
-        await produce(settings, bootstrap, in_topic, ((k, 1) for k in keys))
-        both = await read_all(bootstrap, out_topic, 2 * records, wait_s=120, alive=worker.alive)
+        await produce(settings, kafka, in_topic, ((k, 1) for k in keys))
+        both = await read_all(kafka, out_topic, 2 * records, wait_s=120, alive=worker.alive)
     finally:
         worker.stop()
     totals_by_key: dict[str, list[int]] = defaultdict(list)

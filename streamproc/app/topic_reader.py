@@ -11,21 +11,22 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from streamproc.kafka.clients import kafka_admin, kafka_consumer
+from streamproc.kafka.connection import KafkaConnection
 
 
 class TopicReader:
     """An assigned (group-less) consumer over every partition of some topics, from the beginning (or from the
     offsets in ``start``, for a reader that keeps its own position across restarts)."""
 
-    def __init__(self, bootstrap: str, topics: Iterable[str],
+    def __init__(self, kafka: KafkaConnection, topics: Iterable[str],
                  start: Mapping[TopicPartition, int] | None = None) -> None:
         self._topics = list(topics)
         self._start = dict(start or {})
-        self._bootstrap = bootstrap
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+        self._kafka = kafka
+        self._consumer = kafka_consumer(kafka, group_id=None, enable_auto_commit=False,
                                           auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1024 * 1024)
         self._partitions: list[TopicPartition] = []
 
@@ -60,7 +61,7 @@ class TopicReader:
 
     async def _describe(self, topics: list[str]) -> dict[str, list[int]]:
         """Partition ids of the topics that exist (the consumer's own metadata cache misses new topics)."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
+        admin = kafka_admin(self._kafka)
         await admin.start()
         try:
             described = await admin.describe_topics(topics)

@@ -18,6 +18,8 @@ from streamproc.app.namespace import refuse_legacy_takeover
 from streamproc.core.replication import AUTOMATIC, Replication, ReplicationRequest, ReplicationUnsatisfiable
 from streamproc.core.topology import Topology
 from streamproc.errors import UserFacingError
+from streamproc.kafka.clients import kafka_admin
+from streamproc.kafka.connection import KafkaConnection
 
 
 class TopicMismatchError(UserFacingError):
@@ -60,13 +62,13 @@ async def _described_partitions(admin: AIOKafkaAdminClient, names: list[str]) ->
     return counts
 
 
-async def ensure_topics(bootstrap: str, partitions_by_topic: Mapping[str, int],
+async def ensure_topics(kafka: KafkaConnection, partitions_by_topic: Mapping[str, int],
                         configs: Mapping[str, Mapping[str, str]] | None = None,
                         replication: ReplicationRequest = AUTOMATIC) -> Replication:
     """Create the missing topics (with ``configs`` per topic, e.g. compaction, and ``replication`` settled against
     the cluster's broker count); raise :class:`TopicMismatchError` for an existing one of the wrong size.
     Returns the replication used, for the topics faust creates itself."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = kafka_admin(kafka)
     await admin.start()
     try:
         brokers = len((await admin.describe_cluster())["brokers"])
@@ -104,7 +106,7 @@ COMPACTED = {"cleanup.policy": "compact"}
 STATE_CHANGELOG = {**COMPACTED, "segment.ms": str(60 * 60 * 1000)}
 
 
-async def ensure_pipeline_topics(bootstrap: str, topology: Topology,
+async def ensure_pipeline_topics(kafka: KafkaConnection, topology: Topology,
                                  replication: ReplicationRequest = AUTOMATIC) -> Replication:
     """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests compacted.
 
@@ -113,8 +115,8 @@ async def ensure_pipeline_topics(bootstrap: str, topology: Topology,
     refuses every table write (``PartitionsMismatch``) until the next metadata refresh (seen in tests).
     A namespace that would take over the work of the legacy shared group is refused first (app/namespace).
     """
-    await refuse_legacy_takeover(bootstrap, topology)
-    return await ensure_topics(bootstrap, {**topology.all_topics(), topology.state_changelog: topology.partitions,
+    await refuse_legacy_takeover(kafka, topology)
+    return await ensure_topics(kafka, {**topology.all_topics(), topology.state_changelog: topology.partitions,
                                            topology.batches: 1},
                                configs={topology.batches: COMPACTED, topology.state_changelog: STATE_CHANGELOG},
                                replication=replication)

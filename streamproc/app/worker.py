@@ -19,7 +19,6 @@ from typing import Any
 
 import faust
 import uvloop
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from tenacity import (
     AsyncRetrying,
@@ -33,7 +32,7 @@ from tenacity import (
 )
 
 from streamproc import codec
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.dispatcher import Dispatcher
 from streamproc.app.faust_app import make_faust_app
 from streamproc.app.faust_fixes import watch_skipped_records
@@ -52,6 +51,8 @@ from streamproc.core.retry_policy import Tier, due_within_tier
 from streamproc.core.sweep_scope import SweepScope
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode
+from streamproc.kafka.clients import kafka_admin
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.client import LLMClient
 from streamproc.llm.guarded import Guards, adaptive_bounds
 from streamproc.settings import Settings
@@ -200,7 +201,7 @@ class WorkerRuntime:
         self.batch_sizes = batch_sizes or BatchSizes()
         self.guards = Guards.from_settings(settings, self.llm, self._expected_first_attempts)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
-                                        resolve_bootstrap(settings), self.topology.results)
+                                        resolve_connection(settings), self.topology.results)
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
@@ -353,23 +354,23 @@ def _what_to_fix(problem: ConfigurationProblem) -> str:
     return "Fix the account or endpoint settings, then start the worker again; nothing was marked failed."
 
 
-async def wait_for_broker(bootstrap: str, give_up_after_s: float | None = None) -> None:
+async def wait_for_broker(kafka: KafkaConnection, give_up_after_s: float | None = None) -> None:
     """Retry with backoff (0.5 s doubling up to 10 s) until the cluster answers, saying so, rather than crash
     on a late broker; after ``give_up_after_s`` the last :class:`KafkaError` is raised."""
 
     def warn(state: RetryCallState) -> None:
         assert state.outcome is not None
-        log.warning("Kafka at %s is not reachable (%s); retrying in %.1fs", bootstrap, state.outcome.exception(),
+        log.warning("Kafka at %s is not reachable (%s); retrying in %.1fs", kafka.describe(), state.outcome.exception(),
                     state.upcoming_sleep)
 
     retrying = AsyncRetrying(retry=retry_if_exception_type(KafkaError), wait=wait_exponential(multiplier=0.5, max=10.0),
                              stop=stop_never if give_up_after_s is None else stop_after_delay(give_up_after_s),
                              before_sleep=warn, reraise=True)
-    await retrying(_list_topics, bootstrap)
+    await retrying(_list_topics, kafka)
 
 
-async def _list_topics(bootstrap: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+async def _list_topics(kafka: KafkaConnection) -> None:
+    admin = kafka_admin(kafka, request_timeout_ms=5000)
     try:
         await admin.start()
         await admin.list_topics()
@@ -382,7 +383,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     logging.basicConfig(level=loglevel, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore"):  # httpx logs every request at INFO: a line (and CPU) per LLM call
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    bootstrap = resolve_bootstrap(settings)
+    kafka = resolve_connection(settings)
     topology = settings.topology()
     try:  # before anything else, so that a taken port fails fast
         metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,
@@ -395,25 +396,25 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    loop.run_until_complete(wait_for_broker(bootstrap))
-    replication = loop.run_until_complete(ensure_pipeline_topics(bootstrap, topology, settings.replication()))
+    loop.run_until_complete(wait_for_broker(kafka))
+    replication = loop.run_until_complete(ensure_pipeline_topics(kafka, topology, settings.replication()))
     batch_sizes = BatchSizes()
-    loop.run_until_complete(batch_sizes.load(bootstrap, topology.batches))
+    loop.run_until_complete(batch_sizes.load(kafka, topology.batches))
     runtime = WorkerRuntime(settings, observer=metrics, batch_sizes=batch_sizes, replication_factor=replication.factor)
 
     async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
-        await batch_sizes.follow(bootstrap, topology.batches)
+        await batch_sizes.follow(kafka, topology.batches)
 
     runtime.app.task(follow_batch_sizes)
     if metrics is not None:
         metrics.track_guards(runtime.guards)
         metrics.track_hedges(lambda: runtime.llm.hedged)
-        watch_worker(metrics, runtime.app, bootstrap, settings.app_id,
+        watch_worker(metrics, runtime.app, kafka, settings.app_id,
                      [topology.requests, *(topology.retry(tier) for tier in topology.tiers)],
                      in_flight=lambda: runtime.dispatcher.in_flight,
                      stall_after_s=topology.tiers[-1].delay_ms / 1000 + settings.llm_timeout_s)
     if settings.reconcile_interval_s > 0:
-        reconcile_periodically(runtime.app, runtime.table, runtime.sink.resend, topology, bootstrap, settings.app_id,
+        reconcile_periodically(runtime.app, runtime.table, runtime.sink.resend, topology, kafka, settings.app_id,
                                settings.reconcile_interval_s, settings.reconcile_grace_s,
                                metrics.on_redriven if metrics is not None else None, runtime.guards.restore_spent,
                                runtime.sweep_scope)

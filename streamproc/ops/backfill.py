@@ -2,8 +2,10 @@
 
 The plan is pure: the latest terminal failure of each request id that matches the filters, judged against
 the request's current state (succeeded since: skip) and the layer's rule (business only on request,
-semantic with a repair prompt). Replays go back onto ``llm.requests`` with ``x-replay: 1``, which lets the
-state machine restart a ``failed`` request and never a succeeded one, so running backfill twice is safe.
+semantic with a repair prompt). A request whose url the worker's endpoint table refuses (core.endpoints) is
+never replayed, whether it was read from a topic or from the sink's database. Replays go back onto
+``llm.requests`` with ``x-replay: 1``, which lets the state machine restart a ``failed`` request and never a
+succeeded one, so running backfill twice is safe.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from streamproc import codec
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topic_reader import TopicReader
 from streamproc.core import headers
+from streamproc.core.endpoints import UrlRefused, endpoint_for
 from streamproc.core.events import FailureEvent, InferenceRequest, RequestState
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.kafka.clients import kafka_producer
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.repair import build_repair_request
 from streamproc.ops.progress import Progress
 from streamproc.settings import Settings
@@ -88,6 +91,8 @@ def plan_backfill(failures: Iterable[FailureEvent], statuses: Mapping[str, Reque
 
 
 def _decide(failure: FailureEvent, status: RequestStatus | None, selection: BackfillFilter) -> str:
+    if isinstance(endpoint_for(failure.request.url), UrlRefused):  # a worker would refuse it again, uncalled
+        return "skip: unsupported url"
     if status is RequestStatus.SUCCEEDED:
         return "skip: succeeded since"
     if status in (RequestStatus.IN_FLIGHT, RequestStatus.RETRYING):
@@ -99,12 +104,13 @@ def _decide(failure: FailureEvent, status: RequestStatus | None, selection: Back
     return REPLAY
 
 
-async def read_for_backfill(bootstrap: str, topology: Topology) -> tuple[list[FailureEvent], dict[str, RequestStatus]]:
+async def read_for_backfill(kafka: KafkaConnection,
+                            topology: Topology) -> tuple[list[FailureEvent], dict[str, RequestStatus]]:
     """Terminal failures of every layer, and the latest status per request id (the state table's)."""
     failures: list[FailureEvent] = []
     statuses: dict[str, RequestStatus] = {}
     topics = [topology.failed(layer) for layer in FailureLayer]
-    async with TopicReader(bootstrap, [*topics, topology.state_changelog]) as reader:
+    async with TopicReader(kafka, [*topics, topology.state_changelog]) as reader:
         async for chunk in reader.chunks_to_end():
             for record in chunk:
                 if not record.value:
@@ -125,7 +131,7 @@ async def read_for_backfill(bootstrap: str, topology: Topology) -> tuple[list[Fa
 async def replay(settings: Settings, plan: BackfillPlan, rate_per_s: float, progress: Progress | None) -> int:
     """Send the plan's replays, at most ``rate_per_s`` a second (a backlog must not hit the provider at once)."""
     topology = settings.topology()
-    producer = AIOKafkaProducer(bootstrap_servers=resolve_bootstrap(settings), **settings.producer_options())
+    producer = kafka_producer(resolve_connection(settings), **settings.producer_options())
     await producer.start()
     interval = 1.0 / rate_per_s
     started = time.monotonic()

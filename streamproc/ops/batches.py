@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest
 from streamproc.core.batch_lifecycle import Lifecycle
@@ -56,7 +56,7 @@ async def list_batches(settings: Settings) -> list[BatchEntry]:
     topology = settings.topology()
     fold = BatchesFold()
     manifests: dict[str, BatchManifest] = {}
-    async with TopicReader(resolve_bootstrap(settings), [topology.state_changelog, topology.batches]) as reader:
+    async with TopicReader(resolve_connection(settings), [topology.state_changelog, topology.batches]) as reader:
         async for chunk in reader.chunks_to_end():
             found, states = decode_records(chunk, topology)
             manifests.update((manifest.batch_id, manifest) for manifest in found)

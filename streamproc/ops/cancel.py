@@ -11,12 +11,11 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from aiokafka import AIOKafkaProducer
-
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.errors import ExitCode, UserFacingError
+from streamproc.kafka.clients import kafka_producer
 from streamproc.ops.status import decode_records
 from streamproc.settings import Settings
 
@@ -30,9 +29,9 @@ class NoManifestError(UserFacingError):
 async def cancel_batch(settings: Settings, batch_id: str) -> BatchManifest:
     """Write the batch's manifest again, cancelled now (or keep the first cancel time); returns it."""
     topology = settings.topology()
-    bootstrap = resolve_bootstrap(settings)
+    kafka = resolve_connection(settings)
     manifest: BatchManifest | None = None
-    async with TopicReader(bootstrap, [topology.batches]) as reader:
+    async with TopicReader(kafka, [topology.batches]) as reader:
         found, _ = decode_records(await reader.read_to_end(), topology)
         for candidate in found:
             if candidate.batch_id == batch_id:
@@ -43,7 +42,7 @@ async def cancel_batch(settings: Settings, batch_id: str) -> BatchManifest:
     if manifest.cancelled_ms is not None:
         return manifest
     cancelled = replace(manifest, cancelled_ms=int(time.time() * 1000))
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **settings.producer_options())
+    producer = kafka_producer(kafka, **settings.producer_options())
     await producer.start()
     try:
         await producer.send_and_wait(topology.batches, key=batch_id.encode(), value=encode_manifest(cancelled))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from streamproc import codec
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topic_reader import TopicReader
 from streamproc.core.events import FailureEvent, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
@@ -73,7 +73,7 @@ async def _write_results(settings: Settings, batch_id: str, out: TextIO,
     failure_topics = sorted(topology.failed(layer) for layer in FailureLayer)
     deduper = ExportDeduper()
     written = 0
-    async with TopicReader(resolve_bootstrap(settings), [topology.results, *failure_topics]) as reader:
+    async with TopicReader(resolve_connection(settings), [topology.results, *failure_topics]) as reader:
         async for chunk in reader.chunks_to_end():
             for record in chunk:
                 try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.core.batch_stall import BatchStall
 from streamproc.core.batch_status import BatchStatus
 from streamproc.devstack.stack import LocalStack
@@ -59,7 +59,7 @@ async def follow_until_converged(settings: Settings, batch_id: str, timeout_s: f
     """Poll the batch's status (incrementally) until every request ended; say so, and why, whenever the batch
     stops moving (``STREAMPROC_STALL_AFTER_S``) or waits for another reason than before."""
     deadline = time.monotonic() + timeout_s
-    async with BatchStatusReader(resolve_bootstrap(settings), settings.topology(), batch_id) as reader:
+    async with BatchStatusReader(resolve_connection(settings), settings.topology(), batch_id) as reader:
         done = 0
         told: dict[str, int] | None = None
         while True:

@@ -12,7 +12,7 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord
 
 from streamproc import codec
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.lag_reader import GroupNotFound, LagError, read_lag
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest, decode_manifest
@@ -22,6 +22,7 @@ from streamproc.core.batch_status import BatchStatus, StatusFold, format_status
 from streamproc.core.events import RequestState
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 
 GROUP_REFRESH_S = 10.0  # a stalled batch is polled every second by `run`; its group need not be
@@ -69,7 +70,7 @@ def lifecycle_of(status: BatchStatus, manifest: BatchManifest | None) -> Lifecyc
 
 async def read_status(settings: Settings, batch_id: str) -> StatusReport:
     """One consistent snapshot of a batch's counts, with the stall diagnosis when it has stopped moving."""
-    async with BatchStatusReader(resolve_bootstrap(settings), settings.topology(), batch_id) as reader:
+    async with BatchStatusReader(resolve_connection(settings), settings.topology(), batch_id) as reader:
         current = await reader.refresh()
         stall = await reader.stall(current, settings.stall_after_s)
     if reader.manifest is None and current.submitted == 0:
@@ -81,10 +82,10 @@ async def read_status(settings: Settings, batch_id: str) -> StatusReport:
 class BatchStatusReader:
     """Keeps a reader open so that each ``refresh`` reads only the changes since the previous one."""
 
-    def __init__(self, bootstrap: str, topology: Topology, batch_id: str) -> None:
-        self._bootstrap = bootstrap
+    def __init__(self, kafka: KafkaConnection, topology: Topology, batch_id: str) -> None:
+        self._kafka = kafka
         self._topology = topology
-        self._reader = TopicReader(bootstrap, [topology.state_changelog, topology.batches])
+        self._reader = TopicReader(kafka, [topology.state_changelog, topology.batches])
         self._fold = StatusFold(batch_id)
         self._group: GroupView | None = None
         self._group_read_at = -GROUP_REFRESH_S
@@ -114,7 +115,7 @@ class BatchStatusReader:
         if not needs_group(status, now_ms, after_ms):
             return None
         if time.monotonic() - self._group_read_at >= GROUP_REFRESH_S:
-            self._group = await _group_view(self._bootstrap, self._topology)
+            self._group = await _group_view(self._kafka, self._topology)
             self._group_read_at = time.monotonic()
         return diagnose(status, now_ms, after_ms, self._group)
 
@@ -139,11 +140,11 @@ def decode_records(records: Iterable[ConsumerRecord[Any, Any]],
     return manifests, states
 
 
-async def _group_view(bootstrap: str, topology: Topology) -> GroupView | None:
+async def _group_view(kafka: KafkaConnection, topology: Topology) -> GroupView | None:
     """The workers' group: its members and the lag of its inputs; None when the broker did not say."""
     group = topology.app_id
     try:
-        report = await read_lag(bootstrap, [group], {group: topology.inputs})
+        report = await read_lag(kafka, [group], {group: topology.inputs})
     except GroupNotFound:
         return GroupView(group, 0, None)  # no worker ever joined
     except LagError:

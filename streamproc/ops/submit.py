@@ -13,15 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from streamproc import codec
-from streamproc.app.bootstrap import resolve_bootstrap
+from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.identity import batch_id_problem
 from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
 from streamproc.errors import ExitCode, UserFacingError
+from streamproc.kafka.clients import kafka_producer
 from streamproc.ops.input_file import iter_requests, validate_file
 from streamproc.ops.input_lines import BatchLimits, LineError
 from streamproc.ops.progress import Progress
@@ -29,6 +28,9 @@ from streamproc.ops.status import BatchStatusReader
 from streamproc.settings import Settings
 
 _CONFIRM_EVERY = 5_000  # deliveries awaited in chunks: bounded memory, still pipelined
+# aiokafka's default max_request_size, which the submit producer keeps: every record is checked against it while
+# the file is validated, so a record the producer would refuse stops the file before anything is sent
+PRODUCER_MAX_REQUEST_BYTES = 1_048_576
 
 
 class SubmitError(UserFacingError):
@@ -60,8 +62,14 @@ class SubmitReport:
                 "seconds": round(self.seconds, 3)}
 
 
-def limits_of(settings: Settings) -> BatchLimits:
-    return BatchLimits(max_body_bytes=settings.max_body_bytes, default_model=settings.default_model)
+def limits_of(settings: Settings, reuse_results: bool = False) -> BatchLimits:
+    """What a line may hold, its record measured with the headers submit sends it with."""
+    return BatchLimits(max_body_bytes=settings.max_body_bytes, default_model=settings.default_model,
+                       max_record_bytes=PRODUCER_MAX_REQUEST_BYTES, record_headers=_reuse_headers(reuse_results))
+
+
+def _reuse_headers(reuse_results: bool) -> tuple[tuple[str, bytes], ...]:
+    return ((REUSE_RESULTS, REUSE_RESULTS_ON),) if reuse_results else ()
 
 
 async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_invalid: bool = False,
@@ -75,16 +83,16 @@ async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_inv
     started = time.monotonic()
     if (problem := batch_id_problem(batch_id)) is not None:
         raise SubmitError(f"--batch-id {batch_id!r}: {problem}")
-    limits = limits_of(settings)
+    limits = limits_of(settings, reuse_results)
     report = await asyncio.to_thread(validate_file, path, limits, batch_id)
     if report.error_count and not skip_invalid:
         raise InvalidBatchFile(path, report.errors, report.error_count)
     if report.valid == 0:
         raise SubmitError(f"{path}: no valid request to send ({report.lines} lines)")
-    bootstrap = resolve_bootstrap(settings)
+    kafka = resolve_connection(settings)
     topology = settings.topology()
-    await ensure_pipeline_topics(bootstrap, topology, settings.replication())
-    async with BatchStatusReader(bootstrap, topology, batch_id) as existing:
+    await ensure_pipeline_topics(kafka, topology, settings.replication())
+    async with BatchStatusReader(kafka, topology, batch_id) as existing:
         await existing.refresh()
         if existing.manifest is not None:
             raise SubmitError(f"batch {batch_id!r} was already submitted ({existing.manifest.submitted} requests "
@@ -92,11 +100,11 @@ async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_inv
 
     if progress is not None:
         progress.start(report.valid)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **settings.producer_options(), linger_ms=20,
+    producer = kafka_producer(kafka, **settings.producer_options(), linger_ms=20,
                                 max_batch_size=512 * 1024, compression_type="gzip")
     await producer.start()
     sent = 0
-    reuse_headers = [(REUSE_RESULTS, REUSE_RESULTS_ON)] if reuse_results else None
+    reuse_headers = list(limits.record_headers) or None  # the headers the records were measured with
     try:
         pending: list[asyncio.Future[object]] = []
         submitted_ms = int(time.time() * 1000)

@@ -24,6 +24,7 @@ from streamproc import codec
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.mockllm.runner import MockLLMProcess
 from streamproc.processes import stop_process
 from streamproc.settings import Settings
@@ -107,7 +108,7 @@ async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | No
 
 async def produce_requests(bootstrap: str, settings: Settings, requests: Iterable[InferenceRequest]) -> int:
     topology = settings.topology()
-    await ensure_pipeline_topics(bootstrap, topology)
+    await ensure_pipeline_topics(KafkaConnection(bootstrap=bootstrap), topology)
     topic = topology.requests
     return await produce(bootstrap, topic, ((r.request_id.encode(), codec.encode(r)) for r in requests))
 

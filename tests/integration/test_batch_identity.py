@@ -28,6 +28,7 @@ from streamproc import codec
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.events import RequestState
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 from tests.integration.pipeline import WorkerProcess, chat_request, produce, produce_requests, start_mock, worker_env
 from tests.integration.test_operations import batch_file, read_jsonl
@@ -205,7 +206,8 @@ async def changelog_batches(settings: Settings) -> dict[str | None, int]:
     """Request ids per batch in a deployment's state changelog."""
     assert settings.kafka_bootstrap is not None
     ids: dict[str | None, set[str]] = {}
-    async with TopicReader(settings.kafka_bootstrap, [settings.topology().state_changelog]) as reader:
+    kafka = KafkaConnection(bootstrap=settings.kafka_bootstrap)
+    async with TopicReader(kafka, [settings.topology().state_changelog]) as reader:
         for record in await reader.read_to_end():
             if record.value:
                 state = codec.decode(record.value, RequestState)

@@ -30,6 +30,7 @@ from streamproc.app.lag_reader import BrokerUnavailable, GroupNotFound, LagReade
 from streamproc.app.metrics import LagWatcher, WorkerMetrics
 from streamproc.core.lag import DrainEstimator
 from streamproc.devstack.broker import free_port
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,
@@ -133,7 +134,7 @@ async def test_read_lag_agrees_with_the_offsets_read_independently(scene: Scene)
     offsets = await independent_offsets(scene.bootstrap, scene.group, scene.topic)
     assert {p: o[0] for p, o in offsets.items()} == {0: 15, 1: 5, 2: None}  # the scene is what we think
 
-    report = await read_lag(scene.bootstrap, [scene.group])
+    report = await read_lag(KafkaConnection(bootstrap=scene.bootstrap), [scene.group])
 
     group = report.group(scene.group)
     rows = {p.partition: p for p in group.partitions if p.topic == scene.topic}
@@ -145,13 +146,13 @@ async def test_read_lag_agrees_with_the_offsets_read_independently(scene: Scene)
 
 
 async def test_every_group_is_listed_without_a_filter(scene: Scene) -> None:
-    report = await read_lag(scene.bootstrap, None)
+    report = await read_lag(KafkaConnection(bootstrap=scene.bootstrap), None)
     assert scene.group in [g.group for g in report.groups]
 
 
 async def test_rates_come_from_two_readings(scene: Scene) -> None:
     estimator = DrainEstimator()
-    async with LagReader(scene.bootstrap) as reader:
+    async with LagReader(KafkaConnection(bootstrap=scene.bootstrap)) as reader:
         first = await reader.read([scene.group])
         estimator.add(first.taken_at, first.committed(), first.ends())
         await scene.commit({0: 20, 1: 15})  # 15 more records consumed
@@ -173,9 +174,9 @@ async def test_rates_come_from_two_readings(scene: Scene) -> None:
 
 async def test_unknown_group_and_unreachable_broker(scene: Scene) -> None:
     with pytest.raises(GroupNotFound, match="no-such-group"):
-        await read_lag(scene.bootstrap, ["no-such-group"])
+        await read_lag(KafkaConnection(bootstrap=scene.bootstrap), ["no-such-group"])
     with pytest.raises(BrokerUnavailable, match="not reachable"):
-        await read_lag("127.0.0.1:1", None)
+        await read_lag(KafkaConnection(bootstrap="127.0.0.1:1"), None)
 
 
 # --- the command -------------------------------------------------------------------------------------------
@@ -279,7 +280,7 @@ async def test_worker_serves_metrics_that_match_the_batch_and_the_lag(settings: 
         assert samples["streamproc_consumer_lag_updated_timestamp_seconds"] > time.time() - 60
 
         # the command reads what the gauge and the independent reading say (nothing moves any more)
-        report = await read_lag(settings.kafka_bootstrap, [settings.app_id])
+        report = await read_lag(KafkaConnection(bootstrap=settings.kafka_bootstrap), [settings.app_id])
         group = report.group(settings.app_id)
         requests_rows = {p.partition: p for p in group.partitions if p.topic == topology.requests}
         assert {p: (r.committed, r.start, r.end) for p, r in requests_rows.items()} == offsets
@@ -300,7 +301,7 @@ async def test_the_watchdog_reports_a_wedged_partition_and_clears_when_it_moves(
     offsets and commits nothing more, as a worker stuck on one record would look to the broker."""
     metrics = WorkerMetrics(CollectorRegistry())
     clock = [1000.0]
-    watcher = LagWatcher(metrics, scene.bootstrap, scene.group, [scene.topic],
+    watcher = LagWatcher(metrics, KafkaConnection(bootstrap=scene.bootstrap), scene.group, [scene.topic],
                          lambda: [(scene.topic, 0), (scene.topic, 1)], clock=lambda: clock[0], stall_after_s=30)
 
     def stalled(partition: int) -> float | None:

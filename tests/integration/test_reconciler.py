@@ -21,6 +21,7 @@ from streamproc.core.events import RequestState
 from streamproc.core.request_state import input_hash
 from streamproc.core.vocabulary import RequestStatus
 from streamproc.devstack.broker import free_port
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     MockServer,
@@ -40,7 +41,7 @@ async def _strand(settings: Settings, request_id: str, status: RequestStatus) ->
     bootstrap = settings.kafka_bootstrap
     assert bootstrap is not None
     topology = settings.topology()
-    await ensure_pipeline_topics(bootstrap, topology)
+    await ensure_pipeline_topics(KafkaConnection(bootstrap=bootstrap), topology)
     request = chat_request(request_id, 1)
     retrying = status is RequestStatus.RETRYING
     topic = topology.retry(topology.tiers[0]) if retrying else topology.requests

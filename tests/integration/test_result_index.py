@@ -13,6 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from streamproc import codec
 from streamproc.app.result_index import ResultIndex
 from streamproc.core.events import InferenceResult
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 from tests.integration.pipeline import produce
 
@@ -50,7 +51,7 @@ def test_the_index_answers_the_first_called_answer_reads_on_a_miss_and_resumes(s
         await send(bootstrap, topic, result("b0/c-1", "h1", "reused elsewhere", reused_from="x/c-0"),
                    result("a/c-1", "h1", "first"), result("a/c-2", "h2", "two"), b"not a result",
                    result("a/c-3", "h1", "a later duplicate input"))
-        index = ResultIndex(tmp_path / "index", bootstrap, topic)
+        index = ResultIndex(tmp_path / "index", KafkaConnection(bootstrap=bootstrap), topic)
         assert index.get("h1") is None  # nothing read before a lookup
         found = await index.find("h1")
         assert found is not None and (found.request_id, found.content) == ("a/c-1", "first")
@@ -60,11 +61,12 @@ def test_the_index_answers_the_first_called_answer_reads_on_a_miss_and_resumes(s
         assert late is not None and late.content == "late"
         many = await asyncio.gather(*(index.find(f"none-{i}") for i in range(50)))  # misses share reads
         assert many == [None] * 50
-        held = ResultIndex(tmp_path / "index", bootstrap, topic)  # the store is locked by the first one
+        # the store is locked by the first one
+        held = ResultIndex(tmp_path / "index", KafkaConnection(bootstrap=bootstrap), topic)
         assert await held.find("h1") is None  # the request is called instead: reuse never fails a request
         index.close()
 
-        again = ResultIndex(tmp_path / "index", bootstrap, topic)
+        again = ResultIndex(tmp_path / "index", KafkaConnection(bootstrap=bootstrap), topic)
         assert again.get("h3") is not None  # kept on disk
         await send(bootstrap, topic, result("a/c-5", "h5", "after the restart"))
         after = await again.find("h5")

@@ -8,6 +8,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ async def test_the_state_changelog_is_compacted_with_hourly_segments_and_the_req
         settings: Settings) -> None:
     assert settings.kafka_bootstrap is not None
     topology = settings.topology()
-    await ensure_pipeline_topics(settings.kafka_bootstrap, topology)
+    await ensure_pipeline_topics(KafkaConnection(bootstrap=settings.kafka_bootstrap), topology)
     configs = await topic_configs(settings.kafka_bootstrap,
                                   [topology.state_changelog, topology.batches, topology.requests],
                                   {"cleanup.policy", "segment.ms"})

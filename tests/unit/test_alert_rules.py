@@ -1,5 +1,6 @@
 """The monitoring configuration checked by the tools of Debian's prometheus and prometheus-alertmanager packages
-(scripts/system-deps installs them): promtool checks the rules and runs their unit tests, amtool checks the Alertmanager's."""
+(scripts/system-deps installs them): promtool checks the rules and runs their unit tests, amtool checks the
+Alertmanager's."""
 
 from __future__ import annotations
 

@@ -14,8 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -25,6 +23,8 @@ from streamproc.core.batch_status import BatchStatus, StatusFold
 from streamproc.core.events import FailureEvent, InferenceResult, RequestState
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.kafka.clients import kafka_admin, kafka_consumer
+from streamproc.kafka.connection import KafkaConnection
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,10 @@ class TopicTail:
     (a planned restart) return what they have; the next read goes on from the same positions.
     """
 
-    def __init__(self, bootstrap: str, topics: Iterable[str]) -> None:
-        self._bootstrap = bootstrap
+    def __init__(self, kafka: KafkaConnection, topics: Iterable[str]) -> None:
+        self._kafka = kafka
         self._topics = list(topics)
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+        self._consumer = kafka_consumer(kafka, group_id=None, enable_auto_commit=False,
                                           auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024,
                                           fetch_max_bytes=64 * 1024 * 1024)
         self._partitions: list[TopicPartition] = []
@@ -81,7 +81,7 @@ class TopicTail:
         missing = [topic for topic in self._topics if topic not in known]
         if not missing:
             return
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, request_timeout_ms=10_000)
+        admin = kafka_admin(self._kafka, request_timeout_ms=10_000)
         await admin.start()
         try:
             described = await admin.describe_topics(missing)
@@ -176,10 +176,10 @@ class Outcomes:
 class OutcomeReader:
     """Tails results, failure topics and dead letters into :class:`Outcomes`."""
 
-    def __init__(self, bootstrap: str, topology: Topology) -> None:
+    def __init__(self, kafka: KafkaConnection, topology: Topology) -> None:
         self._topology = topology
         self._failure_topics = {topology.failed(layer) for layer in FailureLayer}
-        self._tail = TopicTail(bootstrap, [topology.results, topology.dead_letters, *sorted(self._failure_topics)])
+        self._tail = TopicTail(kafka, [topology.results, topology.dead_letters, *sorted(self._failure_topics)])
         self.outcomes = Outcomes()
         self.undecodable = 0
 
@@ -212,8 +212,8 @@ class StateFollower:
     """Tails the request-state changelog: the latest state of every id, and the measured batch's status
     (the same fold ``streamproc status`` uses)."""
 
-    def __init__(self, bootstrap: str, topology: Topology, batch_id: str) -> None:
-        self._tail = TopicTail(bootstrap, [topology.state_changelog])
+    def __init__(self, kafka: KafkaConnection, topology: Topology, batch_id: str) -> None:
+        self._tail = TopicTail(kafka, [topology.state_changelog])
         self._fold = StatusFold(batch_id)
         self.latest: dict[str, StateEntry] = {}
 
@@ -240,11 +240,11 @@ class StateFollower:
         return self._fold.status(submitted)
 
 
-async def trace_ids(bootstrap: str, topology: Topology, request_ids: Iterable[str]) -> list[str]:
+async def trace_ids(kafka: KafkaConnection, topology: Topology, request_ids: Iterable[str]) -> list[str]:
     """Where the given ids appear on the pipeline's topics (partition@offset, attempt, error code), one line per
     id, and the group's committed offsets of those partitions: the report of requests that never ended."""
     wanted = {request_id.encode() for request_id in request_ids}
-    tail = TopicTail(bootstrap, list(topology.all_topics()))
+    tail = TopicTail(kafka, list(topology.all_topics()))
     await tail.start()
     places: dict[str, list[str]] = {}
     partitions: set[tuple[str, int]] = set()
@@ -262,7 +262,7 @@ async def trace_ids(bootstrap: str, topology: Topology, request_ids: Iterable[st
     finally:
         await tail.stop()
     lines = [f"{request_id}: " + "; ".join(where) for request_id, where in sorted(places.items())]
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = kafka_admin(kafka)
     await admin.start()
     try:
         committed = await admin.list_consumer_group_offsets(topology.app_id)

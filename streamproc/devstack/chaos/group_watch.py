@@ -18,6 +18,8 @@ from aiokafka.structs import TopicPartition
 from streamproc.core.lag import PartitionLag
 from streamproc.core.stalls import StallWatch
 from streamproc.devstack.chaos.worker_metrics import StallReading
+from streamproc.kafka.clients import kafka_admin, kafka_consumer
+from streamproc.kafka.connection import KafkaConnection
 
 log = logging.getLogger(__name__)
 GROUP = -1  # the "worker" of a stall reading made from outside
@@ -26,8 +28,9 @@ GROUP = -1  # the "worker" of a stall reading made from outside
 class GroupStallWatch:
     """Reads committed and end offsets of the workers' input topics; keeps every stalled reading."""
 
-    def __init__(self, bootstrap: str, group: str, topics: Sequence[str], partitions: int, threshold_s: float) -> None:
-        self._bootstrap = bootstrap
+    def __init__(self, kafka: KafkaConnection, group: str, topics: Sequence[str], partitions: int,
+                 threshold_s: float) -> None:
+        self._kafka = kafka
         self._group = group
         self._partitions = [TopicPartition(topic, p) for topic in topics for p in range(partitions)]
         self._watch = StallWatch(threshold_s)
@@ -36,8 +39,8 @@ class GroupStallWatch:
         self.readings: list[StallReading] = []
 
     async def start(self) -> None:
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, request_timeout_ms=10_000)
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
+        self._admin = kafka_admin(self._kafka, request_timeout_ms=10_000)
+        self._consumer = kafka_consumer(self._kafka, group_id=None,
                                           enable_auto_commit=False)
         await self._admin.start()
         await self._consumer.start()

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
 
 from streamproc import codec
@@ -27,6 +26,8 @@ from streamproc.devstack.chaos.batch import batch_line, ticket_body, ticket_id
 from streamproc.devstack.chaos.config import RunNames
 from streamproc.devstack.chaos.facts import body_digest, sha
 from streamproc.devstack.chaos.proxy import DEEP_BODY_MARKER, DEEP_CONTENT_MARKER
+from streamproc.kafka.clients import kafka_producer
+from streamproc.kafka.connection import KafkaConnection
 
 YEAR_MS = 365 * 86_400_000
 # after the asked size, the sizes tried until the broker takes one: its message.max.bytes is Kafka's default
@@ -190,11 +191,11 @@ def build_submitted(names: RunNames, wave: int, per_kind: int, reuse: Sequence[i
     return SubmittedPoison(batch_id, lines, poisons, twice)
 
 
-async def inject(bootstrap: str, records: Sequence[DirectRecord], big: Sequence[DirectRecord]) -> list[Poison]:
+async def inject(kafka: KafkaConnection, records: Sequence[DirectRecord], big: Sequence[DirectRecord]) -> list[Poison]:
     """Produce ``records``, then the first of ``big`` the broker takes. Returns the poison now on the broker,
     plus one REFUSED entry per big size the broker refused (the refusal is that record's explanation)."""
     largest = max((len(r.value) for r in big), default=0)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+    producer = kafka_producer(kafka, acks="all", linger_ms=5,
                                 max_request_size=largest + 1024 * 1024)  # the broker, not the client, must judge
     await producer.start()
     sent: list[Poison] = []

@@ -89,9 +89,9 @@ class ChaosRun:
         self.exits: list[WorkerExit] = []
         self.metrics = MetricsLedger()
         self.progress = _Progress()
-        self.states = StateFollower(stack.bootstrap, self.topology, names.batch_id)
-        self.outcomes = OutcomeReader(stack.bootstrap, self.topology)
-        self.group_watch = GroupStallWatch(stack.bootstrap, names.app_id,
+        self.states = StateFollower(stack.kafka, self.topology, names.batch_id)
+        self.outcomes = OutcomeReader(stack.kafka, self.topology)
+        self.group_watch = GroupStallWatch(stack.kafka, names.app_id,
                                            [self.topology.requests, *map(self.topology.retry, self.topology.tiers)],
                                            config.partitions, self._stall_threshold_s())
         self.submitted: list[str] = []
@@ -121,7 +121,7 @@ class ChaosRun:
             self.submitted_at_s = self.now()
             await self._submit(path, self.names.batch_id)
             self.say(f"[{self.now():5.0f}s] submitted {len(self.submitted)} requests as batch {self.names.batch_id}")
-            self.poison += await inject(self.stack.bootstrap, self._duplicates(1), [])
+            self.poison += await inject(self.stack.kafka, self._duplicates(1), [])
             faults = asyncio.create_task(self._run_faults())
             try:
                 await self._wait_settled()
@@ -315,7 +315,7 @@ class ChaosRun:
         direct = build_direct(self.topology, self.names, wave, config.poison_per_kind, [], rng,
                               int(time.time() * 1000))
         big = big_body_candidates(self.topology, self.names, wave, config.big_body_bytes)
-        sent = await inject(self.stack.bootstrap, [*direct, *(self._duplicates(wave) if duplicates else [])], big)
+        sent = await inject(self.stack.kafka, [*direct, *(self._duplicates(wave) if duplicates else [])], big)
         submitted = build_submitted(self.names, wave, config.poison_per_kind, self._tickets(wave)[1])
         path = self.work_dir / f"poison-{wave}.jsonl"
         path.write_text("".join(line + "\n" for line in submitted.lines))
@@ -354,7 +354,7 @@ class ChaosRun:
                         or entry.state.status not in (RequestStatus.SUCCEEDED, RequestStatus.FAILED)]
         unfinished = sorted(set(lost) | set(not_terminal))
         described = {i: self._describe_state(i) for i in unfinished}
-        trace = await trace_ids(self.stack.bootstrap, self.topology, unfinished[:20]) if unfinished else []
+        trace = await trace_ids(self.stack.kafka, self.topology, unfinished[:20]) if unfinished else []
         if unfinished:
             where = Counter(partition_of(i, self.config.partitions) for i in unfinished)
             trace.insert(0, "not ended, by requests partition: " + ", ".join(

@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from streamproc.devstack.broker import LocalBroker, free_port
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames
 from streamproc.devstack.chaos.proxy import LLMProxy
 from streamproc.errors import ExitCode, UserFacingError
+from streamproc.kafka.clients import kafka_admin
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.mockllm.runner import MockLLMProcess
 from streamproc.processes import stop_processes
 from streamproc.settings import Settings
@@ -109,6 +110,7 @@ class ChaosStack:
         self.broker = LocalBroker(Settings(data_dir=work_dir / "broker", local_kafka_port=port,
                                            local_kafka_controller_port=controller_port))
         self.bootstrap = f"127.0.0.1:{port}"
+        self.kafka = KafkaConnection(bootstrap=self.bootstrap)
         self.mock: MockLLMProcess | None = None
         self.proxy: LLMProxy | None = None
         self.workers: list[WorkerSlot] = []
@@ -168,7 +170,7 @@ class ChaosStack:
         deadline = time.monotonic() + timeout_s
         missing = set(topics)
         while True:
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=10_000)
+            admin = kafka_admin(self.kafka, request_timeout_ms=10_000)
             try:
                 await admin.start()
                 missing = set(topics) - set(await admin.list_topics())

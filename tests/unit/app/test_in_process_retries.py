@@ -17,6 +17,7 @@ from streamproc.app.manifest_follower import BatchSizes
 from streamproc.app.topics import ReplicationError, TopicMismatchError, ensure_topics
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.replication import Replication, ReplicationRequest
+from streamproc.kafka.connection import KafkaConnection
 
 _real_sleep = asyncio.sleep
 
@@ -35,7 +36,7 @@ def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 class FakeAdmin:
-    """Stands in for ``AIOKafkaAdminClient``: ``start`` fails ``failures`` times; topics get partitions on the
+    """Stands in for ``kafka_admin``'s client: ``start`` fails ``failures`` times; topics get partitions on the
     ``ready_after``-th describe (never when None); the cluster has ``brokers`` brokers."""
 
     def __init__(self, failures: int = 0, ready_after: int | None = 1, partitions: int = 4, brokers: int = 1) -> None:
@@ -44,7 +45,7 @@ class FakeAdmin:
         self.created: list[str] = []
         self.new_topics: list[Any] = []
 
-    def __call__(self, **_config: Any) -> FakeAdmin:
+    def __call__(self, _kafka: KafkaConnection, **_config: Any) -> FakeAdmin:
         return self
 
     async def start(self) -> None:
@@ -75,54 +76,55 @@ class FakeAdmin:
 async def test_wait_for_broker_retries_a_kafka_error_with_a_doubling_wait(
         monkeypatch: pytest.MonkeyPatch, slept: list[float], caplog: pytest.LogCaptureFixture) -> None:
     admin = FakeAdmin(failures=2)
-    monkeypatch.setattr(worker, "AIOKafkaAdminClient", admin)
+    monkeypatch.setattr(worker, "kafka_admin", admin)
     with caplog.at_level(logging.WARNING, logger=worker.log.name):
-        await worker.wait_for_broker("k:9092")
+        await worker.wait_for_broker(KafkaConnection(bootstrap="k:9092"))
     assert (admin.starts, admin.closes) == (3, 3)  # every client closed, the failed ones too
     assert slept == [0.5, 1.0]
     assert [r.getMessage() for r in caplog.records] == [
-        "Kafka at k:9092 is not reachable (KafkaConnectionError: no broker (attempt 1)); retrying in 0.5s",
-        "Kafka at k:9092 is not reachable (KafkaConnectionError: no broker (attempt 2)); retrying in 1.0s",
+        "Kafka at k:9092 (PLAINTEXT) is not reachable (KafkaConnectionError: no broker (attempt 1)); retrying in 0.5s",
+        "Kafka at k:9092 (PLAINTEXT) is not reachable (KafkaConnectionError: no broker (attempt 2)); retrying in 1.0s",
     ]
 
 
 async def test_wait_for_broker_gives_up_with_the_last_kafka_error(monkeypatch: pytest.MonkeyPatch,
                                                                   slept: list[float]) -> None:
     admin = FakeAdmin(failures=1000)
-    monkeypatch.setattr(worker, "AIOKafkaAdminClient", admin)
+    monkeypatch.setattr(worker, "kafka_admin", admin)
     with pytest.raises(KafkaConnectionError, match=r"no broker \(attempt 1\)"):
-        await worker.wait_for_broker("k:9092", give_up_after_s=0)
+        await worker.wait_for_broker(KafkaConnection(bootstrap="k:9092"), give_up_after_s=0)
     assert (admin.starts, slept) == (1, [])
 
 
 async def test_wait_for_broker_backs_off_to_ten_seconds(monkeypatch: pytest.MonkeyPatch, slept: list[float]) -> None:
-    monkeypatch.setattr(worker, "AIOKafkaAdminClient", FakeAdmin(failures=7))
-    await worker.wait_for_broker("k:9092")
+    monkeypatch.setattr(worker, "kafka_admin", FakeAdmin(failures=7))
+    await worker.wait_for_broker(KafkaConnection(bootstrap="k:9092"))
     assert slept == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
 
 
 async def test_new_topics_are_described_again_until_they_have_partitions(monkeypatch: pytest.MonkeyPatch,
                                                                           slept: list[float]) -> None:
     admin = FakeAdmin(ready_after=3)
-    monkeypatch.setattr(topics, "AIOKafkaAdminClient", admin)
-    await ensure_topics("k:9092", {"a": 4, "b": 4})
+    monkeypatch.setattr(topics, "kafka_admin", admin)
+    await ensure_topics(KafkaConnection(bootstrap="k:9092"), {"a": 4, "b": 4})
     assert (admin.created, admin.describes, slept, admin.closes) == (["a", "b"], 3, [0.1, 0.1], 1)
 
 
 async def test_topics_that_never_get_partitions_are_a_mismatch_after_fifty_tries(monkeypatch: pytest.MonkeyPatch,
                                                                                 slept: list[float]) -> None:
     admin = FakeAdmin(ready_after=None)
-    monkeypatch.setattr(topics, "AIOKafkaAdminClient", admin)
+    monkeypatch.setattr(topics, "kafka_admin", admin)
     with pytest.raises(TopicMismatchError, match=r"a has 0 \(needs 4\), b has 0 \(needs 4\)"):
-        await ensure_topics("k:9092", {"a": 4, "b": 4})
+        await ensure_topics(KafkaConnection(bootstrap="k:9092"), {"a": 4, "b": 4})
     assert (admin.describes, len(slept), admin.closes) == (50, 49, 1)
 
 
 async def test_topics_get_three_replicas_and_a_minimum_of_two_on_a_three_broker_cluster(
         monkeypatch: pytest.MonkeyPatch, slept: list[float]) -> None:
     admin = FakeAdmin(brokers=3)
-    monkeypatch.setattr(topics, "AIOKafkaAdminClient", admin)
-    plan = await ensure_topics("k:9092", {"a": 4, "c": 4}, configs={"c": {"cleanup.policy": "compact"}})
+    monkeypatch.setattr(topics, "kafka_admin", admin)
+    plan = await ensure_topics(KafkaConnection(bootstrap="k:9092"), {"a": 4, "c": 4},
+                               configs={"c": {"cleanup.policy": "compact"}})
     assert plan == Replication(3, 2)
     assert [(t.name, t.replication_factor, t.topic_configs) for t in admin.new_topics] == [
         ("a", 3, {"min.insync.replicas": "2"}),
@@ -132,17 +134,17 @@ async def test_topics_get_three_replicas_and_a_minimum_of_two_on_a_three_broker_
 async def test_more_replicas_than_brokers_is_refused_before_any_topic_is_created(
         monkeypatch: pytest.MonkeyPatch) -> None:
     admin = FakeAdmin(brokers=1)
-    monkeypatch.setattr(topics, "AIOKafkaAdminClient", admin)
+    monkeypatch.setattr(topics, "kafka_admin", admin)
     with pytest.raises(ReplicationError, match="replication factor 3 needs 3 brokers but the cluster has 1"):
-        await ensure_topics("k:9092", {"a": 4}, replication=ReplicationRequest(factor=3))
+        await ensure_topics(KafkaConnection(bootstrap="k:9092"), {"a": 4}, replication=ReplicationRequest(factor=3))
     assert (admin.created, admin.closes) == ([], 1)
 
 
 async def test_a_wrong_partition_count_is_not_retried(monkeypatch: pytest.MonkeyPatch, slept: list[float]) -> None:
     admin = FakeAdmin(partitions=2)
-    monkeypatch.setattr(topics, "AIOKafkaAdminClient", admin)
+    monkeypatch.setattr(topics, "kafka_admin", admin)
     with pytest.raises(TopicMismatchError, match=r"a has 2 \(needs 4\)"):
-        await ensure_topics("k:9092", {"a": 4})
+        await ensure_topics(KafkaConnection(bootstrap="k:9092"), {"a": 4})
     assert (admin.describes, slept) == (1, [])
 
 
@@ -183,7 +185,8 @@ async def test_the_follower_logs_a_broker_problem_and_reads_again_until_cancelle
     monkeypatch.setattr(FakeReader, "opens", 0)
     sizes = BatchSizes()
     with caplog.at_level(logging.WARNING, logger=manifest_follower.log.name):
-        following: asyncio.Task[None] = asyncio.create_task(sizes.follow("k:9092", "llm.batches", interval_s=2.0))
+        kafka = KafkaConnection(bootstrap="k:9092")
+        following: asyncio.Task[None] = asyncio.create_task(sizes.follow(kafka, "llm.batches", interval_s=2.0))
         await eventually(lambda: sizes.submitted("b1") == 20, "the manifest was not read after the failure")
         await eventually(lambda: len(slept) >= 3, "the follower did not poll again")
         following.cancel()

@@ -15,6 +15,7 @@ from streamproc.app.observe import LlmCall, NullObserver, Observer, guarded
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.lag import PartitionLag
 from streamproc.core.retry_policy import RetryPolicy
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.client import CallResult
 from streamproc.llm.completion import check_completion
 from streamproc.llm.guarded import Guards
@@ -33,6 +34,8 @@ from tests.unit.app.test_handler import (
     submission,
 )
 from tests.unit.test_monitoring_config import NeverCalled
+
+UNUSED_KAFKA = KafkaConnection(bootstrap="unused:9092")
 
 
 @pytest.fixture
@@ -122,7 +125,7 @@ class StuckReader:
 async def test_a_wedged_partition_is_reported_by_gauge_and_log(metrics: WorkerMetrics, registry: CollectorRegistry,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
-    watcher = LagWatcher(metrics, "unused:9092", "g", ["llm.requests"], lambda: [("llm.requests", 0),
+    watcher = LagWatcher(metrics, UNUSED_KAFKA, "g", ["llm.requests"], lambda: [("llm.requests", 0),
                          ("llm.requests", 1)], clock=lambda: now[0], stall_after_s=60, reader=StuckReader())  # type: ignore[arg-type]
     for second in (0.0, 30.0, 60.0):
         now[0] = second
@@ -300,7 +303,7 @@ async def test_time_the_broker_was_out_of_reach_is_not_a_stall(metrics: WorkerMe
                                                                 registry: CollectorRegistry) -> None:
     now = [0.0]
     reader = BrokerAwayReader()
-    watcher = LagWatcher(metrics, "unused:9092", "g", ["llm.requests"], lambda: [("llm.requests", 0)],
+    watcher = LagWatcher(metrics, UNUSED_KAFKA, "g", ["llm.requests"], lambda: [("llm.requests", 0)],
                          clock=lambda: now[0], stall_after_s=60, reader=reader)  # type: ignore[arg-type]
     await watcher.refresh()
     now[0], reader.away = 10.0, True
