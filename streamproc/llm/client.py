@@ -6,6 +6,10 @@ well below the consumer's rebalance timeout (design §5). The read timeout adapt
 (:mod:`streamproc.core.guards.timeouts`): ``STREAMPROC_LLM_TIMEOUT_S`` is its ceiling, a few times the
 model's p99 latency its value once known. A call slower than that p99 is hedged
 (:mod:`streamproc.core.guards.hedging`): sent once more, the first answer wins.
+
+A record's ``url`` only selects a row of the endpoint table (:mod:`streamproc.core.endpoints`); the call goes
+to that row's URL, joined under the base URL once (:mod:`streamproc.llm.endpoint_url`). An answer whose decoded
+body passes ``STREAMPROC_LLM_MAX_RESPONSE_BYTES`` is not read further: a 200 ends ``response_too_large``.
 """
 
 from __future__ import annotations
@@ -20,14 +24,18 @@ from urllib.parse import quote
 
 import httpx
 
+from streamproc.core.endpoints import UNSUPPORTED_URL, Endpoint, UrlRefused, endpoint_for
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.hedging import HedgeBudget, hedge_after_s
 from streamproc.core.guards.own_queue import OwnQueue, Place
 from streamproc.core.guards.timeouts import AdaptiveTimeout
-from streamproc.core.outcome import Outcome, Success
+from streamproc.core.outcome import Failure, Outcome, Success, truncate
+from streamproc.core.record_size import RESPONSE_TOO_LARGE
 from streamproc.core.sendable_json import NotSendable, loads_sendable
 from streamproc.core.verdict import classify_http_error
+from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.completion import check_completion
+from streamproc.llm.endpoint_url import endpoint_urls
 from streamproc.llm.http_stacks import Answer, http_stack
 from streamproc.llm.repair import completion_budget, repair_messages
 from streamproc.llm.transport_errors import classify_exception
@@ -52,10 +60,27 @@ class Caller(Protocol):
     async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult: ...
 
 
+class UnsupportedUrl(ValueError):
+    """The request names a url outside the endpoint table: a business failure, and no call."""
+
+    def __init__(self, request: InferenceRequest, refused: UrlRefused) -> None:
+        super().__init__(str(refused))
+        self.failure = unsupported_url(request, refused)
+
+
+def unsupported_url(request: InferenceRequest, refused: UrlRefused) -> Failure:
+    """The terminal business failure of a request whose url is refused (nothing was sent)."""
+    return Failure(FailureLayer.BUSINESS, UNSUPPORTED_URL, truncate(
+        f"request {request.request_id!r}: {refused}; not called"))
+
+
 def request_body(request: InferenceRequest) -> dict[str, Any]:
-    """The JSON body to send: the request's own, plus the repair turns on a repair attempt; ValueError when it
-    is not a JSON object that can be sent (NaN, Infinity or 1e400 in it: httpx refuses to write those; nested
-    deeper than the parser follows)."""
+    """The JSON body to send: the request's own, plus the repair turns on a repair attempt. :class:`UnsupportedUrl`
+    when its url names no supported endpoint; ValueError when the body is not a JSON object that can be sent
+    (NaN, Infinity or 1e400 in it: httpx refuses to write those; nested deeper than the parser follows)."""
+    endpoint = endpoint_for(request.url)
+    if isinstance(endpoint, UrlRefused):
+        raise UnsupportedUrl(request, endpoint)
     try:
         body: Any = loads_sendable(request.body_json)
     except NotSendable as exc:
@@ -100,17 +125,23 @@ class LLMClient:
         headers = {"user-agent": "streamproc"}
         if settings.llm_api_key is not None:
             headers["authorization"] = f"Bearer {settings.llm_api_key.get_secret_value()}"
+        self._urls = endpoint_urls(settings.llm_base_url)  # a base URL the table cannot be joined under fails here
         self._http = http_stack(settings, headers, transport)
+        self._max_response_bytes = settings.llm_max_response_bytes
         self.timeouts = AdaptiveTimeout(settings.llm_timeout_s)  # per model; the setting is the ceiling
         self._queue = OwnQueue()  # a call's timeout runs from when the calls sent before it are done
         self._hedges = HedgeBudget(settings.llm_hedge_ratio)
         self.hedged = 0  # hedges sent (read by the metrics)
 
     async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:
-        """POST the body; every outcome, exceptions included, comes back classified."""
-        path = request.url.removeprefix("/v1")
+        """POST the body; every outcome, exceptions included, comes back classified. A url outside the endpoint
+        table is refused here too, unsent, whatever called (the handler refuses it before the guards)."""
         model = body.get("model")
         model = model if isinstance(model, str) else ""
+        endpoint = endpoint_for(request.url)
+        if isinstance(endpoint, UrlRefused):
+            return CallResult(unsupported_url(request, endpoint), b"", 0, model=model)
+        url = self._urls[endpoint]
         budget = completion_budget(body)
         read_timeout_s = self.timeouts.timeout_s(model, budget)
         headers = correlation_headers(request)
@@ -121,7 +152,7 @@ class LLMClient:
         socket_timeout_s = read_timeout_s * (1 + place.ahead)
         try:
             answer, answered_after = await self._first_answer(
-                lambda: self._http.post(path, body, headers, socket_timeout_s), place, budget, started)
+                lambda: self._http.post(url, body, headers, socket_timeout_s), place, budget, started)
         except BaseException as exc:
             self._queue.finish(place, time.monotonic(), answered=False)
             if not isinstance(exc, Exception):
@@ -129,6 +160,8 @@ class LLMClient:
             return CallResult(classify_exception(exc), b"", _ms_since(started), model=model)
         self._queue.finish(place, time.monotonic(), answered=True)
         latency = _ms_since(started)
+        if answer.too_large and answer.status == 200:
+            return CallResult(self._too_large(request, endpoint), answer.content, latency, answer.headers, model)
         if answer.status == 200:
             outcome = check_completion(answer.content, body)
             if isinstance(outcome, Success):  # the latency of the copy that answered: a hedge's starts later
@@ -136,6 +169,14 @@ class LLMClient:
             return CallResult(outcome, answer.content, latency, answer.headers, model)
         return CallResult(classify_http_error(answer.status, answer.headers, answer.content), answer.content, latency,
                           answer.headers, model)
+
+    def _too_large(self, request: InferenceRequest, endpoint: Endpoint) -> Failure:
+        """Business, as a 200 too large for a result record (core.record_size): the answer is paid for and the
+        same request answers about as long again, so a retry costs as much for the same end."""
+        return Failure(FailureLayer.BUSINESS, RESPONSE_TOO_LARGE, truncate(
+            f"the answer to request {request.request_id!r} ({endpoint.url}) went past "
+            f"STREAMPROC_LLM_MAX_RESPONSE_BYTES ({self._max_response_bytes:,} bytes decoded); not read further, "
+            "not called again"), 200)
 
     async def _first_answer(self, post: Callable[[], Awaitable[Answer]], place: Place, budget: int | None,
                             started: float) -> tuple[Answer, float]:

@@ -5,13 +5,20 @@ into the same codes (:mod:`streamproc.llm.transport_errors`). aiohttp is the def
 fraction of the CPU per call (measured against the mock at 256 in flight: 309 µs against httpx's 1,411 µs
 on httpcore and 602 µs on aiohttp through httpx-aiohttp; README, Benchmarks). httpx stays for tests, whose
 mock transports replace the network, and as ``STREAMPROC_LLM_HTTP=httpcore``.
+
+Each POST goes to an absolute URL the client joined from its endpoint table (:mod:`streamproc.llm.endpoint_url`),
+never to a path a record wrote. Answers are read streamed, and reading stops once the *decoded* body passes
+``STREAMPROC_LLM_MAX_RESPONSE_BYTES`` (:attr:`Answer.too_large`): aiohttp decompresses in bounded steps
+itself; httpx's decoders expand a whole network read at once (a 64 KiB read of a gzip bomb is 64 MB), so its
+stack reads the raw bytes and inflates them with zlib's ``max_length``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import zlib
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -34,17 +41,21 @@ POOL_SHARD_SIZE = 8
 
 @dataclass(frozen=True)
 class Answer:
-    """What came back: any status, the headers (case-insensitive), the raw body."""
+    """What came back: any status, the headers (case-insensitive), the decoded body; ``too_large``: the body
+    went on past the cap, and ``content`` is its first ``cap`` bytes (the rest was never read)."""
 
     status: int
     headers: Mapping[str, str]
     content: bytes
+    too_large: bool = False
 
 
 class HttpStack(Protocol):
-    """POSTs JSON to ``{base_url}{path}``; raises what its library raises (classified by the caller)."""
+    """POSTs JSON to an absolute URL under the base URL; raises what its library raises (classified by the
+    caller)."""
 
-    async def post(self, path: str, body: dict[str, Any], headers: dict[str, str], read_timeout_s: float) -> Answer: ...
+    async def post(self, url: httpx.URL, body: dict[str, Any], headers: dict[str, str],
+                   read_timeout_s: float) -> Answer: ...
 
     async def aclose(self) -> None: ...
 
@@ -80,27 +91,31 @@ class AiohttpStack:
     """One aiohttp session (made at the first call: it needs the running loop), ``in_flight`` connections."""
 
     def __init__(self, settings: Settings, headers: dict[str, str]) -> None:
-        self._base = (settings.llm_base_url or "").rstrip("/")
         self._headers = {**headers, "content-type": "application/json"}
         self._limit = settings.in_flight
         self._connect_s = settings.llm_connect_timeout_s
+        self._cap = settings.llm_max_response_bytes
         self._tls = httpx.create_ssl_context()  # the same trust store as httpx's (certifi)
         self._session: aiohttp.ClientSession | None = None
-        self._urls: dict[str, URL] = {}  # parsed once per path
-        self._proxy = env_proxy(self._base)
+        self._urls: dict[httpx.URL, URL] = {}  # converted once per endpoint
+        self._proxy = env_proxy(settings.llm_base_url or "")
 
-    async def post(self, path: str, body: dict[str, Any], headers: dict[str, str], read_timeout_s: float) -> Answer:
+    async def post(self, url: httpx.URL, body: dict[str, Any], headers: dict[str, str],
+                   read_timeout_s: float) -> Answer:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._limit, ssl=self._tls), headers=self._headers)
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = URL(self._base + path)
+        target = self._urls.get(url)
+        if target is None:
+            target = self._urls[url] = URL(str(url), encoded=True)  # already joined and checked: sent as it is
         # as httpx's Timeout(read, connect=...): connecting, each read and the wait for a free connection
         timeout = aiohttp.ClientTimeout(sock_connect=self._connect_s, sock_read=read_timeout_s, connect=read_timeout_s)
-        async with self._session.post(url, data=json_bytes(body), headers=headers, timeout=timeout,
+        async with self._session.post(target, data=json_bytes(body), headers=headers, timeout=timeout,
                                       allow_redirects=False, proxy=self._proxy) as response:
-            return Answer(response.status, response.headers, await response.read())
+            content, too_large = await _capped(response.content.iter_chunked(_CHUNK), self._cap)
+            if too_large:
+                response.close()  # the connection goes, with the unread rest
+            return Answer(response.status, response.headers, content, too_large)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -118,8 +133,7 @@ class HttpxPools:
         tls = httpx.create_ssl_context()
         self._clients = [
             httpx.AsyncClient(
-                base_url=(settings.llm_base_url or "").rstrip("/"),
-                headers=headers,
+                headers={**headers, "accept-encoding": _HTTPX_ENCODINGS},
                 timeout=httpx.Timeout(settings.llm_timeout_s, connect=settings.llm_connect_timeout_s),
                 limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
                 verify=tls,
@@ -130,18 +144,82 @@ class HttpxPools:
         self._busy = [0] * shards  # calls running per client: with at most in_flight calls, the least busy
         # client always has a free connection (shards * per_shard >= in_flight), so no call waits for one
         self._connect_s = settings.llm_connect_timeout_s
+        self._cap = settings.llm_max_response_bytes
 
-    async def post(self, path: str, body: dict[str, Any], headers: dict[str, str], read_timeout_s: float) -> Answer:
+    async def post(self, url: httpx.URL, body: dict[str, Any], headers: dict[str, str],
+                   read_timeout_s: float) -> Answer:
         shard = min(range(len(self._busy)), key=self._busy.__getitem__)
         self._busy[shard] += 1
         try:
-            response = await self._clients[shard].post(
-                path, content=json_bytes(body), headers={"content-type": "application/json", **headers},
-                timeout=httpx.Timeout(read_timeout_s, connect=self._connect_s))
+            async with self._clients[shard].stream(
+                    "POST", url, content=json_bytes(body), headers={"content-type": "application/json", **headers},
+                    timeout=httpx.Timeout(read_timeout_s, connect=self._connect_s)) as response:
+                if response.is_stream_consumed:  # a response made whole in memory (tests' mock transports)
+                    decoded = _whole(response.content)
+                else:
+                    decoded = _inflated(response.aiter_raw(_CHUNK), response.headers.get("content-encoding", ""),
+                                        self._cap)
+                content, too_large = await _capped(decoded, self._cap)
         finally:
             self._busy[shard] -= 1
-        return Answer(response.status_code, response.headers, response.content)
+        return Answer(response.status_code, response.headers, content, too_large)
 
     async def aclose(self) -> None:
         for client in self._clients:
             await client.aclose()
+
+
+_CHUNK = 64 * 1024
+# what the httpx stack asks for and can inflate in bounded steps (httpx would add br and zstd when installed)
+_HTTPX_ENCODINGS = "gzip, deflate"
+
+
+async def _capped(chunks: AsyncIterator[bytes], cap: int) -> tuple[bytes, bool]:
+    """The decoded body up to ``cap`` bytes, and whether more came: reading stops at the first byte past it."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        if size + len(chunk) > cap:
+            parts.append(chunk[:cap - size])
+            return b"".join(parts), True
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts), False
+
+
+async def _whole(content: bytes) -> AsyncIterator[bytes]:
+    yield content
+
+
+async def _inflated(raw: AsyncIterator[bytes], encoding: str, cap: int) -> AsyncIterator[bytes]:
+    """The body decoded as ``content-encoding`` says, never more than ``cap + 1`` bytes out of one step (so a
+    bomb stops at the cap); httpx's DecodingError for a body that is not what it claims, as httpx raises."""
+    codings = [c.strip().lower() for c in encoding.split(",") if c.strip() and c.strip().lower() != "identity"]
+    if not codings:
+        async for chunk in raw:
+            yield chunk
+        return
+    if len(codings) > 1 or codings[0] not in ("gzip", "x-gzip", "deflate"):
+        raise httpx.DecodingError(f"content-encoding {encoding!r} was not asked for (accept-encoding: "
+                                  f"{_HTTPX_ENCODINGS})")
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if codings[0] != "deflate" else zlib.MAX_WBITS)
+    first = True
+    out = 0
+    async for chunk in raw:
+        if first and codings[0] == "deflate" and chunk and chunk[0] & 0x0F != 8:  # raw deflate, as servers send it
+            inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+        first = first and not chunk
+        pending = chunk
+        while pending and not inflater.eof:
+            try:
+                data = inflater.decompress(pending, cap + 1 - out)
+            except zlib.error as exc:
+                raise httpx.DecodingError(f"the body is not {codings[0]} as its content-encoding says: {exc}") from exc
+            out += len(data)
+            if data:
+                yield data
+            if out > cap:
+                return
+            pending = inflater.unconsumed_tail
+    if not inflater.eof and not first:
+        raise httpx.DecodingError(f"the {codings[0]} body ends before its compressed stream does")

@@ -12,6 +12,10 @@ Two line forms are accepted, never mixed on one line:
   filled in; ``null`` counts as absent for the optional fields.
 
 Unknown top-level fields are an error (a misspelt ``custom-id`` should not pass as a line without an id).
+A ``url`` is checked by the worker's own endpoint table (:mod:`streamproc.core.endpoints`), so submit refuses
+what a worker would, with the same reason. A ``custom_id`` is at most 512 UTF-8 bytes (OpenAI's limit on its
+correlation header, where it travels), and each line's record, encoded as the producer sends it (key, value,
+headers), must fit the producer's max request size: a file that would be sent half is refused whole.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from streamproc import codec
+from streamproc.core.endpoints import CHAT_COMPLETIONS, UrlRefused, endpoint_for
 from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import request_id_for
 from streamproc.core.sendable_json import loads_sendable
@@ -31,6 +39,7 @@ _SIMPLE_FIELDS: Final = ("id", "prompt", "model", "system", "response_format", "
 # memory bounded even for a file that is one endless line.
 LINE_CAP_FACTOR: Final = 8
 _JSON_WHITESPACE: Final = " \t\r\n"
+MAX_CUSTOM_ID_BYTES: Final = 512
 
 
 @dataclass(frozen=True)
@@ -48,11 +57,13 @@ class LineError:
 
 @dataclass(frozen=True)
 class BatchLimits:
-    """What a line may contain: the body size limit, the simple form's model, the endpoints served."""
+    """What a line may contain: the body size limit, the simple form's model, and the record the producer
+    sends: its largest size (None: not checked) and the headers every record carries."""
 
     max_body_bytes: int = 1_048_576
     default_model: str = "mock-small"
-    supported_urls: tuple[str, ...] = ("/v1/chat/completions",)
+    max_record_bytes: int | None = None
+    record_headers: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def max_line_bytes(self) -> int:
@@ -105,7 +116,7 @@ def _parse(text: str, limits: BatchLimits, batch_id: str, submitted_ms: int) -> 
         url, body = _batch_body(value, limits, custom_id)
     elif simple_fields:
         custom_id = _required_id(value, "id")
-        url, body = limits.supported_urls[0], _simple_body(value, limits, custom_id)
+        url, body = CHAT_COMPLETIONS.url, _simple_body(value, limits, custom_id)
     else:
         raise _Invalid("empty object: expected custom_id (OpenAI batch form) or id (simple form)")
     body_json = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
@@ -115,8 +126,22 @@ def _parse(text: str, limits: BatchLimits, batch_id: str, submitted_ms: int) -> 
         raise _Invalid(f"body has an unpaired surrogate {body_json[exc.start]!r}, not valid UTF-8", custom_id) from None
     if size > limits.max_body_bytes:
         raise _Invalid(f"body is {size:,} bytes, over the {limits.max_body_bytes:,}-byte limit", custom_id)
-    return InferenceRequest(request_id_for(batch_id, custom_id), body_json, url=url, batch_id=batch_id,
-                            submitted_ms=submitted_ms)
+    request = InferenceRequest(request_id_for(batch_id, custom_id), body_json, url=url, batch_id=batch_id,
+                               submitted_ms=submitted_ms)
+    if limits.max_record_bytes is not None:
+        record = record_bytes(request, limits.record_headers)
+        if record > limits.max_record_bytes:
+            raise _Invalid(f"its record is {record:,} bytes encoded (key, value and headers), over the producer's "
+                           f"{limits.max_record_bytes:,}-byte max request size", custom_id)
+    return request
+
+
+def record_bytes(request: InferenceRequest, headers: tuple[tuple[str, bytes], ...] = ()) -> int:
+    """The request's record as the producer sends it on ``llm.requests`` (key, Avro value, headers), with the
+    record batch's own overhead: aiokafka's upper bound."""
+    size: int = DefaultRecordBatchBuilder.estimate_size_in_bytes(
+        request.request_id.encode("utf-8"), codec.encode(request), list(headers))
+    return size
 
 
 def _loads(text: str) -> Any:
@@ -134,9 +159,11 @@ def _batch_body(value: dict[str, Any], limits: BatchLimits, custom_id: str) -> t
         what = "missing method" if method is None else f"unsupported method {_show(method)}"
         raise _Invalid(f"{what} (only POST is supported)", custom_id)
     url = value.get("url")
-    if url not in limits.supported_urls:
-        what = "missing url" if url is None else f"unsupported url {_show(url)}"
-        raise _Invalid(f"{what} (supported: {', '.join(limits.supported_urls)})", custom_id)
+    if url is None:
+        raise _Invalid(f"missing url (supported: {CHAT_COMPLETIONS.url})", custom_id)
+    endpoint = endpoint_for(url)
+    if isinstance(endpoint, UrlRefused):
+        raise _Invalid(str(endpoint), custom_id)
     body = value.get("body")
     if not isinstance(body, dict):
         raise _Invalid("missing body" if body is None else f"body must be an object, got {_json_type(body)}", custom_id)
@@ -156,7 +183,7 @@ def _batch_body(value: dict[str, Any], limits: BatchLimits, custom_id: str) -> t
         raise _Invalid(f"body.model must be a non-empty string, got {_show(model)}", custom_id)
     if body.get("stream") not in (None, False):  # OpenAI's Batch API refuses it too
         raise _Invalid("body.stream must be false or absent: batch answers are read whole, not streamed", custom_id)
-    return url, body
+    return endpoint.url, body
 
 
 def _simple_body(value: dict[str, Any], limits: BatchLimits, custom_id: str) -> dict[str, Any]:
@@ -199,9 +226,12 @@ def _required_id(value: dict[str, Any], name: str) -> str:
     if not given.strip():
         raise _Invalid(f"{name} is empty")
     try:
-        given.encode("utf-8")
+        size = len(given.encode("utf-8"))
     except UnicodeEncodeError:
         raise _Invalid(f"{name} {given!r} has an unpaired surrogate, not valid UTF-8") from None
+    if size > MAX_CUSTOM_ID_BYTES:
+        raise _Invalid(f"{name} is {size:,} bytes in UTF-8, over the {MAX_CUSTOM_ID_BYTES}-byte limit "
+                       f"(starts {given[:40]!r})")
     return given
 
 

@@ -33,7 +33,8 @@ def test_validate_file_reports_each_error_at_its_line(tmp_path: Path) -> None:
         valid=2,
         errors=[
             LineError(3, None, "invalid JSON: Expecting property name enclosed in double quotes (column 2)"),
-            LineError(4, "b", "unsupported url '/v1/embeddings' (supported: /v1/chat/completions)"),
+            LineError(4, "b", "unsupported url '/v1/embeddings': not a supported endpoint "
+                                 "(supported: /v1/chat/completions)"),
             LineError(6, "a", "duplicate custom_id 'a' (first on line 1)"),
             LineError(7, "b", "duplicate custom_id 'b' (first on line 4)"),
             LineError(8, None, "expected a JSON object, got array"),

@@ -56,9 +56,10 @@ def test_same_body_spelt_differently_gives_the_same_body_json_and_hash() -> None
 
 
 def test_url_is_taken_from_the_line_among_the_supported_ones() -> None:
-    limits = BatchLimits(supported_urls=(CHAT, "/v1/completions"))
-    request = parse(batch_line(url="/v1/completions"), limits)
-    assert isinstance(request, InferenceRequest) and request.url == "/v1/completions"
+    request = parse(batch_line(url=CHAT))
+    assert isinstance(request, InferenceRequest) and request.url == CHAT
+    refused = parse(batch_line(url="/v1/completions"))
+    assert isinstance(refused, LineError) and "not a supported endpoint" in refused.reason
 
 
 # --- the simple form ---------------------------------------------------------------------------------------
@@ -131,9 +132,9 @@ REASONS: list[tuple[str, str | None, str]] = [
     (batch_line(method="post"), "req-1", "unsupported method 'post' (only POST is supported)"),
     (batch_line(method=1), "req-1", "unsupported method 1 (only POST is supported)"),
     (batch_line(url=...), "req-1", "missing url (supported: /v1/chat/completions)"),
-    (batch_line(url="/v1/embeddings"), "req-1", "unsupported url '/v1/embeddings' (supported: /v1/chat/completions)"),
+    (batch_line(url="/v1/embeddings"), "req-1", "unsupported url '/v1/embeddings': not a supported endpoint (supported: /v1/chat/completions)"),
     (batch_line(url="/v1/chat/completions/"), "req-1",
-     "unsupported url '/v1/chat/completions/' (supported: /v1/chat/completions)"),
+     "unsupported url '/v1/chat/completions/': not a supported endpoint (supported: /v1/chat/completions)"),
     (batch_line(body=...), "req-1", "missing body"),
     (batch_line(body="{}"), "req-1", "body must be an object, got string"),
     (batch_line(body=[BODY]), "req-1", "body must be an object, got array"),

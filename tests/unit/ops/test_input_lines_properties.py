@@ -24,6 +24,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from streamproc.core.endpoints import ENDPOINTS
 from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import custom_id_of
 from streamproc.ops.input_file import BatchFileError, iter_requests, validate_file
@@ -142,7 +143,7 @@ def _custom_id(request: InferenceRequest) -> str:
 def _check_request(request: InferenceRequest, limits: BatchLimits) -> None:
     """What a parsed line must be, to be sent."""
     assert request.request_id.strip() and request.request_id.encode("utf-8")
-    assert request.url in limits.supported_urls
+    assert request.url in ENDPOINTS
     assert (request.batch_id, request.submitted_ms, request.repair) == (BATCH, SUBMITTED, None)
     assert len(request.body_json.encode("utf-8")) <= limits.max_body_bytes
     body = _strict_json(request.body_json)
