@@ -34,10 +34,10 @@ from streamproc.core.record_size import RESPONSE_TOO_LARGE
 from streamproc.core.sendable_json import NotSendable, loads_sendable
 from streamproc.core.verdict import classify_http_error
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.llm.completion import check_completion
 from streamproc.llm.endpoint_url import endpoint_urls
 from streamproc.llm.http_stacks import Answer, http_stack
 from streamproc.llm.repair import completion_budget, repair_messages
+from streamproc.llm.schema_check import checked_completion
 from streamproc.llm.transport_errors import classify_exception
 from streamproc.settings import Settings
 
@@ -163,7 +163,7 @@ class LLMClient:
         if answer.too_large and answer.status == 200:
             return CallResult(self._too_large(request, endpoint), answer.content, latency, answer.headers, model)
         if answer.status == 200:
-            outcome = check_completion(answer.content, body)
+            outcome = await checked_completion(answer.content, body)  # a schema: off the event loop
             if isinstance(outcome, Success):  # the latency of the copy that answered: a hedge's starts later
                 self.timeouts.observe(model, answered_after, budget)
             return CallResult(outcome, answer.content, latency, answer.headers, model)

@@ -21,8 +21,10 @@ from streamproc.core.vocabulary import FailureLayer
 _T, _B = FailureLayer.TRANSPORT, FailureLayer.BUSINESS
 
 
-def check_completion(body: bytes, request_body: Mapping[str, Any]) -> Outcome:
-    """Check a 200 chat-completion body against what the request asked for (design §2, L1 and L3 rows)."""
+def check_completion(body: bytes, request_body: Mapping[str, Any], *, validate_schema: bool = True) -> Outcome:
+    """Check a 200 chat-completion body against what the request asked for (design §2, L1 and L3 rows).
+    ``validate_schema=False`` leaves out the JSON-Schema validation, which :mod:`streamproc.llm.schema_check`
+    runs off the event loop with a deadline (a ``pattern`` can backtrack for ever)."""
     try:
         doc: Any = json.loads(body)
     except ValueError as exc:
@@ -56,7 +58,7 @@ def check_completion(body: bytes, request_body: Mapping[str, Any]) -> Outcome:
     if content is None or not content.strip():
         return _failure(FailureLayer.SEMANTIC, "empty_content", "the answer has no content")
 
-    problem = _check_format(content, request_body.get("response_format"))
+    problem = check_format(content, request_body.get("response_format"), validate_schema=validate_schema)
     if problem is not None:
         return problem
     model = doc.get("model")
@@ -67,7 +69,16 @@ def check_completion(body: bytes, request_body: Mapping[str, Any]) -> Outcome:
     return Success(content, model, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
 
 
-def _check_format(content: str, response_format: Any) -> Failure | None:
+def wants_schema(request_body: Mapping[str, Any]) -> bool:
+    """The request asks for an answer valid against a JSON Schema (so its check may run long)."""
+    fmt = request_body.get("response_format")
+    spec = fmt.get("json_schema") if isinstance(fmt, dict) and fmt.get("type") == "json_schema" else None
+    return isinstance(spec, dict) and isinstance(spec.get("schema"), dict)
+
+
+def check_format(content: str, response_format: Any, *, validate_schema: bool = True) -> Failure | None:
+    """The answer's problem with the ``response_format`` asked for: not JSON, not an object, not valid
+    against the schema (left out with ``validate_schema=False``); None when it has none."""
     fmt = response_format if isinstance(response_format, dict) else {}
     kind = fmt.get("type")
     if kind not in ("json_object", "json_schema"):
@@ -84,7 +95,7 @@ def _check_format(content: str, response_format: Any) -> Failure | None:
         return _failure(FailureLayer.SEMANTIC, "invalid_json", f"expected a JSON object, got {type(value).__name__}")
     spec = fmt.get("json_schema")
     schema = spec.get("schema") if isinstance(spec, dict) else None
-    if kind != "json_schema" or not isinstance(schema, dict):
+    if kind != "json_schema" or not isinstance(schema, dict) or not validate_schema:
         return None
     try:
         validator = _validator(json.dumps(schema, sort_keys=True, separators=(",", ":")))
