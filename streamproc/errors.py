@@ -24,7 +24,7 @@ MEANINGS: dict[ExitCode, str] = {
                             "key, a tool missing",
     ExitCode.THRESHOLD: "a threshold was crossed (lag --max-lag)",
 }
-"""What each code means, as ``--help`` and the README say it."""
+"""What each code means, as ``--help`` and docs/cli.md say it."""
 
 
 def exit_codes_help() -> str:

@@ -69,7 +69,7 @@ def _number(value: float | None) -> float | None:
 
 
 def to_json(report: LagReport, max_lag: int | None = None) -> dict[str, Any]:
-    """The stable JSON document of ``streamproc lag --json`` (keys documented in the README)."""
+    """The stable JSON document of ``streamproc lag --json`` (keys documented in docs/cli.md)."""
     return {
         "taken_at": round(report.taken_at, 3),
         "interval_s": _number(report.interval_s),
