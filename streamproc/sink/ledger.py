@@ -6,7 +6,9 @@ From the topics those are the ``failed.*`` events and the state table; here they
 as it was and the replay is the record a topic backfill sends) and the ``requests`` view's latest outcome
 (``succeeded`` once a result arrived, so resolved rows are skipped as "succeeded since"). The filters stay
 backfill's own (``ops.backfill.BackfillFilter``); only the batch is selected in SQL, which the
-``failures_by_code`` index serves.
+``failures_by_code`` index serves. A row's url is given back as the database holds it, anyone who can write
+the database may have changed it: the plan refuses it as the worker would (``core.endpoints``), so a row can
+never turn into a call to another path or host.
 """
 
 from __future__ import annotations
