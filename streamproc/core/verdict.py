@@ -71,8 +71,10 @@ Where each row is decided: error responses here (:func:`classify_http_error`, pu
 :mod:`streamproc.llm.transport_errors` (they are httpx's); 200 bodies in :mod:`streamproc.llm.completion`
 (JSON Schema checks need jsonschema). Codes emitted outside these: ``conflicting_duplicate``
 (:mod:`streamproc.core.request_state`), ``request_too_large`` and ``response_too_large`` for what no Kafka
-record carries (:mod:`streamproc.core.record_size`), and the worker's own business codes for records rejected
-before any call (undecodable records, malformed bodies, inputs over the model's window).
+record carries (:mod:`streamproc.core.record_size`) and for an answer past the client's read cap
+(:mod:`streamproc.llm.client`), and the worker's own business codes for records rejected before any call
+(undecodable records, malformed bodies, inputs over the model's window, ``unsupported_url`` for a url outside
+the endpoint table, :mod:`streamproc.core.endpoints`).
 
 A 200 whose body is an error envelope (``{"error": {...}}`` without ``choices``, as some gateways send) is
 classified like an error response with the status found in the body (502 when there is none).
