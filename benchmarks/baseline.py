@@ -22,7 +22,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streamproc import codec
+from streamproc.core.endpoints import CHAT_COMPLETIONS
 from streamproc.core.events import InferenceRequest, InferenceResult
+from streamproc.llm.endpoint_url import endpoint_url
 from streamproc.llm.http_stacks import HttpxPools
 from streamproc.settings import Settings
 
@@ -36,6 +38,7 @@ async def run(bootstrap: str, topic: str, group: str, results_topic: str, llm_ur
     # CPU per call in httpcore, which would measure httpcore, not the pipeline
     pools = HttpxPools(Settings(llm_base_url=llm_url, in_flight=in_flight, llm_timeout_s=60.0),
                        {"user-agent": "streamproc-bench-baseline"})
+    chat_url = endpoint_url(llm_url, CHAT_COMPLETIONS)  # the benchmark's records are all chat completions
     slots = asyncio.Semaphore(in_flight)
     tasks: set[asyncio.Task[None]] = set()
     errors = 0
@@ -46,7 +49,7 @@ async def run(bootstrap: str, topic: str, group: str, results_topic: str, llm_ur
             request = codec.decode(value, InferenceRequest)
             body: Any = json.loads(request.body_json)
             started = time.monotonic()
-            response = await pools.post(request.url.removeprefix("/v1"), body,
+            response = await pools.post(chat_url, body,
                                         {"x-request-id": request.request_id}, 60.0)
             latency_ms = round((time.monotonic() - started) * 1000)
             if response.status != 200:
