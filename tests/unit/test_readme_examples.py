@@ -267,3 +267,20 @@ def test_the_extractor_reads_shell_as_a_shell_does() -> None:
         ["status", "--batch-id", "b", "--json"], ["broker", "status", "--bootstrap"],
         ["worker", "--loglevel", "INFO"], ["lag", "--max-lag", "10"], ["run", "in.jsonl", "--output", "out.jsonl"],
         ["broker", "stop"]]
+
+
+def test_the_readme_stays_a_ten_minute_read() -> None:
+    """The rest belongs in docs/: the README keeps what a newcomer needs first."""
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 250
+
+
+def test_the_design_opens_with_its_overview_and_the_concept_map_names_real_modules() -> None:
+    text = DESIGN.read_text(encoding="utf-8")
+    overview = text[:text.index("\n## 1. The job")]
+    assert "```mermaid\nflowchart" in overview
+    table = overview[overview.index("**Where each concept lives**"):]
+    paths = [word for word in re.findall(r"`([^`\s]+)`", table) if "/" in word or word.endswith(".py")]
+    assert len(paths) >= 40
+    missing = [path for path in paths
+               if not (any((ROOT / "streamproc").glob(path)) or any(ROOT.glob(path)))]
+    assert not missing, missing
