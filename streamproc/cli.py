@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import ssl
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed, UnsupportedSaslMechanismError
 
 from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.lag_reader import read_lag, sample_lag
@@ -23,7 +24,9 @@ from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.chaos.cli import chaos
 from streamproc.devstack.cluster import local_kafka, start_local_kafka, stop_local_kafka
 from streamproc.devstack.real_llm import RealLLM
+from streamproc.devstack.secure_broker import SecureBroker
 from streamproc.errors import ExitCode, UserFacingError, exit_codes_help
+from streamproc.kafka.diagnose import diagnose
 from streamproc.mockllm.cli import mock_llm
 from streamproc.mockllm.profiles import ProfileError, load_profile
 from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
@@ -67,8 +70,12 @@ class _Commands(click.Group):
             return super().invoke(ctx)
         except UserFacingError as exc:
             raise _Refused(exc) from exc
-        except KafkaConnectionError as exc:  # any command: an address that answers nothing is configuration
-            raise _Refused(UserFacingError(f"Kafka is not reachable: {exc}")) from exc
+        except (KafkaConnectionError, SaslAuthenticationFailed, UnsupportedSaslMechanismError, ssl.SSLError) as exc:
+            # any command: a cluster that answers nothing, or refuses this client, is configuration; one probe
+            # of our own names the cause that aiokafka only logs
+            failure = asyncio.run(diagnose(resolve_connection(_settings(ctx))))
+            reason = failure.reason if failure else f"Kafka is not reachable: {exc}"
+            raise _Refused(UserFacingError(reason)) from exc
 
 
 _BOOTSTRAP = "streamproc.bootstrap_server"
@@ -96,9 +103,9 @@ def kafka_options(command: FC) -> FC:
              "client properties, else the built-in broker].")(command)
 
 
-def _settings() -> Settings:
+def _settings(ctx: click.Context | None = None) -> Settings:
     """The environment's settings, with ``-b`` and ``--command-config`` over their variables."""
-    meta = click.get_current_context().meta
+    meta = (ctx or click.get_current_context()).meta
     given = {"kafka_bootstrap": meta.get(_BOOTSTRAP), "kafka_client_properties": meta.get(_COMMAND_CONFIG)}
     return Settings(**{name: value for name, value in given.items() if value})
 
@@ -131,6 +138,10 @@ def broker() -> None:
 
 _node_option = click.option("--node", type=click.IntRange(min=1), default=None,
                             help="Only this node of the local cluster (fault tests).")
+_secure_option = click.option(
+    "--secure", is_flag=True,
+    help="The secured single broker (<data dir>/kafka-secure): SCRAM, mutual TLS and OAUTHBEARER listeners "
+    "over TLS, ACLs per principal, client properties files for each.")
 
 
 @broker.command("start")
@@ -139,26 +150,34 @@ _node_option = click.option("--node", type=click.IntRange(min=1), default=None,
               help="A local cluster of this many nodes, one JVM each [default: the cluster this data dir "
               "holds, else the single broker].")
 @_node_option
-def broker_start(timeout: float, nodes: int | None, node: int | None) -> None:
+@_secure_option
+def broker_start(timeout: float, nodes: int | None, node: int | None, secure: bool) -> None:
     """Start the local broker (or cluster); returns once it accepts connections (a no-op when it runs already)."""
+    if secure:
+        if nodes is not None or node is not None:
+            raise click.UsageError("--secure starts a single broker: no --nodes or --node")
+        click.echo(SecureBroker(Settings()).start(timeout).describe())
+        return
     status = start_local_kafka(Settings(), nodes, node, timeout)
     click.echo(status.describe())
 
 
 @broker.command("stop")
 @_node_option
-def broker_stop(node: int | None) -> None:
+@_secure_option
+def broker_stop(node: int | None, secure: bool) -> None:
     """Stop the local broker or every node of the local cluster (also cleans up after a crashed one)."""
-    was_running = stop_local_kafka(Settings(), node)
+    was_running = SecureBroker(Settings()).stop() if secure else stop_local_kafka(Settings(), node)
     click.echo("stopped" if was_running else "not running")
 
 
 @broker.command("status")
 @click.option("--bootstrap", "bootstrap_only", is_flag=True, help="Print only host:port[,host:port...].")
-@json_option("running, pid, bootstrap and version")
-def broker_status(bootstrap_only: bool, as_json: bool) -> None:
+@json_option("running, pid, bootstrap and version (with --secure: listeners, CA and client files)")
+@_secure_option
+def broker_status(bootstrap_only: bool, as_json: bool, secure: bool) -> None:
     """Say whether the local broker runs, and where (exit 1 when it is stopped)."""
-    status = local_kafka(Settings()).status()
+    status = SecureBroker(Settings()).status() if secure else local_kafka(Settings()).status()
     if bootstrap_only:
         if not status.running:
             raise click.ClickException("the local broker is not running")

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import random
+import ssl
 import sys
 import time
 from collections import defaultdict
@@ -53,6 +54,7 @@ from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode
 from streamproc.kafka.clients import kafka_admin
 from streamproc.kafka.connection import KafkaConnection
+from streamproc.kafka.diagnose import KafkaRefused, diagnose
 from streamproc.llm.client import LLMClient
 from streamproc.llm.guarded import Guards, adaptive_bounds
 from streamproc.settings import Settings
@@ -374,6 +376,12 @@ async def _list_topics(kafka: KafkaConnection) -> None:
     try:
         await admin.start()
         await admin.list_topics()
+    except (KafkaError, ssl.SSLError) as exc:
+        # a refusal (credentials, TLS, a plaintext client on a TLS port) would fail every retry: stop and say why
+        failure = await diagnose(kafka)
+        if failure is not None and failure.lasting:
+            raise KafkaRefused(failure.reason) from exc
+        raise
     finally:
         await admin.close()
 
@@ -387,7 +395,8 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     topology = settings.topology()
     try:  # before anything else, so that a taken port fails fast
         metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,
-                                        settings.model_prices) if settings.worker_metrics_port else None)
+                                        settings.model_prices, [settings.default_model])
+                   if settings.worker_metrics_port else None)
     except OSError as exc:
         log.critical("STOPPING: cannot serve /metrics on %s:%d (%s); change STREAMPROC_WORKER_METRICS_PORT",
                      settings.worker_metrics_host, settings.worker_metrics_port, exc)

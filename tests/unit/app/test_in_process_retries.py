@@ -32,7 +32,12 @@ def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         await _real_sleep(0)
 
     monkeypatch.setattr(asyncio, "sleep", record)
+    monkeypatch.setattr(worker, "diagnose", no_diagnosis)
     return asked
+
+
+async def no_diagnosis(_kafka: KafkaConnection) -> None:
+    """The broker is simply not there yet: nothing a probe would call a lasting refusal."""
 
 
 class FakeAdmin:
