@@ -9,9 +9,11 @@
 # not change the broker's (rotate with kafka-configs.sh: docs/security.md).
 set -euo pipefail
 
-secrets=/etc/kafka/secrets
-ca_dir=/kafka-ca
-data=/var/lib/kafka/data
+# the image's paths; tests/integration/test_compose_broker.py runs this script outside Docker with its own
+secrets=${KAFKA_INIT_SECRETS_DIR:-/etc/kafka/secrets}
+ca_dir=${KAFKA_INIT_CA_DIR:-/kafka-ca}
+data=${KAFKA_INIT_DATA_DIR:-/var/lib/kafka/data}
+storage_tool=${KAFKA_INIT_STORAGE_TOOL:-/opt/kafka/bin/kafka-storage.sh}
 
 # SCRAM users are written by `kafka-storage.sh format --add-scram 'SCRAM-SHA-512=[name=...,password=...]'`,
 # whose parser splits on , = [ ] and quotes: a password is refused here rather than cut there.
@@ -78,24 +80,28 @@ ssl.truststore.type=PEM
 ssl.truststore.location=$secrets/ca.pem
 EOF
   # just what format needs; the kafka service's environment holds the broker's real settings
-  cat >/tmp/format.properties <<EOF
+  voters=${KAFKA_CONTROLLER_QUORUM_VOTERS:?}
+  format_config=$(mktemp)
+  cat >"$format_config" <<EOF
 process.roles=broker,controller
 node.id=${KAFKA_NODE_ID:?}
-controller.quorum.voters=${KAFKA_CONTROLLER_QUORUM_VOTERS:?}
+controller.quorum.voters=$voters
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://127.0.0.1:19099,CONTROLLER://127.0.0.1:9093
+listeners=PLAINTEXT://127.0.0.1:19099,CONTROLLER://${voters#*@}
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs=$data
 EOF
-  /opt/kafka/bin/kafka-storage.sh format --cluster-id "${CLUSTER_ID:?}" -c /tmp/format.properties \
+  "$storage_tool" format --cluster-id "${CLUSTER_ID:?}" -c "$format_config" \
     --add-scram "SCRAM-SHA-512=[name=worker,password=$WORKER_PASSWORD]" \
     --add-scram "SCRAM-SHA-512=[name=operator,password=$OPERATOR_PASSWORD]" \
     --add-scram "SCRAM-SHA-512=[name=broker,password=$broker_pass]"
-  rm -f /tmp/format.properties
+  rm -f "$format_config"
 fi
 
 # the broker runs as the image's appuser; only it reads the secrets; the CA certificate is public
-chown -R appuser:root "$secrets" "$data"
+if id appuser >/dev/null 2>&1; then  # the image's user (absent outside the image)
+  chown -R appuser:root "$secrets" "$data"
+fi
 chmod 0700 "$secrets"
 chmod 0600 "$secrets"/*
 chmod 0755 "$ca_dir"
