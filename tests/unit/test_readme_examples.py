@@ -284,3 +284,22 @@ def test_the_design_opens_with_its_overview_and_the_concept_map_names_real_modul
     missing = [path for path in paths
                if not (any((ROOT / "streamproc").glob(path)) or any(ROOT.glob(path)))]
     assert not missing, missing
+
+
+def test_every_setting_is_in_the_configuration_page() -> None:
+    """Each ``STREAMPROC_*`` variable has a row: by its full name, or as ``_SUFFIX`` beside a sibling's full name
+    (``STREAMPROC_BREAKER_FAILURE_RATE`` / ``_WINDOW_S``)."""
+    from streamproc.settings import Settings
+
+    lines = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8").splitlines()
+    rows = [line for line in lines if line.startswith("| `STREAMPROC_")]
+
+    def documented(variable: str) -> bool:
+        parts = variable.split("_")
+        return any(f"`{variable}`" in row or any(
+            f"`{'_'.join(parts[:cut])}_" in row and f"`_{'_'.join(parts[cut:])}`" in row
+            for cut in range(2, len(parts))) for row in rows)
+
+    missing = [f"STREAMPROC_{name.upper()}" for name in Settings.model_fields
+               if not documented(f"STREAMPROC_{name.upper()}")]
+    assert not missing, missing
