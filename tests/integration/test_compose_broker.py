@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -186,3 +187,27 @@ def test_the_healthcheck_command_succeeds(compose_broker: ComposeBroker) -> None
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "(id: 1 rack: null)" in result.stdout, result.stdout[-2000:]
 
+
+
+def test_the_host_commands_connect_as_the_compose_header_says(compose_broker: ComposeBroker, tmp_path: Path) -> None:
+    """streamproc's own client settings (STREAMPROC_KAFKA_*), the password from a file: `lag` of a group nobody
+    joined exits 2 (unknown group) once it reached the broker, 3 when it could not."""
+    password_file = tmp_path / "operator-password"
+    password_file.write_text(OPERATOR_PASSWORD + "\n")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("STREAMPROC_KAFKA")}
+    env.update(STREAMPROC_DATA_DIR=str(tmp_path), STREAMPROC_KAFKA_BOOTSTRAP=compose_broker.host_bootstrap,
+               STREAMPROC_KAFKA_SECURITY_PROTOCOL="SASL_SSL", STREAMPROC_KAFKA_SASL_MECHANISM="SCRAM-SHA-512",
+               STREAMPROC_KAFKA_SASL_USERNAME="operator", STREAMPROC_KAFKA_SASL_PASSWORD_FILE=str(password_file),
+               STREAMPROC_KAFKA_SSL_CAFILE=str(compose_broker.ca_file))
+
+    def lag(**overrides: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "streamproc", "lag", "--group", "nobody", "--json"],
+                              env={**env, **overrides}, capture_output=True, text=True, timeout=120, check=False)
+
+    reached = lag()
+    assert reached.returncode == 2, reached.stdout + reached.stderr
+    assert "does not exist" in reached.stderr, reached.stderr
+    wrong = tmp_path / "wrong-password"
+    wrong.write_text("not-the-password\n")
+    refused = lag(STREAMPROC_KAFKA_SASL_PASSWORD_FILE=str(wrong))
+    assert refused.returncode == 3, refused.stdout + refused.stderr
