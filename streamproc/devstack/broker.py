@@ -89,7 +89,13 @@ def require_tool(name: str, what_to_install: str) -> str:
 
 def ensure_jars(settings: Settings) -> Path:
     """Fetch the broker's jars from Maven Central once; later calls are offline and instant."""
-    libs = settings.kafka_jars_dir
+    return fetch_jars(_POM.format(version=settings.local_kafka_version), settings.kafka_jars_dir,
+                      "kafka_2.13-*.jar", f"Kafka {settings.local_kafka_version}")
+
+
+def fetch_jars(pom_text: str, libs: Path, expected: str, what: str, *mvn_args: str) -> Path:
+    """Copy the runtime dependencies of ``pom_text`` into ``libs`` once (a jar matching ``expected`` must come);
+    the directory appears whole or not at all, so an interrupted fetch is redone."""
     if (libs / _COMPLETE_MARK).exists():
         return libs
     require_tool("java", "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
@@ -97,19 +103,17 @@ def ensure_jars(settings: Settings) -> Path:
     libs.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=libs.parent) as work:
         pom = Path(work) / "pom.xml"
-        pom.write_text(_POM.format(version=settings.local_kafka_version))
+        pom.write_text(pom_text)
         staged = Path(work) / "libs"
         proc = subprocess.run(
             [mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
-             "-DincludeScope=runtime", f"-DoutputDirectory={staged}"],
+             "-DincludeScope=runtime", f"-DoutputDirectory={staged}", *mvn_args],
             capture_output=True, text=True, check=False,
         )
-        if proc.returncode != 0 or not any(staged.glob("kafka_2.13-*.jar")):
+        if proc.returncode != 0 or not any(staged.glob(expected)):
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-            raise LocalKafkaError(
-                f"Maven could not fetch Kafka {settings.local_kafka_version} jars:\n" + "\n".join(tail)
-            )
-        (staged / _COMPLETE_MARK).write_text(settings.local_kafka_version)
+            raise LocalKafkaError(f"Maven could not fetch the {what} jars:\n" + "\n".join(tail))
+        (staged / _COMPLETE_MARK).write_text(what)
         if libs.exists():
             shutil.rmtree(libs)
         staged.rename(libs)
@@ -154,18 +158,27 @@ def node_properties(node_id: int, nodes: Sequence[NodePorts], log_dir: Path) -> 
     of the KRaft quorum; Kafka's internal topics get min(3, nodes) replicas and a minimum of 2 in sync once
     there are 3 (on one node: 1 and 1, which its defaults of 3 and 2 would break)."""
     own = nodes[node_id - 1]
-    replicas = min(3, len(nodes))
-    min_isr = max(1, min(2, replicas - 1))
-    voters = ",".join(f"{i}@127.0.0.1:{node.controller_port}" for i, node in enumerate(nodes, start=1))
     return "\n".join([
-        "process.roles=broker,controller",
-        f"node.id={node_id}",
-        f"controller.quorum.voters={voters}",
         f"listeners=PLAINTEXT://127.0.0.1:{own.port},CONTROLLER://127.0.0.1:{own.controller_port}",
         f"advertised.listeners=PLAINTEXT://127.0.0.1:{own.port}",
         "inter.broker.listener.name=PLAINTEXT",
         "controller.listener.names=CONTROLLER",
         "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        *quorum_properties(node_id, [node.controller_port for node in nodes], log_dir),
+        "",
+    ])
+
+
+def quorum_properties(node_id: int, controller_ports: Sequence[int], log_dir: Path) -> list[str]:
+    """Everything of a node's config but its listeners: its place in the quorum, its log dir, and replication
+    that ``len(controller_ports)`` nodes can satisfy."""
+    replicas = min(3, len(controller_ports))
+    min_isr = max(1, min(2, replicas - 1))
+    voters = ",".join(f"{i}@127.0.0.1:{port}" for i, port in enumerate(controller_ports, start=1))
+    return [
+        "process.roles=broker,controller",
+        f"node.id={node_id}",
+        f"controller.quorum.voters={voters}",
         f"log.dirs={log_dir}",
         "num.partitions=1",
         f"default.replication.factor={replicas}",
@@ -178,8 +191,7 @@ def node_properties(node_id: int, nodes: Sequence[NodePorts], log_dir: Path) -> 
         "group.initial.rebalance.delay.ms=0",
         "log.cleaner.dedupe.buffer.size=16777216",
         "auto.create.topics.enable=false",
-        "",
-    ])
+    ]
 
 
 @contextlib.contextmanager
@@ -260,9 +272,11 @@ class LocalBroker:
                 chosen.append(free_port())
         return chosen[0], chosen[1]
 
-    def _format_storage(self, classpath: str, java: str, properties: Path, cluster_id: str | None) -> None:
+    def _format_storage(self, classpath: str, java: str, properties: Path, cluster_id: str | None,
+                        format_args: Sequence[str] = ()) -> None:
         """Format the log dir with ``cluster_id`` (a cluster's nodes share one), else with the id it has; a dir
-        that cannot be formatted (another cluster's, half-written) is wiped and redone."""
+        that cannot be formatted (another cluster's, half-written) is wiped and redone. ``format_args`` go to
+        the StorageTool too (the secure broker's SCRAM users)."""
         meta = self.data_dir / "meta.properties"
         formatted_id = None
         if meta.exists():
@@ -274,7 +288,8 @@ class LocalBroker:
             formatted_id = None
         for attempt in range(2):
             cmd = [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
-                   "-t", cluster_id or formatted_id or new_cluster_id(), "-c", str(properties), "--ignore-formatted"]
+                   "-t", cluster_id or formatted_id or new_cluster_id(), "-c", str(properties), "--ignore-formatted",
+                   *format_args]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
                                   env={**os.environ, "KAFKA_LOG4J_OPTS": ""})
             if proc.returncode == 0:
@@ -299,7 +314,7 @@ class LocalBroker:
             return self.status()
 
     def launch(self, properties_text: str, port: int, controller_port: int,
-               cluster_id: str | None = None) -> subprocess.Popen[bytes]:
+               cluster_id: str | None = None, format_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         """Write the config, format the log dir and start the JVM in its own session; returns at once (a cluster
         starts every node before any can be ready: a node opens its port only once the quorum has a leader)."""
         java = require_tool("java", "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
@@ -311,7 +326,7 @@ class LocalBroker:
         properties.write_text(properties_text)
         log4j = self.home / "log4j.properties"
         log4j.write_text(_LOG4J)
-        self._format_storage(classpath, java, properties, cluster_id)
+        self._format_storage(classpath, java, properties, cluster_id, format_args)
         heap = f"{self.heap_mb}m"
         cmd = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
                f"-Dkafka.logs.dir={self.logs_dir}", f"-Dlog4j.configuration=file:{log4j}",
