@@ -26,6 +26,7 @@ from streamproc.devstack.cluster import local_kafka, start_local_kafka, stop_loc
 from streamproc.devstack.real_llm import RealLLM
 from streamproc.devstack.secure_broker import SecureBroker
 from streamproc.errors import ExitCode, UserFacingError, exit_codes_help
+from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
 from streamproc.kafka.diagnose import diagnose
 from streamproc.mockllm.cli import mock_llm
 from streamproc.mockllm.profiles import ProfileError, load_profile
@@ -76,6 +77,8 @@ class _Commands(click.Group):
             failure = asyncio.run(diagnose(resolve_connection(_settings(ctx))))
             reason = failure.reason if failure else f"Kafka is not reachable: {exc}"
             raise _Refused(UserFacingError(reason)) from exc
+        except AUTHORIZATION_ERRORS as exc:
+            raise _Refused(not_authorized(exc)) from exc
 
 
 _BOOTSTRAP = "streamproc.bootstrap_server"

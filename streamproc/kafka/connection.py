@@ -93,7 +93,7 @@ class KafkaConnection(BaseModel):
 
     def describe(self) -> str:
         """The connection for a log line or an error: address, protocol, mechanism, user; never a secret."""
-        parts = [self.security_protocol]
+        parts: list[str] = [self.security_protocol]
         if self.sasl_mechanism:
             parts.append(self.sasl_mechanism + (f" as {self.sasl_username}" if self.sasl_username else ""))
         if self.ssl_certfile:

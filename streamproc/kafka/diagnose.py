@@ -31,7 +31,7 @@ PROBE_TIMEOUT_S = 10.0
 # OpenSSL's verify results (X509_V_ERR_*) that say the broker's certificate chain is not trusted
 _UNTRUSTED = {2, 18, 19, 20, 21}
 _EXPIRED = 10
-_HOSTNAME_MISMATCH = 62
+_NAME_MISMATCH = {62, 64}  # host name, IP address
 
 
 class KafkaRefused(UserFacingError):
@@ -115,7 +115,7 @@ def explain(exc: BaseException, connection: KafkaConnection, where: str) -> str:
 
 def _verify_failure(exc: ssl.SSLCertVerificationError, connection: KafkaConnection, where: str) -> str:
     trusted = f"the CA in {connection.ssl_cafile}" if connection.ssl_cafile else "the system's trust store"
-    if exc.verify_code == _HOSTNAME_MISMATCH:
+    if exc.verify_code in _NAME_MISMATCH:
         return (f"the certificate of Kafka at {where} does not name that host ({exc.verify_message}); connect by a "
                 "name it holds, or turn the check off with ssl.endpoint.identification.algorithm= "
                 "(STREAMPROC_KAFKA_SSL_CHECK_HOSTNAME=false)")

@@ -132,10 +132,10 @@ async def replay(settings: Settings, plan: BackfillPlan, rate_per_s: float, prog
     """Send the plan's replays, at most ``rate_per_s`` a second (a backlog must not hit the provider at once)."""
     topology = settings.topology()
     producer = kafka_producer(resolve_connection(settings), **settings.producer_options())
-    await producer.start()
     interval = 1.0 / rate_per_s
     started = time.monotonic()
     try:
+        await producer.start()
         if progress is not None:
             progress.start(len(plan.replays))
         for index, request in enumerate(plan.replays):

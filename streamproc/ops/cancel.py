@@ -43,8 +43,8 @@ async def cancel_batch(settings: Settings, batch_id: str) -> BatchManifest:
         return manifest
     cancelled = replace(manifest, cancelled_ms=int(time.time() * 1000))
     producer = kafka_producer(kafka, **settings.producer_options())
-    await producer.start()
     try:
+        await producer.start()
         await producer.send_and_wait(topology.batches, key=batch_id.encode(), value=encode_manifest(cancelled))
     finally:
         await producer.stop()

@@ -102,10 +102,10 @@ async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_inv
         progress.start(report.valid)
     producer = kafka_producer(kafka, **settings.producer_options(), linger_ms=20,
                                 max_batch_size=512 * 1024, compression_type="gzip")
-    await producer.start()
     sent = 0
     reuse_headers = list(limits.record_headers) or None  # the headers the records were measured with
     try:
+        await producer.start()  # inside: a producer the cluster refuses is closed too
         pending: list[asyncio.Future[object]] = []
         submitted_ms = int(time.time() * 1000)
         for request in iter_requests(path, limits, batch_id, submitted_ms, skip_invalid):
