@@ -2,7 +2,8 @@
 # One-shot set-up of the compose stack's broker (service kafka-init, apache/kafka image, run as root, then done):
 #  1. a throwaway CA signs the broker's TLS key (its names: kafka, localhost, 127.0.0.1); the CA's private key is
 #     deleted once it signed, so nothing else can ever be signed by it. Broker files go to /etc/kafka/secrets
-#     (the kafka service's volume only); the public CA certificate to /kafka-ca (readable by the worker and the host).
+#     (the kafka service's volume only); the public CA certificate to /kafka-ca (readable by the worker and the host);
+#     the worker's password to /worker-secrets (a file only the streamproc image's user reads).
 #  2. the storage is formatted with the SCRAM-SHA-512 users: worker, operator (the host's commands) and the
 #     broker itself (its own inter-broker login, a random password that never leaves the secrets volume).
 # Both steps run once: a second `up` finds the files and leaves them, so a password changed in .env later does
@@ -14,6 +15,7 @@ secrets=${KAFKA_INIT_SECRETS_DIR:-/etc/kafka/secrets}
 ca_dir=${KAFKA_INIT_CA_DIR:-/kafka-ca}
 data=${KAFKA_INIT_DATA_DIR:-/var/lib/kafka/data}
 storage_tool=${KAFKA_INIT_STORAGE_TOOL:-/opt/kafka/bin/kafka-storage.sh}
+worker_secrets=${KAFKA_INIT_WORKER_SECRETS_DIR:-/worker-secrets}
 
 # SCRAM users are written by `kafka-storage.sh format --add-scram 'SCRAM-SHA-512=[name=...,password=...]'`,
 # whose parser splits on , = [ ] and quotes: a password is refused here rather than cut there.
@@ -96,6 +98,14 @@ EOF
     --add-scram "SCRAM-SHA-512=[name=operator,password=$OPERATOR_PASSWORD]" \
     --add-scram "SCRAM-SHA-512=[name=broker,password=$broker_pass]"
   rm -f "$format_config"
+fi
+
+# the workers' password as a file (STREAMPROC_KAFKA_SASL_PASSWORD_FILE): out of their environment, so out of
+# `docker inspect`; rewritten on every run, so it follows .env (the broker's credential does not: rotation)
+printf '%s' "$WORKER_PASSWORD" >"$worker_secrets/kafka-sasl-password"
+chmod 0400 "$worker_secrets/kafka-sasl-password"
+if id appuser >/dev/null 2>&1; then
+  chown 10001 "$worker_secrets/kafka-sasl-password"  # the streamproc image's user (docker/Dockerfile)
 fi
 
 # the broker runs as the image's appuser; only it reads the secrets; the CA certificate is public

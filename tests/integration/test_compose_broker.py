@@ -50,13 +50,18 @@ def image_properties(env: dict[str, object]) -> dict[str, str]:
 @dataclass
 class ComposeBroker:
     host_bootstrap: str
-    ca_file: Path
+    internal_bootstrap: str  # the compose network's listener (kafka:19092 there)
+    dirs: dict[str, Path]  # the volumes kafka-init filled: secrets, ca, data, worker-secrets
     process: subprocess.Popen[bytes]
     log: Path
 
+    @property
+    def ca_file(self) -> Path:
+        return self.dirs["ca"] / "ca.pem"
+
 
 def run_init(tmp: Path, jars: Path, controller_port: int) -> dict[str, Path]:
-    dirs = {name: tmp / name for name in ("secrets", "ca", "data")}
+    dirs = {name: tmp / name for name in ("secrets", "ca", "data", "worker-secrets")}
     for path in dirs.values():
         path.mkdir()
     storage_tool = tmp / "kafka-storage.sh"
@@ -65,6 +70,7 @@ def run_init(tmp: Path, jars: Path, controller_port: int) -> dict[str, Path]:
     init_env = SERVICES["kafka-init"]["environment"]
     env = {**os.environ, "KAFKA_INIT_SECRETS_DIR": str(dirs["secrets"]), "KAFKA_INIT_CA_DIR": str(dirs["ca"]),
            "KAFKA_INIT_DATA_DIR": str(dirs["data"]), "KAFKA_INIT_STORAGE_TOOL": str(storage_tool),
+           "KAFKA_INIT_WORKER_SECRETS_DIR": str(dirs["worker-secrets"]),
            "CLUSTER_ID": init_env["CLUSTER_ID"], "KAFKA_NODE_ID": str(init_env["KAFKA_NODE_ID"]),
            "KAFKA_CONTROLLER_QUORUM_VOTERS": f"1@127.0.0.1:{controller_port}",
            "WORKER_PASSWORD": WORKER_PASSWORD, "OPERATOR_PASSWORD": OPERATOR_PASSWORD}
@@ -105,7 +111,7 @@ def compose_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose
         process = subprocess.Popen(["java", "-Xmx512m", f"-Dlog4j.configuration=file:{log4j}",
                                     *env["KAFKA_OPTS"].split(), "-cp", f"{jars}/*", "kafka.Kafka",
                                     str(server_properties)], stdout=out, stderr=subprocess.STDOUT)
-    broker = ComposeBroker(f"127.0.0.1:{host_port}", dirs["ca"] / "ca.pem", process, log)
+    broker = ComposeBroker(f"127.0.0.1:{host_port}", f"localhost:{internal_port}", dirs, process, log)
     try:
         for _ in range(600):
             if process.poll() is not None:
@@ -178,7 +184,7 @@ def test_the_healthcheck_command_succeeds(compose_broker: ComposeBroker) -> None
     """The kafka service's healthcheck, with its client file made by kafka-init, as the Java tools run it."""
     healthcheck = SERVICES["kafka"]["healthcheck"]["test"][1]
     assert "--command-config /etc/kafka/secrets/healthcheck.properties" in healthcheck
-    secrets = compose_broker.ca_file.parent.parent / "secrets"
+    secrets = compose_broker.dirs["secrets"]
     jars = ensure_jars(Settings())
     result = subprocess.run(["java", "-cp", f"{jars}/*", "kafka.admin.BrokerApiVersionsCommand", "--bootstrap-server",
                              compose_broker.host_bootstrap.replace("127.0.0.1", "localhost"), "--command-config",
@@ -189,25 +195,41 @@ def test_the_healthcheck_command_succeeds(compose_broker: ComposeBroker) -> None
 
 
 
+def lag(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`streamproc lag` of a group nobody joined: exits 2 (unknown group) once it reached the broker, 3 when not."""
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("STREAMPROC_KAFKA")}
+    return subprocess.run([sys.executable, "-m", "streamproc", "lag", "--group", "nobody", "--json"],
+                          env={**clean, **env}, capture_output=True, text=True, timeout=120, check=False)
+
+
 def test_the_host_commands_connect_as_the_compose_header_says(compose_broker: ComposeBroker, tmp_path: Path) -> None:
-    """streamproc's own client settings (STREAMPROC_KAFKA_*), the password from a file: `lag` of a group nobody
-    joined exits 2 (unknown group) once it reached the broker, 3 when it could not."""
+    """streamproc's own client settings (STREAMPROC_KAFKA_*) as the compose file's header gives them."""
     password_file = tmp_path / "operator-password"
     password_file.write_text(OPERATOR_PASSWORD + "\n")
-    env = {key: value for key, value in os.environ.items() if not key.startswith("STREAMPROC_KAFKA")}
-    env.update(STREAMPROC_DATA_DIR=str(tmp_path), STREAMPROC_KAFKA_BOOTSTRAP=compose_broker.host_bootstrap,
-               STREAMPROC_KAFKA_SECURITY_PROTOCOL="SASL_SSL", STREAMPROC_KAFKA_SASL_MECHANISM="SCRAM-SHA-512",
-               STREAMPROC_KAFKA_SASL_USERNAME="operator", STREAMPROC_KAFKA_SASL_PASSWORD_FILE=str(password_file),
-               STREAMPROC_KAFKA_SSL_CAFILE=str(compose_broker.ca_file))
-
-    def lag(**overrides: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "streamproc", "lag", "--group", "nobody", "--json"],
-                              env={**env, **overrides}, capture_output=True, text=True, timeout=120, check=False)
-
-    reached = lag()
+    env = {"STREAMPROC_DATA_DIR": str(tmp_path), "STREAMPROC_KAFKA_BOOTSTRAP": compose_broker.host_bootstrap,
+           "STREAMPROC_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "STREAMPROC_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+           "STREAMPROC_KAFKA_SASL_USERNAME": "operator", "STREAMPROC_KAFKA_SASL_PASSWORD_FILE": str(password_file),
+           "STREAMPROC_KAFKA_SSL_CAFILE": str(compose_broker.ca_file)}
+    reached = lag(env)
     assert reached.returncode == 2, reached.stdout + reached.stderr
     assert "does not exist" in reached.stderr, reached.stderr
     wrong = tmp_path / "wrong-password"
     wrong.write_text("not-the-password\n")
-    refused = lag(STREAMPROC_KAFKA_SASL_PASSWORD_FILE=str(wrong))
+    refused = lag({**env, "STREAMPROC_KAFKA_SASL_PASSWORD_FILE": str(wrong)})
     assert refused.returncode == 3, refused.stdout + refused.stderr
+
+
+def test_the_compose_workers_settings_reach_the_internal_listener(compose_broker: ComposeBroker,
+                                                                   tmp_path: Path) -> None:
+    """The worker service's STREAMPROC_KAFKA_* as written, its paths moved to the volumes kafka-init filled."""
+    env = {key: str(value) for key, value in SERVICES["worker"]["environment"].items()
+           if key.startswith("STREAMPROC_KAFKA")}
+    assert env.pop("STREAMPROC_KAFKA_BOOTSTRAP") == "kafka:19092"
+    env["STREAMPROC_KAFKA_BOOTSTRAP"] = compose_broker.internal_bootstrap
+    env["STREAMPROC_KAFKA_SSL_CAFILE"] = env["STREAMPROC_KAFKA_SSL_CAFILE"].replace(
+        "/kafka-ca", str(compose_broker.dirs["ca"]))
+    env["STREAMPROC_KAFKA_SASL_PASSWORD_FILE"] = env["STREAMPROC_KAFKA_SASL_PASSWORD_FILE"].replace(
+        "/run/secrets/streamproc", str(compose_broker.dirs["worker-secrets"]))
+    reached = lag({**env, "STREAMPROC_DATA_DIR": str(tmp_path)})
+    assert reached.returncode == 2, reached.stdout + reached.stderr
+    assert "does not exist" in reached.stderr, reached.stderr

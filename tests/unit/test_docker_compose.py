@@ -94,9 +94,11 @@ def test_the_worker_logs_in_with_scram_over_tls() -> None:
     env = worker["environment"]
     assert env["STREAMPROC_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
     assert env["STREAMPROC_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512"
-    assert env["STREAMPROC_KAFKA_SASL_PASSWORD"].startswith("${KAFKA_WORKER_PASSWORD:?")
+    assert "STREAMPROC_KAFKA_SASL_PASSWORD" not in env  # a file, out of `docker inspect`
+    assert env["STREAMPROC_KAFKA_SASL_PASSWORD_FILE"] == "/run/secrets/streamproc/kafka-sasl-password"
     assert env["STREAMPROC_KAFKA_SSL_CAFILE"] == "/kafka-ca/ca.pem"
-    assert "kafka-ca:/kafka-ca:ro" in worker["volumes"]
+    assert {"kafka-ca:/kafka-ca:ro", "worker-secrets:/run/secrets/streamproc:ro"} <= set(worker["volumes"])
+    assert "${KAFKA_WORKER_PASSWORD:?" in services()["kafka-init"]["environment"]["WORKER_PASSWORD"]
     assert not any(str(volume).startswith("kafka-secrets") for volume in worker["volumes"])  # never the broker's keys
     assert worker["depends_on"]["kafka"]["condition"] == "service_healthy"
     init = services()["kafka-init"]
