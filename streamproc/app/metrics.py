@@ -26,6 +26,10 @@ are in seconds, a state is a label):
   ``rate_limit_requests_per_second{model}`` / ``rate_limit_tokens_per_second{model}`` (the pace, from the
   per-minute limits), ``fallbacks_total{model,fallback,reason}``,
   ``retry_budget_exhausted_total``, ``token_estimate_ratio``; ``hedged_calls_total`` (the client's hedges).
+
+A ``model`` label is bounded (:class:`~streamproc.core.model_labels.ModelLabels`): the models the settings
+name keep their names, so do the first 50 others seen, and any later one is ``other`` (a gauge of ``other``
+counts its models: breakers in each state, models paused; its rate limits are left out).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from streamproc.app.lag_reader import LagError, LagReader
 from streamproc.app.observe import LlmCall
 from streamproc.core.guards.breaker import BreakerState
 from streamproc.core.lag import PartitionLag
+from streamproc.core.model_labels import OTHER, ModelLabels
 from streamproc.core.stalls import StallWatch
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.guarded import Guards
@@ -68,8 +73,9 @@ class WorkerMetrics:
     """The worker's metrics in one registry; implements :class:`streamproc.app.observe.Observer`."""
 
     def __init__(self, registry: CollectorRegistry | None = None,
-                 prices: Mapping[str, tuple[float, float]] | None = None) -> None:
-        """``prices``: USD per million input and output tokens, per model (``STREAMPROC_MODEL_PRICES``)."""
+                 prices: Mapping[str, tuple[float, float]] | None = None, models: Iterable[str] = ()) -> None:
+        """``prices``: USD per million input and output tokens, per model (``STREAMPROC_MODEL_PRICES``);
+        ``models``: the other models the settings name (their labels are kept, see the module docstring)."""
         if registry is None:  # a private registry with the usual process metrics (a second instance is fine)
             registry = CollectorRegistry()
             for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
@@ -77,6 +83,7 @@ class WorkerMetrics:
         self.registry = registry
         common: dict[str, Any] = {"namespace": NAMESPACE, "registry": registry}
         self._prices = dict(prices or {})
+        self.models = ModelLabels([*self._prices, *models])
         calls = ["model", "outcome"]
         self.calls = Counter("llm_calls", "LLM calls that came back, by the model called and outcome (success or "
                              "the failure's layer); every attempt counts.", calls, **common)
@@ -108,15 +115,16 @@ class WorkerMetrics:
 
     # -- Observer ----------------------------------------------------------------------------------------
     def on_llm_call(self, call: LlmCall) -> None:
-        self.calls.labels(call.model, call.outcome).inc()
-        self.latency.labels(call.model, call.outcome).observe(max(call.latency_s, 0.0))
+        model = self.models.label(call.model)
+        self.calls.labels(model, call.outcome).inc()
+        self.latency.labels(model, call.outcome).observe(max(call.latency_s, 0.0))
         if call.input_tokens:
-            self.tokens.labels(call.model, "input").inc(call.input_tokens)
+            self.tokens.labels(model, "input").inc(call.input_tokens)
         if call.output_tokens:
-            self.tokens.labels(call.model, "output").inc(call.output_tokens)
+            self.tokens.labels(model, "output").inc(call.output_tokens)
         price = self._prices.get(call.model)
         if price is not None:
-            self.cost.labels(call.model).inc((call.input_tokens * price[0] + call.output_tokens * price[1]) / 1e6)
+            self.cost.labels(model).inc((call.input_tokens * price[0] + call.output_tokens * price[1]) / 1e6)
 
     def on_result(self) -> None:
         self.results.inc()
@@ -142,8 +150,10 @@ class WorkerMetrics:
         self.in_flight.set_function(lambda: float(count()))
 
     def track_guards(self, guards: Guards) -> None:
-        """The guards' state, read at every scrape (see :class:`GuardsCollector`)."""
-        self.registry.register(GuardsCollector(guards))
+        """The guards' state, read at every scrape (see :class:`GuardsCollector`); the models their routes name
+        keep their labels."""
+        self.models.configure(guards.routes.models())
+        self.registry.register(GuardsCollector(guards, self.models))
 
     def track_hedges(self, count: Callable[[], int]) -> None:
         """``hedged_calls_total`` reads ``count()`` at every scrape."""
@@ -190,21 +200,32 @@ class _ReadCounter(Collector):
 class GuardsCollector(Collector):
     """Reads the worker's :class:`Guards` when scraped, so the guards keep plain counters and no metric objects."""
 
-    def __init__(self, guards: Guards) -> None:
+    def __init__(self, guards: Guards, models: ModelLabels | None = None) -> None:
         self._guards = guards
+        self._models = models or ModelLabels()
 
     def collect(self) -> Iterable[Metric]:
         guards = self._guards
+        label = self._models.label
         breaker = GaugeMetricFamily(f"{NAMESPACE}_circuit_breaker_state", "Circuit breaker per model: 1 for its "
-                                    "state (closed, half_open or open), 0 for the others.", labels=["model", "state"])
+                                    "state (closed, half_open or open), 0 for the others; for model=\"other\" "
+                                    "the number of its breakers in each.", labels=["model", "state"])
+        states: dict[tuple[str, BreakerState], float] = {}
         for model, current in guards.breaker_states().items():
             for state in BreakerState:
-                breaker.add_metric([model, state.value], 1.0 if state is current else 0.0)
+                key = (label(model), state)
+                states[key] = states.get(key, 0.0) + (1.0 if state is current else 0.0)
+        for (model, state), value in states.items():
+            breaker.add_metric([model, state.value], value)
         yield breaker
         paused = GaugeMetricFamily(f"{NAMESPACE}_model_paused", "1 while a model is paused because its first calls "
-                                   "all failed alike (its requests wait; one probe a minute).", labels=["model"])
+                                   "all failed alike (its requests wait; one probe a minute); for "
+                                   "model=\"other\" the number of its models paused.", labels=["model"])
+        paused_by_label: dict[str, int] = {}
         for model in guards.pauses.paused():
-            paused.add_metric([model], 1)
+            paused_by_label[label(model)] = paused_by_label.get(label(model), 0) + 1
+        for model, count in paused_by_label.items():
+            paused.add_metric([model], count)
         yield paused
         if guards.in_flight_limit is not None:
             yield GaugeMetricFamily(f"{NAMESPACE}_adaptive_in_flight_limit",
@@ -218,6 +239,8 @@ class GuardsCollector(Collector):
                                     "Tokens/s this worker paces each model to (its tokens/min limit / 60).",
                                     labels=["model"])
             for model, limits in guards.rate_limits().items():
+                if label(model) == OTHER:
+                    continue  # no one pace stands for many models
                 if limits.rpm is not None:
                     rps.add_metric([model], limits.rpm / 60)
                 if limits.tpm is not None:
@@ -226,8 +249,12 @@ class GuardsCollector(Collector):
             yield tps
         fallbacks = CounterMetricFamily(f"{NAMESPACE}_fallbacks", "Calls sent to a fallback model, by reason.",
                                         labels=["model", "fallback", "reason"])
+        counts: dict[tuple[str, str, str], int] = {}
         for (model, fallback, reason), count in guards.fallbacks.items():
-            fallbacks.add_metric([model, fallback, reason], count)
+            route = (label(model), label(fallback), reason)
+            counts[route] = counts.get(route, 0) + count
+        for route, count in counts.items():
+            fallbacks.add_metric(list(route), count)
         yield fallbacks
         yield CounterMetricFamily(f"{NAMESPACE}_retry_budget_exhausted",
                                   "Retryable failures made terminal because their batch's retry budget was spent.",
@@ -296,9 +323,11 @@ class LagWatcher:
                 log.debug("closing the lag reader", exc_info=True)
 
 
-def serve_worker_metrics(port: int, host: str, prices: Mapping[str, tuple[float, float]]) -> WorkerMetrics:
-    """The worker's metrics, already served on ``host:port`` (raises OSError when it cannot listen)."""
-    metrics = WorkerMetrics(prices=prices)
+def serve_worker_metrics(port: int, host: str, prices: Mapping[str, tuple[float, float]],
+                         models: Iterable[str] = ()) -> WorkerMetrics:
+    """The worker's metrics, already served on ``host:port`` (raises OSError when it cannot listen);
+    ``models``: the models the settings name besides ``prices`` (their labels are kept)."""
+    metrics = WorkerMetrics(prices=prices, models=models)
     metrics.serve(port, host)
     return metrics
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
+from streamproc.core.guards.bounded import MAX_MODELS, LruDict
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.outcome import Failure
 from streamproc.core.vocabulary import FailureLayer
@@ -39,7 +40,8 @@ class Breakers:
 
     def __init__(self, settings: BreakerSettings | None) -> None:
         self._settings = settings
-        self.by_model: dict[str, CircuitBreaker] = {}
+        # bounded: the least recently called models' breakers go past MAX_MODELS (made again, closed, if called)
+        self.by_model: LruDict[str, CircuitBreaker] = LruDict(MAX_MODELS)
         self.hold_s = settings.hold_s if settings is not None else 0.0
         self._changed = asyncio.Event()  # set (and replaced) on every breaker transition
 

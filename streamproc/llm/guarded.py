@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
@@ -38,8 +38,10 @@ from streamproc.core.guards.pauses import ModelPauses, Pause
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
 from streamproc.core.guards.token_estimate import TokenEstimator
-from streamproc.core.outcome import Failure
+from streamproc.core.model_names import INVALID_MODEL_NAME, model_name_problem
+from streamproc.core.outcome import Failure, truncate
 from streamproc.core.retry_policy import Stop, within_budget
+from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.breakers import BreakerLayer, Breakers, BreakerSettings
 from streamproc.llm.client import Caller, CallResult
 from streamproc.llm.context_fallback import ContextFallbackLayer
@@ -109,10 +111,14 @@ class Guards:
 
     # -- before the call -----------------------------------------------------------------------------------
     def precheck(self, body: dict[str, Any]) -> dict[str, Any] | Failure:
-        """The body to send (its model possibly replaced by the context fallback), or a business failure."""
+        """The body to send (its model possibly replaced by the context fallback), or a business failure: a
+        model name outside :mod:`streamproc.core.model_names` (never called, never a guard's key or a label)."""
         model = body.get("model")
         if not isinstance(model, str):
             return body
+        problem = model_name_problem(model)
+        if problem is not None:
+            return Failure(FailureLayer.BUSINESS, INVALID_MODEL_NAME, truncate(f"body.model {problem}; not called"))
         routed = self.routes.precheck(model, self.estimator.prompt_tokens(body), self.estimator.max_tokens(body))
         if isinstance(routed, Failure):
             return routed
@@ -156,7 +162,7 @@ class Guards:
 
     # -- for metrics ---------------------------------------------------------------------------------------
     @property
-    def breakers(self) -> dict[str, CircuitBreaker]:
+    def breakers(self) -> Mapping[str, CircuitBreaker]:
         """The breaker of each model called so far (none when breakers are off)."""
         return self._breakers.by_model
 

@@ -30,6 +30,7 @@ from streamproc import codec
 from streamproc.core.endpoints import CHAT_COMPLETIONS, UrlRefused, endpoint_for
 from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import request_id_for
+from streamproc.core.model_names import model_name_problem
 from streamproc.core.sendable_json import loads_sendable
 
 _BATCH_FIELDS: Final = ("custom_id", "method", "url", "body")
@@ -119,6 +120,8 @@ def _parse(text: str, limits: BatchLimits, batch_id: str, submitted_ms: int) -> 
         url, body = CHAT_COMPLETIONS.url, _simple_body(value, limits, custom_id)
     else:
         raise _Invalid("empty object: expected custom_id (OpenAI batch form) or id (simple form)")
+    if (model_problem := model_name_problem(body["model"])) is not None:  # a metric label and a guard's key
+        raise _Invalid(f"{'body.' if batch_fields else ''}model {model_problem}", custom_id)
     body_json = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
     try:
         size = len(body_json.encode("utf-8"))

@@ -33,7 +33,9 @@ class Place:
 
 
 class OwnQueue:
-    """Per model: calls in flight, calls answered, and when the last one was."""
+    """Per model: calls in flight, calls answered, and when the last one was. Only a model with a call in
+    flight has an entry (no :class:`Place` of it is left once its last call finished), so the entries are
+    bounded by the calls in flight, whatever model names the requests carry."""
 
     def __init__(self) -> None:
         self._in_flight: defaultdict[str, int] = defaultdict(int)
@@ -49,10 +51,14 @@ class OwnQueue:
     def finish(self, place: Place, now: float, answered: bool) -> None:
         """The call is over; ``answered``: the server answered it (any HTTP response). One the client gave up
         on (a timeout, a broken connection) is no sign of progress and may still hold the server's slot."""
-        self._in_flight[place.model] -= 1
+        model = place.model
+        self._in_flight[model] -= 1
         if answered:
-            self._finished[place.model] += 1
-            self._last_finished_at[place.model] = now
+            self._finished[model] += 1
+            self._last_finished_at[model] = now
+        if self._in_flight[model] <= 0:
+            for counts in (self._in_flight, self._finished, self._last_finished_at):
+                counts.pop(model, None)
 
     def served_for_s(self, place: Place, now: float) -> float | None:
         """How long the server has had the call to itself (seconds since it reached the front), or None

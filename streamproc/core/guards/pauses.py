@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from streamproc.core.guards.bounded import MAX_MODELS, LruDict
 from streamproc.core.outcome import ConfigurationProblem, Failure, Outcome, Success
 from streamproc.core.vocabulary import FailureLayer
 
@@ -84,7 +85,8 @@ class ModelPauses:
         self._threshold = threshold
         self._probe_interval_s = probe_interval_s
         self._on_change = on_change
-        self._models: dict[str, _Model] = {}
+        # the least recently called models go past MAX_MODELS (a paused one among them is forgotten, unpaused)
+        self._models: LruDict[str, _Model] = LruDict(MAX_MODELS)
 
     def paused(self) -> dict[str, Pause]:
         return {name: model.pause for name, model in self._models.items() if model.pause is not None}

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from streamproc.core.durations import parse_duration_ms, parse_number
+from streamproc.core.guards.bounded import MAX_MODELS, LruDict
 from streamproc.core.guards.bucket import TokenBucket
 
 DEFAULT_CONGESTION_WAIT_S = 1.0  # a 429 that names no wait at all
@@ -237,7 +238,7 @@ class RateLimiter:
         self._configured = configured
         self._share = share
         self._burst_s = burst_s
-        self._models: dict[str, ModelRateLimiter] = {}
+        self._models: LruDict[str, ModelRateLimiter] = LruDict(MAX_MODELS)  # least recently called go first
 
     def for_model(self, model: str, now: float) -> ModelRateLimiter:
         limiter = self._models.get(model)

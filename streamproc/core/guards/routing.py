@@ -25,6 +25,11 @@ class Routes:
     context_fallbacks: Mapping[str, str] = field(default_factory=dict)
     model_fallbacks: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
+    def models(self) -> set[str]:
+        """Every model this configuration names."""
+        return {*self.context_windows, *self.context_fallbacks, *self.context_fallbacks.values(),
+                *self.model_fallbacks, *(model for listed in self.model_fallbacks.values() for model in listed)}
+
     def fits(self, model: str, tokens: int) -> bool:
         """True when ``tokens`` (prompt + max_tokens) fit the model's window, or its window is unknown."""
         window = self.context_windows.get(model)

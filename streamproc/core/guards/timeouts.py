@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections import defaultdict, deque
+from collections import deque
 from functools import partial
+
+from streamproc.core.guards.bounded import MAX_MODELS, LruDict
 
 
 class SlidingWindow:
@@ -61,8 +63,9 @@ class AdaptiveTimeout:
         self._quantile = quantile
         self._min_samples = min_samples
         new_window = partial(SlidingWindow, window)  # per model, on its first observation (.get() creates none)
-        self._latencies: defaultdict[str, SlidingWindow] = defaultdict(new_window)
-        self._budgets: defaultdict[str, SlidingWindow] = defaultdict(new_window)  # max_tokens, where calls set one
+        # the least recently called models' windows go past MAX_MODELS (their timeout is the ceiling again)
+        self._latencies: LruDict[str, SlidingWindow] = LruDict(MAX_MODELS, new_window)
+        self._budgets: LruDict[str, SlidingWindow] = LruDict(MAX_MODELS, new_window)  # max_tokens, where set
 
     def observe(self, model: str, latency_s: float, max_tokens: int | None = None) -> None:
         if latency_s >= 0 and math.isfinite(latency_s):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -58,7 +59,7 @@ async def test_a_backtracking_pattern_ends_business_while_the_loop_keeps_ticking
     assert "took over 1 s" in outcome.message and "pattern" in outcome.message
     assert isinstance(other, Failure) and other.code == "schema_mismatch"  # "b" does not match ^(a+)+$
     assert 1.0 <= took < 5.0 and checks.timed_out == 1
-    gaps = [later - earlier for earlier, later in zip(ticks, ticks[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(ticks)]
     assert len(ticks) >= 15 and max(gaps) < 0.5, gaps  # the loop never stalled
     # the stuck child was replaced: the next check answers at once
     assert await checked_completion(completion('{"word": "aaaa"}'), CATASTROPHIC, checks) == Success(
@@ -69,7 +70,7 @@ async def test_answers_without_a_schema_never_reach_a_child(checks: SchemaChecks
     plain = {"model": "m", "messages": [], "response_format": {"type": "json_object"}}
     assert isinstance(await checked_completion(completion("[1]"), plain, checks), Failure)
     assert await checked_completion(completion('{"a": 1}'), plain, checks) == Success('{"a": 1}', "m", 0, 0)
-    assert checks._idle == []  # noqa: SLF001 - no child was started
+    assert checks._idle == []  # no child was started
 
 
 async def test_a_broken_schema_and_a_mismatch_keep_their_codes(checks: SchemaChecks) -> None:
@@ -85,7 +86,7 @@ async def test_a_broken_schema_and_a_mismatch_keep_their_codes(checks: SchemaChe
 async def test_a_child_that_dies_is_replaced(checks: SchemaChecks) -> None:
     schema = asking({"type": "object"})
     assert isinstance(await checked_completion(completion('{"a": 1}'), schema, checks), Success)
-    [child] = checks._idle  # noqa: SLF001
+    [child] = checks._idle
     child.process.kill()
     await child.process.wait()
     assert isinstance(await checked_completion(completion('{"a": 1}'), schema, checks), Success)
