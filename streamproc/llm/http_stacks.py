@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -159,7 +160,8 @@ class HttpxPools:
                 else:
                     decoded = _inflated(response.aiter_raw(_CHUNK), response.headers.get("content-encoding", ""),
                                         self._cap)
-                content, too_large = await _capped(decoded, self._cap)
+                async with aclosing(decoded):  # closed before the response is, also when reading stops early
+                    content, too_large = await _capped(decoded, self._cap)
         finally:
             self._busy[shard] -= 1
         return Answer(response.status_code, response.headers, content, too_large)
@@ -187,11 +189,11 @@ async def _capped(chunks: AsyncIterator[bytes], cap: int) -> tuple[bytes, bool]:
     return b"".join(parts), False
 
 
-async def _whole(content: bytes) -> AsyncIterator[bytes]:
+async def _whole(content: bytes) -> AsyncGenerator[bytes, None]:
     yield content
 
 
-async def _inflated(raw: AsyncIterator[bytes], encoding: str, cap: int) -> AsyncIterator[bytes]:
+async def _inflated(raw: AsyncIterator[bytes], encoding: str, cap: int) -> AsyncGenerator[bytes, None]:
     """The body decoded as ``content-encoding`` says, never more than ``cap + 1`` bytes out of one step (so a
     bomb stops at the cap); httpx's DecodingError for a body that is not what it claims, as httpx raises."""
     codings = [c.strip().lower() for c in encoding.split(",") if c.strip() and c.strip().lower() != "identity"]
