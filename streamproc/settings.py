@@ -169,6 +169,10 @@ class Settings(BaseSettings):
     worker_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off.")
     worker_metrics_host: str = Field(default="127.0.0.1", min_length=1,
                                      description="Address /metrics listens on (0.0.0.0 in a container).")
+    llm_api_key_file: Path | None = Field(default=None, description="A file holding the LLM key (instead of "
+                                          "STREAMPROC_LLM_API_KEY, never both).")
+    llm_allow_insecure: bool = Field(default=False, description="Send the key over plain http:// to a host that "
+                                     "is not loopback (refused at worker start otherwise).")
     llm_max_response_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="Largest answer the worker "
                                         "reads, decoded (a gzip bomb stops here); past it: response_too_large.")
 

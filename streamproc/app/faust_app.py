@@ -60,6 +60,8 @@ def make_faust_app(settings: Settings, app_id: str, partitions: int, replication
     connection = resolve_connection(settings)
     app = _DurableApp(
         app_id,
+        # faust would let unprefixed variables (BROKER_URL, APP_WEB_ENABLED, ...) override every setting below
+        env={},
         broker=f"kafka://{connection.bootstrap}",
         broker_credentials=faust_credentials(connection),
         store="rocksdb://",

@@ -16,6 +16,7 @@ import ssl
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -33,6 +34,7 @@ from tenacity import (
 )
 
 from streamproc import codec
+from streamproc.app import log_redaction
 from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.dispatcher import Dispatcher
 from streamproc.app.faust_app import make_faust_app
@@ -52,9 +54,11 @@ from streamproc.core.retry_policy import Tier, due_within_tier
 from streamproc.core.sweep_scope import SweepScope
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode
+from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
 from streamproc.kafka.clients import kafka_admin
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.kafka.diagnose import KafkaRefused, diagnose
+from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.client import LLMClient
 from streamproc.llm.guarded import Guards, adaptive_bounds
 from streamproc.settings import Settings
@@ -70,6 +74,8 @@ class FaustSink:
     def __init__(self, app: faust.App, topology: Topology) -> None:
         self._app = app
         self._topology = topology
+        # an ACL taken away mid-run: every later write would fail the same way (the worker stops, design §6)
+        self.on_not_authorized: Callable[[BaseException], None] = lambda _exc: None
         self._topics: dict[str, Any] = {
             name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                             value_serializer="raw", partitions=count)
@@ -82,8 +88,12 @@ class FaustSink:
     async def _send(self, name: str, key: bytes | None, value: bytes | None, hdrs: headers.Headers) -> RecordRef:
         # the producer itself, not the topic's send: the bytes are final, and faust's future-message wrapping
         # cost about 20 us per outcome
-        delivery = await self._app.producer.send(name, key, value, partition=None, timestamp=None, headers=hdrs)
-        written = await delivery  # the record is on the broker (acks=all) before the source event is acked
+        try:
+            delivery = await self._app.producer.send(name, key, value, partition=None, timestamp=None, headers=hdrs)
+            written = await delivery  # the record is on the broker (acks=all) before the source event is acked
+        except AUTHORIZATION_ERRORS as exc:
+            self.on_not_authorized(exc)
+            raise
         return RecordRef(name, written.offset)
 
     async def result(self, result: InferenceResult) -> None:
@@ -197,6 +207,7 @@ class WorkerRuntime:
         untyped_table: Any = self.table  # TableT does not declare the serializer attributes
         untyped_table.key_serializer = untyped_table.value_serializer = "raw"
         self.sink = FaustSink(self.app, self.topology)
+        self.sink.on_not_authorized = self._on_not_authorized
         self.dispatcher = Dispatcher(records_in_hand(settings.in_flight), on_stuck=self._on_stuck,
                                      waiting_room=self.app.conf.stream_buffer_maxsize)
         self.llm = LLMClient(settings)
@@ -309,6 +320,15 @@ class WorkerRuntime:
                      problem.code, problem.http_status, problem.message, _what_to_fix(problem))
         asyncio.get_running_loop().create_task(self._halt(ExitCode.CONFIGURATION))
 
+    def _on_not_authorized(self, exc: BaseException) -> None:
+        """The cluster took a permission away: stop with the refusal (nothing unwritten is acked; the held
+        records are read again once the ACL is back)."""
+        if self._halted.is_set():
+            return
+        self._halted.set()
+        log.critical("STOPPING: %s", not_authorized(exc))
+        asyncio.get_running_loop().create_task(self._halt(ExitCode.CONFIGURATION))
+
     def _on_stuck(self, lane: object, offset: int, why: str) -> None:
         """A record that can never be acked would stop its partition's commits for good: stop the worker
         instead (loudly), so that the record is read again, by this worker restarted or another one."""
@@ -391,7 +411,10 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     logging.basicConfig(level=loglevel, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore"):  # httpx logs every request at INFO: a line (and CPU) per LLM call
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    key = check_llm_key(settings)  # a refused key, or one bound for plain http elsewhere, stops the worker here
     kafka = resolve_connection(settings)
+    password = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+    log_redaction.install(secret for secret in (key, password) if secret)
     topology = settings.topology()
     try:  # before anything else, so that a taken port fails fast
         metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,

@@ -18,7 +18,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -31,9 +31,11 @@ from streamproc.core.guards.own_queue import OwnQueue, Place
 from streamproc.core.guards.timeouts import AdaptiveTimeout
 from streamproc.core.outcome import Failure, Outcome, Success, truncate
 from streamproc.core.record_size import RESPONSE_TOO_LARGE
+from streamproc.core.redact import redact, redact_bytes
 from streamproc.core.sendable_json import NotSendable, loads_sendable
 from streamproc.core.verdict import classify_http_error
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.endpoint_url import endpoint_urls
 from streamproc.llm.http_stacks import Answer, http_stack
 from streamproc.llm.repair import completion_budget, repair_messages
@@ -123,8 +125,10 @@ class LLMClient:
         if not settings.llm_base_url:
             raise ValueError("STREAMPROC_LLM_BASE_URL is not set: the worker has no LLM endpoint to call")
         headers = {"user-agent": "streamproc"}
-        if settings.llm_api_key is not None:
-            headers["authorization"] = f"Bearer {settings.llm_api_key.get_secret_value()}"
+        key = check_llm_key(settings)
+        if key is not None:
+            headers["authorization"] = f"Bearer {key}"
+        self._secrets = () if key is None else (key,)  # redacted from every failure's message and body
         self._urls = endpoint_urls(settings.llm_base_url)  # a base URL the table cannot be joined under fails here
         self._http = http_stack(settings, headers, transport)
         self._max_response_bytes = settings.llm_max_response_bytes
@@ -157,7 +161,7 @@ class LLMClient:
             self._queue.finish(place, time.monotonic(), answered=False)
             if not isinstance(exc, Exception):
                 raise
-            return CallResult(classify_exception(exc), b"", _ms_since(started), model=model)
+            return CallResult(classify_exception(exc, self._secrets), b"", _ms_since(started), model=model)
         self._queue.finish(place, time.monotonic(), answered=True)
         latency = _ms_since(started)
         if answer.too_large and answer.status == 200:
@@ -166,9 +170,17 @@ class LLMClient:
             outcome = await checked_completion(answer.content, body)  # a schema: off the event loop
             if isinstance(outcome, Success):  # the latency of the copy that answered: a hedge's starts later
                 self.timeouts.observe(model, answered_after, budget)
-            return CallResult(outcome, answer.content, latency, answer.headers, model)
-        return CallResult(classify_http_error(answer.status, answer.headers, answer.content), answer.content, latency,
-                          answer.headers, model)
+                return CallResult(outcome, answer.content, latency, answer.headers, model)
+            return self._redacted(CallResult(outcome, answer.content, latency, answer.headers, model))
+        return self._redacted(CallResult(classify_http_error(answer.status, answer.headers, answer.content),
+                                         answer.content, latency, answer.headers, model))
+
+    def _redacted(self, result: CallResult) -> CallResult:
+        """A failed call's message and body without credentials (core.redact): a provider may echo the key."""
+        outcome = result.outcome
+        if not isinstance(outcome, Success):
+            outcome = replace(outcome, message=redact(outcome.message, self._secrets))
+        return replace(result, outcome=outcome, response_body=redact_bytes(result.response_body, self._secrets))
 
     def _too_large(self, request: InferenceRequest, endpoint: Endpoint) -> Failure:
         """Business, as a 200 too large for a result record (core.record_size): the answer is paid for and the

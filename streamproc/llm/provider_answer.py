@@ -6,6 +6,8 @@ The body is bounded so the event stays under the producer's record limit beside 
 (:data:`streamproc.core.record_size.CARRIED_BYTES` + :data:`KEPT_BODY_BYTES` + the event's own fields stay
 below 1,000,000 bytes). A chat completion over the bound keeps its JSON shape, its text cut: its id, model,
 finish reasons and usage (what it cost) stay whole, so the export still shows the provider's answer.
+Credentials in the body (an error that echoes the ``Authorization`` header) are redacted
+(:mod:`streamproc.core.redact`); the client has already taken out the configured key itself.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any, Final
+
+from streamproc.core.redact import redact
 
 KEPT_BODY_BYTES: Final = 131_072
 # OpenAI (and vLLM, Azure, most gateways) name their id for a call x-request-id; Anthropic names it request-id
@@ -32,7 +36,7 @@ def provider_request_id(headers: Mapping[str, str]) -> str | None:
 def kept_body(body: bytes) -> str:
     """The body as UTF-8 text, whole up to :data:`KEPT_BODY_BYTES`. A longer chat completion keeps its JSON with
     its texts cut (:func:`_cut_completion`); any other longer body is cut as text there. Each cut says its size."""
-    text = body.decode("utf-8", "replace")  # a stray byte becomes U+FFFD: 3 bytes, so measure the text
+    text = redact(body.decode("utf-8", "replace"))  # a stray byte becomes U+FFFD: 3 bytes, so measure the text
     encoded = text.encode("utf-8")
     if len(encoded) <= KEPT_BODY_BYTES:
         return text

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import aiohttp
 import httpx
 
 from streamproc.core.outcome import Failure, truncate
+from streamproc.core.redact import redact
 from streamproc.core.vocabulary import FailureLayer
 
 
-def classify_exception(exc: BaseException) -> Failure:
-    """Classify an exception raised while calling the LLM; always transport (nothing came back to judge)."""
-    text = str(exc)
+def classify_exception(exc: BaseException, secrets: Iterable[str] = ()) -> Failure:
+    """Classify an exception raised while calling the LLM; always transport (nothing came back to judge). Its
+    text is redacted (core.redact): an exception can name the URL, with its credentials, or a header."""
+    text = redact(str(exc), secrets)
     message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return Failure(FailureLayer.TRANSPORT, _exception_code(exc), truncate(message))
 
