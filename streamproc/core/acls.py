@@ -10,8 +10,9 @@ command touches:
   and dead letters, and faust creates, writes and reads its own topics, all named ``<app_id>-...`` (the table's
   changelog, its leader topic); its group is the app id;
 * idempotent producers (submit, cancel, backfill, the worker) need IdempotentWrite on the cluster;
-* status and lag read the workers' group's offsets (Describe on the group), status, batches and backfill read the
-  state changelog, results and backfill read the failure topics, cancel rewrites a manifest;
+* status and lag read the workers' group's offsets (Describe on the group; lag also the sink's), status, batches
+  and backfill read the state changelog, results and backfill read the failure topics, status, batches and results
+  read the manifests, cancel rewrites one;
 * the sink reads results, failures and dead letters in its own group ``<app_id>.sink`` (or one named after it).
 
 Read and Write imply Describe in Kafka; it is still listed where a principal needs it, so the plan reads plainly.
@@ -97,6 +98,10 @@ def sink_group_prefix(topology: Topology) -> str:
     return f"{topology.app_id}.sink"
 
 
+def _sink_groups(topology: Topology) -> Resource:
+    return Resource(ResourceType.GROUP, sink_group_prefix(topology), PatternType.PREFIXED)
+
+
 def _topic_prefix(topology: Topology) -> Resource:
     return Resource(ResourceType.TOPIC, f"{topology.prefix}.", PatternType.PREFIXED)
 
@@ -118,8 +123,7 @@ def worker_grants(topology: Topology) -> list[Grant]:
         Grant(WORKER, every, _topic_prefix(topology)),
         Grant(WORKER, every, Resource(ResourceType.TOPIC, f"{topology.app_id}-", PatternType.PREFIXED)),
         Grant(WORKER, ("Read", "Describe"), Resource(ResourceType.GROUP, topology.app_id)),
-        Grant(WORKER, ("Read", "Describe"),
-              Resource(ResourceType.GROUP, sink_group_prefix(topology), PatternType.PREFIXED)),
+        Grant(WORKER, ("Read", "Describe"), _sink_groups(topology)),
         Grant(WORKER, ("IdempotentWrite",), CLUSTER),
     ]
 
@@ -132,6 +136,7 @@ def submitter_grants(topology: Topology) -> list[Grant]:
         Grant(SUBMITTER, ("Read", "Describe"), Resource(ResourceType.TOPIC, topology.results)),
         Grant(SUBMITTER, ("Read", "Describe"), _failure_topics(topology)),
         Grant(SUBMITTER, ("Describe",), Resource(ResourceType.GROUP, topology.app_id)),
+        Grant(SUBMITTER, ("Describe",), _sink_groups(topology)),
         Grant(SUBMITTER, ("IdempotentWrite",), CLUSTER),
     ]
 
@@ -142,8 +147,7 @@ def sink_grants(topology: Topology) -> list[Grant]:
         Grant(SINK, ("Read", "Describe"), Resource(ResourceType.TOPIC, topology.results)),
         Grant(SINK, ("Read", "Describe"), Resource(ResourceType.TOPIC, topology.dead_letters)),
         Grant(SINK, ("Read", "Describe"), _failure_topics(topology)),
-        Grant(SINK, ("Read", "Describe"),
-              Resource(ResourceType.GROUP, sink_group_prefix(topology), PatternType.PREFIXED)),
+        Grant(SINK, ("Read", "Describe"), _sink_groups(topology)),
     ]
 
 

@@ -64,6 +64,19 @@ def oauth_properties(bootstrap: str, ca: Path, client_id: str, client_secret: st
     }
 
 
+def unsecured_oauth_properties(bootstrap: str, ca: Path, username: str) -> dict[str, str]:
+    """OAUTHBEARER with a token the Java client makes itself (``alg: none``, ``sub`` = ``username``), which is what
+    the broker's unsecured validator takes. Kafka's OIDC login handler (:func:`oauth_properties`) refuses such a
+    token before sending it ("expected three sections"), so Java tools reach the OAUTH listener with this file."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "OAUTHBEARER",
+        "sasl.jaas.config": f"{OAUTH_LOGIN} required unsecuredLoginStringClaim_sub={_jaas_value(username)};",
+        **_truststore(ca),
+    }
+
+
 def _escape(text: str) -> str:
     """A key or value as java.util.Properties reads it back: only a backslash is special once the line is one
     line (``=`` and ``:`` after the first separator are kept, so the JAAS line stays as Kafka's docs write it)."""

@@ -38,6 +38,7 @@ from streamproc.devstack.client_properties import (
     mtls_properties,
     oauth_properties,
     scram_properties,
+    unsecured_oauth_properties,
     write_properties,
 )
 from streamproc.settings import Settings
@@ -167,8 +168,9 @@ class SecureBrokerStatus:
     """principal -> key + certificate chain PEM; also ``broker``, ``worker-expired``, ``other-ca`` (a CA cert
     only) and ``worker-other-ca`` (a worker certificate from the other CA)."""
     client_properties: dict[str, Path]
-    """``<principal>-scram`` and ``<principal>-mtls`` -> Java client properties file; ``broker-admin``: mTLS as
-    the super user."""
+    """``<principal>-scram``, ``<principal>-mtls`` and ``<principal>-oauth-unsecured`` (the Java client makes its
+    own unsecured token) -> Java client properties file; ``broker-admin``: mTLS as the super user;
+    ``<principal>-oauth`` once written with a token endpoint."""
     scram_passwords: dict[str, str] = field(repr=False)
     oauth_client_secrets: dict[str, str] = field(repr=False)
     acls: tuple[str, ...] = ()
@@ -186,7 +188,7 @@ class SecureBrokerStatus:
                  f"  CA     {self.ca}",
                  "client properties files:",
                  *(f"  {path}" for path in self.client_properties.values()),
-                 "  (OAUTHBEARER files need a token endpoint: SecureBroker.write_oauth_properties(principal, url))",
+                 "  (OAUTHBEARER from a token endpoint: SecureBroker.write_oauth_properties(principal, url))",
                  "ACLs:",
                  *(f"  {line}" for line in self.acls)]
         return "\n".join(lines)
@@ -305,6 +307,8 @@ class SecureBroker:
                              scram_properties(ports.address("scram"), certs.ca, user, passwords[user]))
             write_properties(self.files_dir / f"{user}-mtls.properties",
                              mtls_properties(ports.address("mtls"), certs.ca, certs.keystores[user]))
+            write_properties(self.files_dir / f"{user}-oauth-unsecured.properties",
+                             unsecured_oauth_properties(ports.address("oauth"), certs.ca, user))
         write_properties(self.files_dir / ADMIN_FILE, mtls_properties(ports.address("mtls"), certs.ca, certs.broker))
 
     def write_oauth_properties(self, user: str, token_endpoint_url: str) -> Path:

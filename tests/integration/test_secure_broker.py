@@ -204,22 +204,40 @@ async def test_acls_let_each_principal_do_its_part_and_nothing_else(secure: Secu
         await consumer.stop()
 
 
-def test_console_consumer_reads_with_the_worker_scram_file(secure: SecureBrokerStatus, data_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def console_topic(secure: SecureBrokerStatus) -> tuple[str, list[bytes]]:
     import asyncio
 
-    topic = topic_name("console")
-    values = [b"console-%d" % i for i in range(3)]
-    asyncio.run(round_trip(scram(secure, "worker"), topic, values))
-    config = secure.client_properties["worker-scram"]
-    assert parse_properties(config.read_text())["bootstrap.servers"] == secure.listeners["scram"]
-    settings = Settings(data_dir=data_dir)
+    topic, values = topic_name("console"), [b"console-%d" % i for i in range(3)]
+    assert asyncio.run(round_trip(scram(secure, "worker"), topic, values)) == values
+    return topic, values
+
+
+@pytest.mark.parametrize(("config", "listener"), [("worker-scram", "scram"), ("worker-oauth-unsecured", "oauth")])
+def test_kafka_s_console_consumer_reads_with_the_worker_files(secure: SecureBrokerStatus, data_dir: Path,
+                                                               console_topic: tuple[str, list[bytes]], config: str,
+                                                               listener: str) -> None:
+    topic, values = console_topic
+    path = secure.client_properties[config]
+    assert parse_properties(path.read_text())["bootstrap.servers"] == secure.listeners[listener]
     started = time.monotonic()
-    proc = subprocess.run(console_consumer_command(settings, secure.home, secure.listeners["scram"], config, topic,
-                                                   max_messages=3, timeout_ms=30_000),
+    proc = subprocess.run(console_consumer_command(Settings(data_dir=data_dir), secure.home, secure.listeners[listener],
+                                                   path, topic, max_messages=3, timeout_ms=30_000),
                           capture_output=True, text=True, timeout=120, check=False)
-    print(f"console consumer: {time.monotonic() - started:.1f}s")
+    print(f"console consumer with {config}: {time.monotonic() - started:.1f}s")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == [value.decode() for value in values]
+
+
+def test_kafka_s_console_consumer_is_refused_what_the_sink_may_not_read(
+        secure: SecureBrokerStatus, data_dir: Path, console_topic: tuple[str, list[bytes]]) -> None:
+    topic, _ = console_topic  # under llm.requests: the workers' input, not the sink's
+    proc = subprocess.run(console_consumer_command(Settings(data_dir=data_dir), secure.home, secure.listeners["scram"],
+                                                   secure.client_properties["sink-scram"], topic, max_messages=3,
+                                                   timeout_ms=30_000),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.stdout == ""  # the tool exits 0 after the error: its output and log say what happened
+    assert f"TopicAuthorizationException: Not authorized to access topics: [{topic}]" in proc.stderr
 
 
 def test_status_json_names_listeners_and_files_without_secrets(data_dir: Path, secure: SecureBrokerStatus) -> None:

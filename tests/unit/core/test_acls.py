@@ -66,6 +66,7 @@ def test_the_submitter_sends_reads_outcomes_and_watches_the_group_but_never_acts
     for name in [t.results, t.state_changelog, *(t.failed(layer) for layer in FailureLayer)]:
         assert permits(plan, SUBMITTER, "Read", TOPIC, name), name
     assert permits(plan, SUBMITTER, "Describe", GROUP, t.app_id)
+    assert permits(plan, SUBMITTER, "Describe", GROUP, f"{t.app_id}.sink")  # lag --group
     assert permits(plan, SUBMITTER, "IdempotentWrite", ResourceType.CLUSTER, CLUSTER.name)
 
     assert not permits(plan, SUBMITTER, "Write", TOPIC, t.results)
@@ -73,6 +74,7 @@ def test_the_submitter_sends_reads_outcomes_and_watches_the_group_but_never_acts
     assert not permits(plan, SUBMITTER, "Read", TOPIC, t.requests)
     assert not permits(plan, SUBMITTER, "Write", TOPIC, t.retry(t.tiers[0]))
     assert not permits(plan, SUBMITTER, "Read", GROUP, t.app_id)  # cannot join or move the workers' offsets
+    assert not permits(plan, SUBMITTER, "Read", GROUP, f"{t.app_id}.sink")
 
 
 def test_the_sink_reads_outcomes_in_its_own_group_and_writes_nothing() -> None:

@@ -22,6 +22,7 @@ from streamproc.devstack.client_properties import (
     parse_properties,
     render_properties,
     scram_properties,
+    unsecured_oauth_properties,
     write_properties,
 )
 from streamproc.devstack.secure_broker import (
@@ -104,6 +105,10 @@ def test_client_files_are_java_properties_with_absolute_paths(tmp_path: Path) ->
     assert oauth["sasl.oauthbearer.token.endpoint.url"] == "http://127.0.0.1:9/token"
     assert oauth["sasl.login.callback.handler.class"] == OIDC_LOGIN_HANDLER
     assert 'clientId="worker" clientSecret="s3cret";' in oauth["sasl.jaas.config"]
+    unsecured = unsecured_oauth_properties("127.0.0.1:3", ca, "sink")
+    assert unsecured["sasl.jaas.config"] == ("org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule "
+                                             'required unsecuredLoginStringClaim_sub="sink";')
+    assert "sasl.login.callback.handler.class" not in unsecured  # the client's own unsecured token
 
     path = write_properties(tmp_path / "worker-scram.properties", scram)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
