@@ -162,3 +162,12 @@ def test_status_json_has_no_secrets(tmp_path: Path) -> None:
 def test_the_sink_grant_covers_the_sink_s_default_group() -> None:
     for settings in (Settings(), Settings(topic_prefix="acme"), Settings(app_id="team-a")):
         assert default_group(settings).startswith(sink_group_prefix(settings.topology()))
+
+
+def test_secure_is_a_single_broker_on_the_command_line() -> None:
+    from click.testing import CliRunner
+
+    from streamproc.cli import cli
+
+    result = CliRunner().invoke(cli, ["broker", "start", "--secure", "--nodes", "3"])
+    assert result.exit_code == 2 and "--secure starts a single broker" in result.output
