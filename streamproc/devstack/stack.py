@@ -45,7 +45,9 @@ class LocalStack:
     def _start(self) -> None:
         settings = self.settings
         updates: dict[str, object] = {}
-        if not settings.kafka_bootstrap:
+        # a client properties file names its cluster (bootstrap.servers), as -b does
+        configured_cluster = bool(settings.kafka_bootstrap or settings.kafka_client_properties)
+        if not configured_cluster:
             broker = LocalBroker(settings)
             if not broker.status().running:
                 click.echo("no STREAMPROC_KAFKA_BOOTSTRAP: starting the built-in Kafka broker...", err=True)
@@ -58,7 +60,7 @@ class LocalStack:
             self.mock = MockLLMProcess.start("--profile", self.mock_profile, "--seed", "1")
             updates["llm_base_url"] = self.mock.url
         self.settings = settings.model_copy(update=updates)
-        count = self.workers if self.workers is not None else (1 if not settings.kafka_bootstrap else 0)
+        count = self.workers if self.workers is not None else (0 if configured_cluster else 1)
         for index in range(count):
             self.worker_processes.append(self._start_worker(index, count))
 
@@ -66,7 +68,10 @@ class LocalStack:
         env = dict(os.environ)
         # the rate limits are the account's: each of the workers started here paces to its part of them
         env["STREAMPROC_LLM_LIMIT_SHARE"] = str(self.settings.llm_limit_share / count)
-        env["STREAMPROC_KAFKA_BOOTSTRAP"] = str(self.settings.kafka_bootstrap)
+        if self.settings.kafka_bootstrap:
+            env["STREAMPROC_KAFKA_BOOTSTRAP"] = self.settings.kafka_bootstrap
+        if self.settings.kafka_client_properties:  # --command-config reaches the workers too
+            env["STREAMPROC_KAFKA_CLIENT_PROPERTIES"] = str(self.settings.kafka_client_properties)
         env["STREAMPROC_LLM_BASE_URL"] = str(self.settings.llm_base_url)
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
         env["STREAMPROC_DATA_DIR"] = str(self.settings.data_dir / f"worker-{index}")

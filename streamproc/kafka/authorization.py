@@ -37,8 +37,9 @@ def refused_operation(exc: BaseException) -> str:
     return "an operation"
 
 
-def not_authorized(exc: BaseException) -> NotAuthorized:
-    """The one line for an authorization error: operation, resource type and name."""
+def not_authorized(exc: BaseException, operation: str | None = None) -> NotAuthorized:
+    """The one line for an authorization error: operation (when the caller knows it better than the
+    traceback), resource type and name."""
     resource = next((name for kind, name in _RESOURCE.items() if isinstance(exc, kind)), "resource")
     if isinstance(exc, ClusterAuthorizationFailedError) and refused_operation(exc) == "Write":
         # an idempotent producer asks the cluster for a producer id first
@@ -46,5 +47,6 @@ def not_authorized(exc: BaseException) -> NotAuthorized:
                              "(docs/security.md lists what each role needs; or set STREAMPROC_KAFKA_IDEMPOTENCE=false)")
     names = [str(arg) for arg in exc.args if str(arg)] if exc.args else []
     named = f" {', '.join(names)}" if names else ""
-    return NotAuthorized(f"Kafka refused {refused_operation(exc)} on {resource}{named}: this principal lacks that "
-                         "ACL (docs/security.md lists what each role needs)")
+    refused = operation or refused_operation(exc)
+    return NotAuthorized(f"Kafka refused {refused} on {resource}{named}: this principal lacks that ACL "
+                         "(docs/security.md lists what each role needs)")

@@ -312,3 +312,44 @@ def test_a_worker_refused_by_the_cluster_stops_with_the_reason(secured: Secured,
     assert worker.process is not None
     assert worker.process.wait(timeout=60) == 3
     assert "refused SASL SCRAM-SHA-512 authentication" in worker.log_tail()
+
+
+def test_a_worker_that_loses_its_write_acl_mid_run_stops_and_acks_nothing_unwritten(
+        secured: Secured, tmp_path: Path) -> None:
+    slow = start_mock("clean", 7, "--latency", "0.3")
+    admin = secured.broker.client_properties["broker-admin"]
+    write_acl = ["--allow-principal", "User:worker", "--operation", "Write", "--topic",
+                 f"{secured.settings.topic_prefix}.", "--resource-pattern-type", "prefixed", "--force"]
+    worker = WorkerProcess(env_for(secured, secured.files["worker-scram"], STREAMPROC_DATA_DIR=str(tmp_path / "w1"),
+                                   STREAMPROC_LLM_BASE_URL=slow.url, STREAMPROC_IN_FLIGHT="4"), tmp_path / "w1.log")
+    spare: WorkerProcess | None = None
+    try:
+        worker.start()
+        submitted = run(secured, secured.files["submitter-scram"], "submit",
+                        str(batch_file(tmp_path / "in.jsonl", "acl")), "--batch-id", "acl-loss")
+        assert submitted.returncode == 0, submitted.stderr
+        time.sleep(5)
+        removed = secured.control.run_tool("kafka.admin.AclCommand", [
+            "--bootstrap-server", secured.broker.listeners["mtls"], "--command-config", str(admin), "--remove",
+            *write_acl], timeout=120)
+        assert removed.returncode == 0, removed.stderr
+        assert worker.process is not None
+        assert worker.process.wait(timeout=90) == 3, worker.log_tail()
+        assert "STOPPING: Kafka refused Write on Topic" in worker.log_path.read_text()
+        halted = json.loads(run(secured, secured.files["submitter-scram"], "status", "--batch-id", "acl-loss",
+                                "--json").stdout)
+        assert not halted["converged"]
+    finally:
+        secured.control.apply_acls(secured.settings.topology())
+    try:  # the permission back, a new worker finishes the batch: every request ends once
+        spare = WorkerProcess(env_for(secured, secured.files["worker-scram"],
+                                      STREAMPROC_DATA_DIR=str(tmp_path / "w2"), STREAMPROC_LLM_BASE_URL=slow.url),
+                              tmp_path / "w2.log")
+        spare.start()
+        status = wait_converged(secured, secured.files["submitter-scram"], "acl-loss", spare)
+        assert status["succeeded"] + sum(status["failed"].values()) == REQUESTS, status
+    finally:
+        for process in (worker, spare):
+            if process is not None and process.alive():
+                process.stop()
+        slow.stop()
