@@ -73,7 +73,8 @@ Where each row is decided: error responses here (:func:`classify_http_error`, pu
 (:mod:`streamproc.core.request_state`), ``request_too_large`` and ``response_too_large`` for what no Kafka
 record carries (:mod:`streamproc.core.record_size`) and for an answer past the client's read cap
 (:mod:`streamproc.llm.client`), and the worker's own business codes for records rejected before any call
-(undecodable records, malformed bodies, inputs over the model's window, ``unsupported_url`` for a url outside
+(undecodable records, malformed bodies, ``invalid_model_name`` (:mod:`streamproc.core.model_names`),
+inputs over the model's window, ``unsupported_url`` for a url outside
 the endpoint table, :mod:`streamproc.core.endpoints`).
 
 A 200 whose body is an error envelope (``{"error": {...}}`` without ``choices``, as some gateways send) is
