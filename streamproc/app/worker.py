@@ -326,7 +326,7 @@ class WorkerRuntime:
         if self._halted.is_set():
             return
         self._halted.set()
-        log.critical("STOPPING: %s", not_authorized(exc))
+        log.critical("STOPPING: %s", not_authorized(exc, "Write"))
         asyncio.get_running_loop().create_task(self._halt(ExitCode.CONFIGURATION))
 
     def _on_stuck(self, lane: object, offset: int, why: str) -> None:
