@@ -111,7 +111,8 @@ def test_bootstrap_server_wins_over_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("STREAMPROC_KAFKA_BOOTSTRAP", "127.0.0.1:2")
     result = invoke(*args, "--bootstrap-server", NOTHING_LISTENS)
     assert result.exit_code == ExitCode.CONFIGURATION, result.output
-    assert result.stderr.startswith("error: ") and "'127.0.0.1', 1," in result.stderr
+    assert result.stderr.startswith("error: ") and "127.0.0.1:1" in result.stderr and "127.0.0.1:2" not in result.stderr
+    assert result.stderr.count("\n") == 1
     assert "'127.0.0.1', 2," not in result.stderr and "Traceback" not in result.output
 
 
