@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaProducer
 from streamproc import codec
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core import headers
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 from tests.integration.pipeline import OutcomeReader, WorkerProcess, chat_request, start_mock, worker_env
 
@@ -23,7 +24,7 @@ async def test_a_far_future_due_time_does_not_hold_up_its_retry_tier(settings: S
     mock = start_mock("clean", 1)
     assert settings.kafka_bootstrap is not None
     topology = settings.topology()
-    await ensure_pipeline_topics(settings.kafka_bootstrap, topology)
+    await ensure_pipeline_topics(KafkaConnection(bootstrap=settings.kafka_bootstrap), topology)
     tier_topic = topology.retry(topology.tiers[0])
     now_ms = int(time.time() * 1000)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import MutableMapping
 from dataclasses import replace
+from typing import cast
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -278,7 +280,7 @@ def breaker_in(state: BreakerState) -> CircuitBreaker:
 @pytest.mark.parametrize("state", list(BreakerState))
 def test_breaker_state_is_a_label(state: BreakerState) -> None:
     guards = Guards.from_settings(Settings(llm_base_url="http://llm"), NeverCalled())
-    guards.breakers["gpt-a"] = breaker_in(state)
+    cast("MutableMapping[str, CircuitBreaker]", guards.breakers)["gpt-a"] = breaker_in(state)
     metrics = WorkerMetrics(CollectorRegistry())
     metrics.track_guards(guards)
     for other in BreakerState:
