@@ -29,7 +29,8 @@ class RedactingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a malformed call: logging reports it itself when it formats the record
             return True
-        record.msg, record.args = redact(message, self.secrets), None
+        # an empty tuple, not None: mode's formatter wraps a non-tuple into one and formats the message again
+        record.msg, record.args = redact(message, self.secrets), ()
         if record.exc_info and not record.exc_text:
             record.exc_text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
         if record.exc_text:

@@ -60,7 +60,7 @@ def _latency(spec: str | None) -> Latency | None:
         raise click.BadParameter(str(exc), param_hint="--latency") from None
 
 
-@click.command("mock-llm")
+@click.command("mock-llm", context_settings={"help_option_names": ["-h", "--help"]})  # also when run alone
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port",

@@ -15,7 +15,7 @@ from streamproc.errors import ExitCode, UserFacingError
 _DEFAULTS = ChaosConfig()
 
 
-@click.command("chaos")
+@click.command("chaos", context_settings={"help_option_names": ["-h", "--help"]})  # also when run alone
 @click.option("--requests", default=_DEFAULTS.requests, show_default=True, type=click.IntRange(min=10),
               help="Requests in the measured batch (half ask for a JSON schema).")
 @click.option("--workers", default=_DEFAULTS.workers, show_default=True, type=click.IntRange(min=1))
