@@ -216,6 +216,19 @@ def test_the_whole_job_runs_over_each_secured_listener_with_role_acls_only(
         assert secured.tokens.issued > 0, "the OAUTHBEARER clients never asked the token endpoint"
 
 
+def test_run_takes_the_cluster_and_its_security_from_the_properties_file(secured: Secured, tmp_path: Path) -> None:
+    """``run --command-config``: no built-in broker is started, and the worker it starts gets the file too."""
+    result = run(secured, Path("/dev/null"), "run", str(batch_file(tmp_path / "in.jsonl", "run")), "--batch-id",
+                 "secured-run", "--workers", "1", "--output", str(tmp_path / "out.jsonl"), "--command-config",
+                 str(secured.files["worker-scram"]), "--json", timeout=300)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["status"]["converged"], outcome
+    lines = (tmp_path / "out.jsonl").read_text().splitlines()
+    assert len(lines) == outcome["status"]["succeeded"] > 0
+    assert not (secured.settings.data_dir / "kafka").exists(), "run started a built-in broker"
+
+
 def test_kafka_refuses_what_a_role_was_not_granted_in_one_line(secured: Secured, tmp_path: Path) -> None:
     refused = run(secured, secured.files["sink-scram"], "submit", str(batch_file(tmp_path / "in.jsonl", "nope")),
                   "--batch-id", "sink-may-not-submit")
