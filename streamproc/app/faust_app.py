@@ -11,7 +11,6 @@ from faust.transport.drivers.aiokafka import Producer
 from faust.types import ProducerT
 
 import streamproc.app.faust_fixes  # noqa: F401  (applies the recovery fixes to faust before any app exists)
-from streamproc.app.bootstrap import resolve_connection
 from streamproc.kafka.clients import shared_token_provider, tls_context
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
@@ -52,12 +51,12 @@ def faust_credentials(connection: KafkaConnection) -> faust.types.auth.Credentia
     return SSLCredentials(context) if context is not None else None
 
 
-def make_faust_app(settings: Settings, app_id: str, partitions: int, replication_factor: int) -> faust.App:
-    """A faust App with RocksDB (rocksdict) tables under the data dir, no web server, acks=all and idempotent
-    sends; the topics faust creates itself (its leader topic) get ``replication_factor`` replicas."""
+def make_faust_app(settings: Settings, connection: KafkaConnection, app_id: str, partitions: int,
+                   replication_factor: int) -> faust.App:
+    """A faust App on ``connection`` with RocksDB (rocksdict) tables under the data dir, no web server, acks=all
+    and idempotent sends; the topics faust creates itself (its leader topic) get ``replication_factor`` replicas."""
     datadir = settings.data_dir / "faust" / app_id
     datadir.mkdir(parents=True, exist_ok=True)
-    connection = resolve_connection(settings)
     app = _DurableApp(
         app_id,
         # faust would let unprefixed variables (BROKER_URL, APP_WEB_ENABLED, ...) override every setting below

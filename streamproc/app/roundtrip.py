@@ -31,7 +31,7 @@ from streamproc.settings import Settings
 def build_app(settings: Settings, app_id: str, in_topic: str, out_topic: str, partitions: int,
               replication_factor: int) -> faust.App:
     """The round-trip app: ``totals[key] += value`` in a RocksDB table, then emit ``(key, total)``."""
-    app = make_faust_app(settings, app_id, partitions, replication_factor)
+    app = make_faust_app(settings, resolve_connection(settings), app_id, partitions, replication_factor)
     source = app.topic(in_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", partitions=partitions)
     sink = app.topic(out_topic, key_type=bytes, value_type=bytes, key_serializer="raw",

@@ -193,12 +193,12 @@ def records_in_hand(calls: int) -> int:
 class WorkerRuntime:
     """The app and its parts, built once per process."""
 
-    def __init__(self, settings: Settings, replication_factor: int, observer: Observer | None = None,
-                 batch_sizes: BatchSizes | None = None) -> None:
+    def __init__(self, settings: Settings, kafka: KafkaConnection, replication_factor: int,
+                 observer: Observer | None = None, batch_sizes: BatchSizes | None = None) -> None:
         self.settings = settings
         self.topology = settings.topology()
         self._tiers = {self.topology.retry(tier): tier for tier in self.topology.tiers}  # topic -> its tier
-        self.app = make_faust_app(settings, settings.app_id, settings.partitions, replication_factor)
+        self.app = make_faust_app(settings, kafka, settings.app_id, settings.partitions, replication_factor)
         self.app.conf.stream_buffer_maxsize = max(settings.in_flight * 2, 1024)
         self.table = self.app.Table("request_state", key_type=bytes, value_type=bytes,
                                     partitions=settings.partitions, options=_store_options(settings))
@@ -214,7 +214,7 @@ class WorkerRuntime:
         self.batch_sizes = batch_sizes or BatchSizes()
         self.guards = Guards.from_settings(settings, self.llm, self._expected_first_attempts)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
-                                        resolve_connection(settings), self.topology.results)
+                                        kafka, self.topology.results)
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
@@ -432,7 +432,8 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     replication = loop.run_until_complete(ensure_pipeline_topics(kafka, topology, settings.replication()))
     batch_sizes = BatchSizes()
     loop.run_until_complete(batch_sizes.load(kafka, topology.batches))
-    runtime = WorkerRuntime(settings, observer=metrics, batch_sizes=batch_sizes, replication_factor=replication.factor)
+    runtime = WorkerRuntime(settings, kafka, observer=metrics, batch_sizes=batch_sizes,
+                            replication_factor=replication.factor)
 
     async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
         await batch_sizes.follow(kafka, topology.batches)

@@ -10,7 +10,10 @@ from faust.assignor.copartitioned_assignor import CopartitionedAssignor
 from pydantic import ValidationError
 
 from streamproc.app.faust_app import make_faust_app
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
+
+LOCAL = KafkaConnection(bootstrap="127.0.0.1:9")
 
 
 @pytest.mark.parametrize(("env", "expected"), [(None, 1), ("0", 0), ("2", 2)])
@@ -19,7 +22,7 @@ def test_the_setting_reaches_the_faust_apps_assignor(
 ) -> None:
     if env is not None:
         monkeypatch.setenv("STREAMPROC_STANDBY_REPLICAS", env)
-    app = make_faust_app(Settings(kafka_bootstrap="127.0.0.1:9", data_dir=tmp_path), "standby-test", 8, 1)
+    app = make_faust_app(Settings(kafka_bootstrap="127.0.0.1:9", data_dir=tmp_path), LOCAL, "standby-test", 8, 1)
     assert app.conf.table_standby_replicas == expected
     assert app.assignor.replicas == expected  # what assigns the standby partitions
 
