@@ -6,7 +6,6 @@ One broker for the module, started through the command line as a user starts it;
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import ssl
@@ -33,6 +32,7 @@ from aiokafka.helpers import create_ssl_context
 from streamproc.devstack.client_properties import parse_properties
 from streamproc.devstack.secure_broker import SecureBroker, SecureBrokerStatus, console_consumer_command
 from streamproc.settings import Settings
+from tests.unsecured_jws import unsecured_jws
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -80,15 +80,6 @@ def scram(status: SecureBrokerStatus, user: str, mechanism: str = "SCRAM-SHA-512
 def mtls(status: SecureBrokerStatus, keystore: str) -> dict[str, Any]:
     return {"bootstrap_servers": status.listeners["mtls"], "security_protocol": "SSL",
             "ssl_context": tls(status, keystore)}
-
-
-def unsecured_jws(subject: str) -> str:
-    """A JWS with ``alg: none`` and no signature, as Kafka's unsecured validator takes it."""
-    def part(claims: dict[str, object]) -> str:
-        return base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
-
-    now = int(time.time())
-    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': now, 'exp': now + 3600})}."
 
 
 class UnsecuredToken(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka's abc is untyped

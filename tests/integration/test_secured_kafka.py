@@ -23,22 +23,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from streamproc.devstack.broker import free_port
 from streamproc.devstack.secure_broker import SecureBroker, SecureBrokerStatus
 from streamproc.settings import Settings
 from tests.integration.pipeline import WorkerProcess, start_mock
+from tests.unsecured_jws import unsecured_jws
 
 pytestmark = pytest.mark.integration
 
 REQUESTS = 60
-
-
-def unsecured_jws(subject: str, lifetime_s: int = 3600) -> str:
-    """A JWS with ``alg: none``: what the broker's unsecured validator accepts (a local stand-in for an IdP)."""
-    def part(claims: dict[str, object]) -> str:
-        return base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
-
-    now = int(time.time())
-    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': now, 'exp': now + lifetime_s})}."
 
 
 class TokenEndpoint:
@@ -46,7 +39,7 @@ class TokenEndpoint:
 
     def __init__(self, secrets: dict[str, str]) -> None:
         self.secrets, self.issued = secrets, 0
-        self.port = _free_port()
+        self.port = free_port()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._ready = threading.Event()
@@ -84,12 +77,6 @@ class TokenEndpoint:
     def __exit__(self, *exc: object) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -3,8 +3,6 @@ re-read; a provider can be plugged in by name."""
 
 from __future__ import annotations
 
-import base64
-import json
 from pathlib import Path
 
 import pytest
@@ -13,16 +11,11 @@ from aiokafka.abc import AbstractTokenProvider
 from streamproc.kafka import tokens
 from streamproc.kafka.connection import OAuthSettings
 from streamproc.kafka.tokens import FileToken, TokenError, jwt_expiry, plugged_provider, refresh_time, token_provider
-
-
-def jwt(exp: float) -> str:
-    def part(claims: dict[str, object]) -> str:
-        return base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
-    return f"{part({'alg': 'none'})}.{part({'sub': 'worker', 'exp': exp})}."
+from tests.unsecured_jws import unsecured_jws
 
 
 def test_the_expiry_of_a_jwt_and_of_something_else() -> None:
-    assert jwt_expiry(jwt(1_900_000_000)) == 1_900_000_000
+    assert jwt_expiry(unsecured_jws("worker", exp=1_900_000_000)) == 1_900_000_000
     assert jwt_expiry("opaque-token") is None
     assert jwt_expiry("a.!!!.c") is None
 
@@ -38,10 +31,10 @@ async def test_a_file_token_is_reread_once_its_refresh_time_has_come(tmp_path: P
     path = tmp_path / "token"
     now = [1_800_000_000.0]
     monkeypatch.setattr("time.time", lambda: now[0])
-    path.write_text(jwt(now[0] + 100) + "\n")
+    path.write_text(unsecured_jws("worker", exp=now[0] + 100) + "\n")
     provider = FileToken(path)
     first = await provider.token()
-    path.write_text(jwt(now[0] + 500))
+    path.write_text(unsecured_jws("worker", exp=now[0] + 500))
     now[0] += 79
     assert await provider.token() == first  # still within 80 % of its 100 s
     now[0] += 2
