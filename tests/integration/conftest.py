@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from streamproc.devstack.postgres import ThrowawayPostgres
 from tests.integration.pipeline import MockServer, start_mock
+from tests.integration.sink_database import Database
 
 
 @pytest.fixture
@@ -15,3 +18,13 @@ def clean_mock() -> Iterator[MockServer]:
     server = start_mock("clean")
     yield server
     server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    """The sink's database, once on SQLite and once on a throwaway PostgreSQL."""
+    if request.param == "sqlite":
+        yield Database(f"sqlite:///{tmp_path / 'sink.db'}")
+        return
+    with ThrowawayPostgres() as server:
+        yield Database(server.url)

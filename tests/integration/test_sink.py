@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,40 +31,12 @@ from tests.integration.pipeline import (
     start_mock,
     worker_env,
 )
+from tests.integration.sink_database import Database
 from tests.integration.test_operations import batch_file, cli, wait_converged
 from tests.unit.sink.readme import readme_queries
 from tests.unit.sink.version2 import check_upgrade, create_version_2
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class Database:
-    """The sink's database as the test reads it, whichever it is."""
-
-    url: str
-
-    def query(self, sql: str) -> list[tuple[Any, ...]]:
-        if self.url.startswith("sqlite:///"):
-            with sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=30) as connection:
-                return connection.execute(sql).fetchall()
-        with psycopg.connect(self.url) as connection:
-            return connection.execute(sql).fetchall()
-
-    def count(self, sql: str) -> int:
-        try:
-            return int(self.query(sql)[0][0])
-        except (sqlite3.OperationalError, psycopg.errors.UndefinedTable):
-            return 0  # the sink has not created its tables yet
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    if request.param == "sqlite":
-        yield Database(f"sqlite:///{tmp_path / 'sink.db'}")
-        return
-    with ThrowawayPostgres() as server:
-        yield Database(server.url)
 
 
 @dataclass

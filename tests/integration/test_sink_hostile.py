@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -25,20 +23,10 @@ from streamproc.sink.follow import SinkTotals, run_sink
 from streamproc.sink.ledger import read_ledger
 from streamproc.sink.rows import Kind, RowBatch
 from streamproc.sink.target import parse_target
-from tests.integration.test_sink import Database
+from tests.integration.sink_database import Database
 from tests.unit.sink.events import failure, record, result
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    if request.param == "sqlite":
-        yield Database(f"sqlite:///{tmp_path / 'sink.db'}")
-        return
-    from streamproc.devstack.postgres import ThrowawayPostgres
-    with ThrowawayPostgres() as server:
-        yield Database(server.url)
 
 
 async def send(settings: Settings, topic: str, records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]

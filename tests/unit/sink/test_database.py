@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,18 +14,6 @@ from streamproc.sink.schema import MIGRATIONS, SchemaTooNewError
 from streamproc.sink.target import SqliteTarget
 from tests.unit.sink.events import failure, result, rows_of
 from tests.unit.sink.version2 import check_upgrade, create_version_2
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
-
-
-@pytest.fixture
-def database(path: Path) -> Iterator[SinkDatabase]:
-    opened = open_database(SqliteTarget(path))
-    yield opened
-    opened.close()
 
 
 def write(database: SinkDatabase, *events: InferenceResult | FailureEvent) -> None:

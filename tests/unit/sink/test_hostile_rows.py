@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from streamproc.core.events import InferenceResult
-from streamproc.sink.database import SinkDatabase, open_database
+from streamproc.sink.database import SinkDatabase
 from streamproc.sink.ledger import read_ledger
 from streamproc.sink.rows import REASON_CHARS, Kind, RowBatch
 from streamproc.sink.target import SqliteTarget
@@ -37,18 +35,6 @@ def test_ordinary_text_is_stored_as_it_is_and_odd_text_as_its_json_literal() -> 
     assert storable("a\x00b") == '"a\\u0000b"'
     assert storable("x\ud800") == '"x\\ud800"'
     assert storable('"quoted"') == '"\\"quoted\\""'
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "sink.db"
-
-
-@pytest.fixture
-def database(path: Path) -> Iterator[SinkDatabase]:
-    opened = open_database(SqliteTarget(path))
-    yield opened
-    opened.close()
 
 
 def query(path: Path, sql: str) -> list[tuple[object, ...]]:
