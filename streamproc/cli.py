@@ -21,14 +21,14 @@ from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.lag_reader import read_lag, sample_lag
 from streamproc.core.durations import parse_duration_ms
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.devstack.chaos.cli import chaos
+from streamproc.devstack.chaos.chaos_command import chaos
 from streamproc.devstack.cluster import local_kafka, start_local_kafka, stop_local_kafka
 from streamproc.devstack.real_llm import RealLLM
 from streamproc.devstack.secure_broker import SecureBroker
 from streamproc.errors import ExitCode, UserFacingError, exit_codes_help
 from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
 from streamproc.kafka.diagnose import diagnose
-from streamproc.mockllm.cli import mock_llm
+from streamproc.mockllm.mock_llm_command import mock_llm
 from streamproc.mockllm.profiles import ProfileError, load_profile
 from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
 from streamproc.ops.batches import batch_object, format_batches, list_batches

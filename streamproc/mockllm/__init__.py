@@ -5,8 +5,8 @@ enforces real rate limits and counts what it received, so failure handling can b
 Start it with ``running_mock_llm`` (in the event loop), ``MockLLMThread`` or ``MockLLMProcess``.
 """
 
-from streamproc.mockllm.faults import FaultKind
-from streamproc.mockllm.identity import request_fingerprint, request_key
+from streamproc.mockllm.content_key import request_fingerprint, request_key
+from streamproc.mockllm.injected_faults import FaultKind
 from streamproc.mockllm.profiles import BUILTIN_PROFILES, Overrides, Profile, load_profile
 from streamproc.mockllm.runner import MockLLMHandle, MockLLMProcess, MockLLMThread, running_mock_llm
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from streamproc.mockllm.faults import FaultKind
+from streamproc.mockllm.injected_faults import FaultKind
 from streamproc.mockllm.schemafill import fill_schema
 from streamproc.mockllm.token_count import text_tokens
 

@@ -18,9 +18,9 @@ from streamproc.core.vocabulary import FailureLayer
 from streamproc.mockllm import error_bodies as errors
 from streamproc.mockllm import jsonfast
 from streamproc.mockllm.content import Answer, AnswerRequest, compose
+from streamproc.mockllm.content_key import fingerprint, raw_key, request_key
 from streamproc.mockllm.error_bodies import ErrorReply
-from streamproc.mockllm.faults import FaultKind, ForcedFault, ForcedFaultError, draw, find_marker
-from streamproc.mockllm.identity import fingerprint, raw_key, request_key
+from streamproc.mockllm.injected_faults import FaultKind, ForcedFault, ForcedFaultError, draw, find_marker
 from streamproc.mockllm.latency import FixedLatency, Latency
 from streamproc.mockllm.limits import ServerLimiter, format_duration, retry_headers
 from streamproc.mockllm.outage import OutageSwitch

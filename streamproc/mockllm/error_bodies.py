@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamproc.mockllm.faults import FaultKind
+from streamproc.mockllm.injected_faults import FaultKind
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"

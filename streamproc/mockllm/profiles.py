@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 
 import yaml
 
-from streamproc.mockllm.faults import FaultKind, FaultRatesError, FaultTable
+from streamproc.mockllm.injected_faults import FaultKind, FaultRatesError, FaultTable
 from streamproc.mockllm.latency import (
     NO_LATENCY,
     Latency,

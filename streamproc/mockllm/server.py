@@ -24,7 +24,7 @@ from aiohttp import web
 from streamproc.mockllm import error_bodies as errors
 from streamproc.mockllm.engine import Completed, Hang, Incoming, MockEngine, Rejected
 from streamproc.mockllm.error_bodies import ErrorReply
-from streamproc.mockllm.faults import FaultKind
+from streamproc.mockllm.injected_faults import FaultKind
 from streamproc.mockllm.responses import completion_json, encode, stream_frames
 from streamproc.mockllm.slots import SlotQueue
 from streamproc.mockllm.validation import CHAT, COMPLETIONS

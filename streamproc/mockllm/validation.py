@@ -15,7 +15,7 @@ from typing import Any
 from streamproc.mockllm import error_bodies as errors
 from streamproc.mockllm.content import JSON_OBJECT, JSON_SCHEMA, TEXT
 from streamproc.mockllm.error_bodies import ErrorReply
-from streamproc.mockllm.faults import RequestTraits
+from streamproc.mockllm.injected_faults import RequestTraits
 
 CHAT = "chat"
 COMPLETIONS = "completions"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from streamproc.devstack.chaos.chaos_run import run_chaos
 from streamproc.devstack.chaos.config import ChaosConfig
-from streamproc.devstack.chaos.run import run_chaos
 from streamproc.devstack.chaos.tally import format_table
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from streamproc import codec
 from streamproc.core.events import InferenceResult
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import free_port
-from streamproc.mockllm.identity import request_fingerprint
+from streamproc.mockllm.content_key import request_fingerprint
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     MockServer,

@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 
 from streamproc.mockllm.content import JSON_OBJECT, JSON_SCHEMA, AnswerRequest, compose
-from streamproc.mockllm.faults import FaultKind
-from streamproc.mockllm.identity import fingerprint, request_fingerprint, request_key
+from streamproc.mockllm.content_key import fingerprint, request_fingerprint, request_key
+from streamproc.mockllm.injected_faults import FaultKind
 from streamproc.mockllm.responses import completion_json, split_content, stream_frames
 from streamproc.mockllm.schemafill import fill_schema
 from streamproc.mockllm.token_count import chat_prompt_tokens, text_tokens

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from streamproc.mockllm.engine import Completed, Hang, Incoming, MockEngine, Outcome, Rejected
-from streamproc.mockllm.faults import FaultKind
+from streamproc.mockllm.injected_faults import FaultKind
 from streamproc.mockllm.profiles import BUILTIN_PROFILES, OutageWindow, Overrides, Profile, ServerLimits, customize
 from streamproc.mockllm.validation import CHAT, COMPLETIONS
 

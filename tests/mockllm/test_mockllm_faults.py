@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.mockllm.faults import (
+from streamproc.mockllm.injected_faults import (
     FaultKind,
     FaultRatesError,
     FaultTable,

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 from multidict import CIMultiDict
 
-from streamproc.mockllm.faults import FaultKind
-from streamproc.mockllm.identity import request_fingerprint
+from streamproc.mockllm.content_key import request_fingerprint
+from streamproc.mockllm.injected_faults import FaultKind
 from streamproc.mockllm.profiles import Overrides
 from streamproc.mockllm.runner import MockLLMHandle, running_mock_llm
 

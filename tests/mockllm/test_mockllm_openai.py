@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from streamproc.mockllm.identity import request_fingerprint
+from streamproc.mockllm.content_key import request_fingerprint
 from streamproc.mockllm.profiles import BUILTIN_PROFILES
 from streamproc.mockllm.runner import MockLLMHandle, running_mock_llm
 

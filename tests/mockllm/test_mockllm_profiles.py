@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.mockllm.faults import FaultKind, RequestTraits, draw
+from streamproc.mockllm.injected_faults import FaultKind, RequestTraits, draw
 from streamproc.mockllm.latency import (
     FixedLatency,
     LatencyError,

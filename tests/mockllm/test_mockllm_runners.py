@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
-from streamproc.mockllm.cli import mock_llm
 from streamproc.mockllm.latency import FixedLatency
+from streamproc.mockllm.mock_llm_command import mock_llm
 from streamproc.mockllm.profiles import Overrides
 from streamproc.mockllm.runner import MockLLMProcess, MockLLMThread, running_mock_llm
 

@@ -18,7 +18,7 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.lag import PartitionLag
 from streamproc.llm.client import CallResult
 from streamproc.llm.guarded import Guards
-from streamproc.mockllm.cli import mock_llm
+from streamproc.mockllm.mock_llm_command import mock_llm
 from streamproc.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

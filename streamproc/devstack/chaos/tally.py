@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from streamproc.core.identity import custom_id_of
 from streamproc.devstack.chaos.facts import IdOutcome, Outcomes
-from streamproc.devstack.chaos.faults import Fault, FaultKind, FiredFault
+from streamproc.devstack.chaos.fault_schedule import Fault, FaultKind, FiredFault
 from streamproc.devstack.chaos.poison import Expect, Poison, PoisonKind
 from streamproc.devstack.chaos.worker_metrics import StallReading
 

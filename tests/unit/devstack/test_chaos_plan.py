@@ -13,7 +13,7 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.topology import Topology, parse_tiers
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames
 from streamproc.devstack.chaos.facts import partition_of
-from streamproc.devstack.chaos.faults import FaultKind, due, plan_faults, spread
+from streamproc.devstack.chaos.fault_schedule import FaultKind, due, plan_faults, spread
 from streamproc.devstack.chaos.poison import Expect, PoisonKind, big_body_candidates, build_direct, build_submitted
 from streamproc.devstack.chaos.proxy import deep_body_answer, deep_content_answer
 from streamproc.devstack.chaos.worker_metrics import HEDGED, REDRIVEN, MetricsLedger, parse_metrics

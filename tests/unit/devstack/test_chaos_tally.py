@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.chaos.facts import Outcomes, body_digest, sha
-from streamproc.devstack.chaos.faults import Fault, FaultKind, FiredFault
+from streamproc.devstack.chaos.fault_schedule import Fault, FaultKind, FiredFault
 from streamproc.devstack.chaos.poison import Expect, Poison, PoisonKind
 from streamproc.devstack.chaos.tally import (
     ChaosFacts,

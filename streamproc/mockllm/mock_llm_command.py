@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from streamproc.mockllm.faults import FaultKind
+from streamproc.mockllm.injected_faults import FaultKind
 from streamproc.mockllm.latency import Latency, LatencyError, parse_latency_spec
 from streamproc.mockllm.profiles import Overrides, Profile, ProfileError, customize, load_profile
 from streamproc.mockllm.runner import LISTENING_PREFIX, running_mock_llm

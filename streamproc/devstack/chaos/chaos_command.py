@@ -70,7 +70,7 @@ def chaos(requests: int, workers: int, kills: int, kill_pause: float, broker_res
         raise click.UsageError(str(exc)) from None
 
     # here: the run's imports (aiokafka, aiohttp, httpx) would slow every other command
-    from streamproc.devstack.chaos.run import run_chaos
+    from streamproc.devstack.chaos.chaos_run import run_chaos
     from streamproc.devstack.chaos.tally import format_table
 
     def say(line: str) -> None:

@@ -28,9 +28,10 @@ from streamproc.core.identity import request_id_for
 from streamproc.core.topology import Topology, parse_tiers
 from streamproc.core.vocabulary import RequestStatus
 from streamproc.devstack.chaos.batch import write_batch
+from streamproc.devstack.chaos.chaos_stack import ChaosError, ChaosStack, WorkerSlot
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames
 from streamproc.devstack.chaos.facts import OutcomeReader, StateFollower, partition_of, trace_ids
-from streamproc.devstack.chaos.faults import Fault, FaultKind, FiredFault, due, plan_faults
+from streamproc.devstack.chaos.fault_schedule import Fault, FaultKind, FiredFault, due, plan_faults
 from streamproc.devstack.chaos.group_watch import GroupStallWatch
 from streamproc.devstack.chaos.poison import (
     DirectRecord,
@@ -42,7 +43,6 @@ from streamproc.devstack.chaos.poison import (
     build_submitted,
     inject,
 )
-from streamproc.devstack.chaos.stack import ChaosError, ChaosStack, WorkerSlot
 from streamproc.devstack.chaos.tally import ChaosFacts, Tally, WorkerExit, explained, lost_ids, tally
 from streamproc.devstack.chaos.worker_metrics import HEDGED, REDRIVEN, MetricsLedger, scrape
 from streamproc.settings import Settings
