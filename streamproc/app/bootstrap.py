@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import SecretStr, ValidationError
 
-from streamproc.devstack.cluster import local_kafka
 from streamproc.errors import UserFacingError
 from streamproc.kafka.connection import KafkaConnection
+from streamproc.kafka.local_address import cluster_home, local_bootstrap
 from streamproc.kafka.properties import read_client_properties
 from streamproc.kafka.secrets import read_secret_file
 from streamproc.settings import Settings
@@ -25,13 +25,13 @@ def resolve_bootstrap(settings: Settings) -> str:
     """The configured cluster, else the running built-in broker (or local cluster: every node's address)."""
     if settings.kafka_bootstrap:
         return settings.kafka_bootstrap
-    status = local_kafka(settings).status()
-    if status.bootstrap is None:
+    bootstrap = local_bootstrap(settings.local_kafka_dir, cluster_home(settings.data_dir))
+    if bootstrap is None:
         raise NoBrokerError(
             "no Kafka broker: pass -b host:port, set STREAMPROC_KAFKA_BOOTSTRAP=host:port, or start the built-in "
             "one with `streamproc broker start`"
         )
-    return status.bootstrap
+    return bootstrap
 
 
 class ConnectionSettingsError(UserFacingError):

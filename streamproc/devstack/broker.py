@@ -23,6 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamproc.errors import UserFacingError
+from streamproc.kafka.local_address import (
+    STATE_FILE,
+    NodePorts,
+    is_broker_of,
+    port_accepts,
+    read_broker_state,
+    running_broker,
+)
 from streamproc.processes import poll_until, stop_pid, stop_process
 from streamproc.settings import Settings
 
@@ -134,20 +142,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
-
-
-@dataclass(frozen=True)
-class NodePorts:
-    """Where one node listens: clients on ``port``, the KRaft quorum on ``controller_port``."""
-
-    port: int
-    controller_port: int
-
-
 def server_properties(port: int, controller_port: int, log_dir: Path) -> str:
     """Broker+controller on loopback with every replication setting a single node can satisfy."""
     return node_properties(1, [NodePorts(port, controller_port)], log_dir)
@@ -216,40 +210,22 @@ class LocalBroker:
         self.heap_mb = heap_mb or settings.local_kafka_heap_mb
         self.data_dir = self.home / "data"
         self.logs_dir = self.home / "logs"
-        self.state_file = self.home / "broker.json"
+        self.state_file = self.home / STATE_FILE
         self.log_file = self.logs_dir / "kafka.out"
 
     # -- state -------------------------------------------------------------------------------------------
-    def _read_state(self) -> dict[str, int]:
-        try:
-            state = json.loads(self.state_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-        return {k: int(v) for k, v in state.items() if isinstance(v, int)}
-
     def _write_state(self, **state: int) -> None:
         self.state_file.write_text(json.dumps(state))
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         return locked(self.home)
 
-    def _is_our_broker(self, pid: int) -> bool:
-        """True if ``pid`` is alive and is the broker of *this* directory: a recycled pid, or another
-        streamproc broker that got it, must never be taken for ours (and killed)."""
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return False
-        return b"kafka.Kafka" in cmdline and str(self.home / "server.properties").encode() in cmdline
-
     def status(self) -> BrokerStatus:
-        state = self._read_state()
-        pid, port = state.get("pid"), state.get("port")
-        running = pid is not None and port is not None and self._is_our_broker(pid) and port_accepts(port)
+        running = running_broker(self.home)
         return BrokerStatus(
-            running=running,
-            pid=pid if running else None,
-            bootstrap=f"127.0.0.1:{port}" if running else None,
+            running=running is not None,
+            pid=running.pid if running is not None else None,
+            bootstrap=running.bootstrap if running is not None else None,
             version=self.settings.local_kafka_version,
         )
 
@@ -308,7 +284,7 @@ class LocalBroker:
             if current.running:
                 return current
             self.kill_stale()
-            port, controller_port = self._choose_ports(self._read_state())
+            port, controller_port = self._choose_ports(read_broker_state(self.home))
             proc = self.launch(server_properties(port, controller_port, self.data_dir), port, controller_port)
             self.await_ready(proc, port, timeout)
             return self.status()
@@ -360,18 +336,18 @@ class LocalBroker:
     # -- stop --------------------------------------------------------------------------------------------
     def kill_stale(self) -> None:
         """A broker left behind whose port is closed (hung, half-started) is killed before a new start."""
-        pid = self._read_state().get("pid")
-        if pid is not None and self._is_our_broker(pid):
+        pid = read_broker_state(self.home).get("pid")
+        if pid is not None and is_broker_of(self.home, pid):
             self._terminate(pid, grace=10)
 
     def _terminate(self, pid: int, grace: float) -> None:
         """SIGTERM the broker's process group, SIGKILL after ``grace`` s; only while ``pid`` is still ours."""
-        stop_pid(pid, grace, alive=lambda: self._is_our_broker(pid), group=True)
+        stop_pid(pid, grace, alive=lambda: is_broker_of(self.home, pid), group=True)
 
     def request_stop(self) -> bool:
         """SIGTERM the broker without waiting (a cluster stops its nodes together); returns whether it ran."""
-        pid = self._read_state().get("pid")
-        if pid is None or not self._is_our_broker(pid):
+        pid = read_broker_state(self.home).get("pid")
+        if pid is None or not is_broker_of(self.home, pid):
             return False
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
@@ -380,11 +356,11 @@ class LocalBroker:
     def stop(self, grace: float = 60.0) -> bool:
         """Stop the broker (controlled shutdown, SIGKILL after ``grace`` s); returns whether one was running."""
         with self._locked():
-            pid = self._read_state().get("pid")
-            was_running = pid is not None and self._is_our_broker(pid)
+            pid = read_broker_state(self.home).get("pid")
+            was_running = pid is not None and is_broker_of(self.home, pid)
             if was_running and pid is not None:
                 self._terminate(pid, grace)
-            state = self._read_state()
+            state = read_broker_state(self.home)
             state.pop("pid", None)
             self._write_state(**state)
             return was_running

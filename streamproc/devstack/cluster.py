@@ -9,42 +9,27 @@ voter of the quorum, with a small heap. The layout (the ports of every node, the
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 
 from streamproc.devstack.broker import (
     BrokerStatus,
     LocalBroker,
     LocalKafkaError,
-    NodePorts,
     free_port,
     locked,
     new_cluster_id,
     node_properties,
+)
+from streamproc.kafka.local_address import (
+    LAYOUT_FILE,
+    ClusterLayout,
+    NodePorts,
+    cluster_home,
+    node_home,
     port_accepts,
+    read_layout,
 )
 from streamproc.settings import Settings
-
-
-@dataclass(frozen=True)
-class ClusterLayout:
-    """The cluster's id and where each node listens (node i is ``nodes[i - 1]``)."""
-
-    cluster_id: str
-    nodes: tuple[NodePorts, ...]
-
-    @property
-    def bootstrap(self) -> str:
-        return ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
-
-    def to_json(self) -> str:
-        return json.dumps({"cluster_id": self.cluster_id,
-                           "nodes": [[node.port, node.controller_port] for node in self.nodes]})
-
-    @classmethod
-    def from_json(cls, text: str) -> ClusterLayout:
-        data = json.loads(text)
-        return cls(str(data["cluster_id"]), tuple(NodePorts(int(p), int(c)) for p, c in data["nodes"]))
 
 
 @dataclass(frozen=True)
@@ -86,21 +71,18 @@ class LocalCluster:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.home = settings.data_dir / "kafka-cluster"
-        self.layout_file = self.home / "cluster.json"
+        self.home = cluster_home(settings.data_dir)
+        self.layout_file = self.home / LAYOUT_FILE
 
     def exists(self) -> bool:
         """A cluster was created in this data dir (running or not)."""
         return self.layout_file.exists()
 
     def layout(self) -> ClusterLayout | None:
-        try:
-            return ClusterLayout.from_json(self.layout_file.read_text())
-        except FileNotFoundError:
-            return None
+        return read_layout(self.home)
 
     def node(self, node_id: int) -> LocalBroker:
-        return LocalBroker(self.settings, home=self.home / f"node-{node_id}",
+        return LocalBroker(self.settings, home=node_home(self.home, node_id),
                            heap_mb=self.settings.local_kafka_node_heap_mb)
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:

@@ -29,7 +29,6 @@ from streamproc.devstack.broker import (
     fetch_jars,
     free_port,
     locked,
-    port_accepts,
     quorum_properties,
     require_tool,
 )
@@ -41,6 +40,7 @@ from streamproc.devstack.client_properties import (
     unsecured_oauth_properties,
     write_properties,
 )
+from streamproc.kafka.local_address import port_accepts
 from streamproc.settings import Settings
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamproc.devstack.broker import BrokerStatus, NodePorts, new_cluster_id, node_properties, server_properties
-from streamproc.devstack.cluster import ClusterLayout, ClusterStatus
+from streamproc.devstack.broker import BrokerStatus, new_cluster_id, node_properties, server_properties
+from streamproc.devstack.cluster import ClusterStatus
+from streamproc.kafka.local_address import ClusterLayout, NodePorts
 
 
 def test_single_node_config_uses_loopback_and_replication_one() -> None:
