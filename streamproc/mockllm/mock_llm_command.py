@@ -10,13 +10,15 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from streamproc.mockllm.injected_faults import FaultKind
 from streamproc.mockllm.latency import Latency, LatencyError, parse_latency_spec
-from streamproc.mockllm.profiles import Overrides, Profile, ProfileError, customize, load_profile
-from streamproc.mockllm.runner import LISTENING_PREFIX, running_mock_llm
+
+if TYPE_CHECKING:
+    from streamproc.mockllm.profiles import Profile
 
 
 def _pairs(values: tuple[str, ...], option: str) -> list[tuple[str, str]]:
@@ -152,6 +154,9 @@ def mock_llm(
     Endpoints: POST /v1/chat/completions (JSON or SSE), POST /v1/completions, GET /v1/models, GET /stats,
     GET /healthz, POST /control/outage, POST /control/reset. See docs/mock-llm.md.
     """
+    # here: the profiles' YAML and the server's aiohttp would slow every other command, --help included
+    from streamproc.mockllm.profiles import Overrides, ProfileError, customize, load_profile
+
     overrides = Overrides(
         rpm=rpm,
         tpm=tpm,
@@ -175,6 +180,8 @@ def mock_llm(
 
 
 async def _serve(profile: Profile, seed: int, api_key: str | None, host: str, port: int, access_log: bool) -> None:
+    from streamproc.mockllm.runner import LISTENING_PREFIX, running_mock_llm
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
