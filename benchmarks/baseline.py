@@ -36,7 +36,7 @@ async def run(bootstrap: str, topic: str, group: str, results_topic: str, llm_ur
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     # the worker's httpx pools (streamproc.llm.http_stacks): one httpx pool of 256 connections costs ~10 ms of
     # CPU per call in httpcore, which would measure httpcore, not the pipeline
-    pools = HttpxPools(Settings(llm_base_url=llm_url, in_flight=in_flight, llm_timeout_s=60.0),
+    pools = HttpxPools(Settings(llm_base_url=llm_url, llm_timeout_s=60.0).llm_endpoint, in_flight,
                        {"user-agent": "streamproc-bench-baseline"})
     chat_url = endpoint_url(llm_url, CHAT_COMPLETIONS)  # the benchmark's records are all chat completions
     slots = asyncio.Semaphore(in_flight)

@@ -308,8 +308,10 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
     Example:
       streamproc submit requests.jsonl --batch-id labels-2026-11 --completion-window 24h
     """
+    settings = _settings()
     with Progress(f"sending {file.name}") as bar:
-        report = _run(submit_file(_settings(), file, batch_id, skip_invalid=skip_invalid, progress=bar,
+        report = _run(submit_file(lambda: resolve_connection(settings), settings.topology(), settings.durability,
+                                  settings.input_limits, file, batch_id, skip_invalid=skip_invalid, progress=bar,
                                   completion_window_s=window, reuse_results=reuse_results))
     if as_json:
         _echo_json(report.as_json())
@@ -332,7 +334,9 @@ def status(batch_id: str, as_json: bool) -> None:
     Example:
       streamproc status --batch-id labels-2026-11 --json
     """
-    current = _run(read_status(_settings(), batch_id))
+    settings = _settings()
+    current = _run(read_status(resolve_connection(settings), settings.topology(), batch_id,
+                               stall_after_s=settings.stall_after_s))
     if as_json:
         _echo_json(current.as_json())
         return
@@ -353,7 +357,8 @@ def cancel(batch_id: str, as_json: bool) -> None:
     Example:
       streamproc cancel --batch-id labels-2026-11
     """
-    manifest = _run(cancel_batch(_settings(), batch_id))
+    settings = _settings()
+    manifest = _run(cancel_batch(resolve_connection(settings), settings.topology(), settings.durability, batch_id))
     if as_json:
         _echo_json({"batch_id": batch_id, "cancelled_at": (manifest.cancelled_ms or 0) // 1000})
         return
@@ -377,7 +382,8 @@ def batches(limit: int, as_json: bool) -> None:
     Example:
       streamproc batches --limit 5
     """
-    entries = _run(list_batches(_settings()))
+    settings = _settings()
+    entries = _run(list_batches(resolve_connection(settings), settings.topology()))
     shown = entries[:limit] if limit else entries
     if as_json:
         _echo_json({"object": "list", "data": [entry.as_json() for entry in shown],
@@ -412,9 +418,11 @@ def results(batch_id: str, output: Path, errors: Path | None, format_name: str, 
       streamproc results --batch-id labels-2026-11 --format anthropic --output results.jsonl
     """
     settings = _settings()
-    report = export_results(settings, batch_id, output, errors, format_name)
+    kafka, topology = resolve_connection(settings), settings.topology()
+    report = export_results(kafka, topology, batch_id, output, errors, format_name)
     if summary is not None:
-        summary.write_text(json.dumps(_run(batch_object(settings, batch_id)), indent=2) + "\n", encoding="utf-8")
+        batch = _run(batch_object(kafka, topology, batch_id, stall_after_s=settings.stall_after_s))
+        summary.write_text(json.dumps(batch, indent=2) + "\n", encoding="utf-8")
     if as_json:
         _echo_json({"batch_id": batch_id, "format": format_name, **report.as_json(),
                     "summary": None if summary is None else str(summary)})
@@ -445,8 +453,8 @@ def sink(url: str, group: str | None, until_idle: bool) -> None:
     """
     settings = _settings()
     target = parse_target(url)
-    _run(run_sink(settings, target, group=group or default_group(settings), until_idle=until_idle,
-                  report=click.echo))
+    _run(run_sink(resolve_connection(settings), settings.topology(), settings.durability.replication, target,
+                  group=group or default_group(settings.app_id), until_idle=until_idle, report=click.echo))
 
 
 def _mock_profile(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -545,7 +553,8 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
     sent = 0
     if plan.replays and not dry_run:
         with Progress("replaying") as bar:
-            sent = _run(replay(settings, plan, rate, bar))
+            sent = _run(replay(resolve_connection(settings), settings.topology(), settings.durability, plan, rate,
+                               bar))
     if as_json:
         _echo_json({**plan.summary(), "dry_run": dry_run, "replayed": sent})
     elif sent:

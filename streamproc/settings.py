@@ -1,11 +1,18 @@
-"""The one typed settings object: every ``STREAMPROC_*`` environment variable is read here and nowhere else."""
+"""The one typed settings object: every ``STREAMPROC_*`` environment variable is read here and nowhere else.
+
+:class:`Settings` keeps the variables' flat names; a module is handed only the small frozen value it needs
+(as httpx takes a ``Timeout`` and ``Limits``): :attr:`Settings.llm_endpoint`, :attr:`Settings.guards`,
+:attr:`Settings.durability`, :attr:`Settings.faust`, :attr:`Settings.local_stack`, the
+:meth:`Settings.topology` and the :meth:`Settings.retry_policy`. The Kafka connection is the one value not
+made here: ``app.bootstrap.resolve_connection`` builds it, since it also reads files and finds the local broker.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeFloat, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamproc.core.replication import ReplicationRequest
@@ -13,6 +20,129 @@ from streamproc.core.retry_policy import RetryPolicy
 from streamproc.core.topology import DEFAULT_PREFIX, Topology, default_app_id, parse_tiers
 
 DEFAULT_KAFKA_VERSION = "3.9.2"
+
+LLMHttp = Literal["aiohttp", "httpcore"]
+
+
+class SettingsValue(BaseModel):
+    """A small part of the settings, made by :class:`Settings` (which validated every field already)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LLMEndpoint(SettingsValue):
+    """Where the LLM calls go and how they get there."""
+
+    base_url: str | None
+    api_key: SecretStr | None
+    api_key_file: Path | None
+    allow_insecure: bool  # a key may cross a network in clear text
+    http: LLMHttp  # what carries the calls
+    connect_timeout_s: float
+    read_timeout_s: float  # the ceiling of each model's adaptive read timeout
+    max_response_bytes: int
+
+
+class RateLimitSettings(SettingsValue):
+    """The per-model limits a worker paces its calls to (None: learned from the provider's headers)."""
+
+    rpm: float | None
+    tpm: float | None
+    share: float  # this worker's share of them
+
+
+class InFlightSettings(SettingsValue):
+    """The adaptive in-flight limit: it starts low and grows per round trip until latency says the server
+    queues (a one-slot server must not meet hundreds of calls at once)."""
+
+    floor: int
+    ceiling: int
+    start: int
+
+
+class BreakerSettings(SettingsValue):
+    """Each model's circuit breaker."""
+
+    failure_rate: float  # transport/5xx failures, as a fraction of the calls in the window, that open it
+    window_s: float
+    min_calls: int  # calls in the window before the rate counts
+    open_s: float  # how long it stays open before a half-open probe
+    hold_s: float  # how long a call may wait (in memory) for an open breaker before it is parked
+
+
+class RetryBudgetSettings(SettingsValue):
+    """Retries a batch may spend: ``ratio`` of its first attempts, and ``minimum`` whatever its size."""
+
+    ratio: float
+    minimum: int
+
+
+class RouteSettings(SettingsValue):
+    """Where a call goes instead of its model: a larger context, or another model while its breaker is open."""
+
+    context_windows: dict[str, int]
+    context_fallbacks: dict[str, str]
+    model_fallbacks: dict[str, list[str]]
+
+
+class GuardSettings(SettingsValue):
+    """What protects the provider and the budget (design §5.5)."""
+
+    rate: RateLimitSettings
+    in_flight: InFlightSettings
+    breaker: BreakerSettings | None  # None: no breakers
+    retry_budget: RetryBudgetSettings
+    routes: RouteSettings
+    hedge_ratio: float  # at most this share of calls is sent a second time when slower than its model's p99
+
+
+class Durability(SettingsValue):
+    """How every topic streamproc creates is replicated and every producer writes (design §3 "Durability")."""
+
+    replication: ReplicationRequest
+    idempotence: bool
+
+    def producer_options(self) -> dict[str, str | bool]:
+        """Acknowledged only once on all in-sync replicas (the guarantees of design §5.1 rest on it, so it is
+        not a setting), and written once however often a send is retried."""
+        return {"acks": "all", "enable_idempotence": self.idempotence}
+
+
+class FaustSettings(SettingsValue):
+    """How a faust app of streamproc runs, besides its connection and topics."""
+
+    data_dir: Path  # its RocksDB tables live under data_dir/faust/<app id>
+    session_timeout_s: float
+    standby_replicas: int
+    durability: Durability
+
+
+class InputLimits(SettingsValue):
+    """What a line of an input file may hold."""
+
+    max_body_bytes: int
+    default_model: str  # the model of simple-form lines without one
+
+
+class LocalStackSettings(SettingsValue):
+    """The built-in broker (or local cluster) and where its files live."""
+
+    data_dir: Path
+    cache_dir: Path
+    kafka_version: str
+    kafka_port: int
+    kafka_controller_port: int
+    kafka_heap_mb: int
+    kafka_node_heap_mb: int
+
+    @property
+    def kafka_dir(self) -> Path:
+        """State of the built-in broker: config, log dirs, pid file."""
+        return self.data_dir / "kafka"
+
+    @property
+    def kafka_jars_dir(self) -> Path:
+        return self.cache_dir / f"kafka-{self.kafka_version}" / "libs"
 
 
 class Settings(BaseSettings):
@@ -124,7 +254,7 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="How long no request of a batch may end, while some have not, before "
         "status and run say the batch is not moving, how many of its requests wait and why.")
     llm_connect_timeout_s: float = Field(default=5.0, gt=0)
-    llm_http: Literal["aiohttp", "httpcore"] = Field(
+    llm_http: LLMHttp = Field(
         default="aiohttp", description="What carries the LLM calls: aiohttp's client (a quarter of the CPU per "
         "call) or httpx on httpcore.")
     event_loop: Literal["uvloop", "asyncio"] = Field(
@@ -186,26 +316,62 @@ class Settings(BaseSettings):
         return values
 
     @property
+    def llm_endpoint(self) -> LLMEndpoint:
+        return LLMEndpoint(base_url=self.llm_base_url, api_key=self.llm_api_key, api_key_file=self.llm_api_key_file,
+                           allow_insecure=self.llm_allow_insecure, http=self.llm_http,
+                           connect_timeout_s=self.llm_connect_timeout_s, read_timeout_s=self.llm_timeout_s,
+                           max_response_bytes=self.llm_max_response_bytes)
+
+    @property
+    def guards(self) -> GuardSettings:
+        ceiling = self.in_flight
+        floor = min(self.adaptive_min_in_flight, ceiling)
+        return GuardSettings(
+            rate=RateLimitSettings(rpm=self.llm_rpm or None, tpm=self.llm_tpm or None, share=self.llm_limit_share),
+            in_flight=InFlightSettings(floor=floor, ceiling=ceiling,
+                                       start=max(floor, min(self.adaptive_initial_in_flight, ceiling))),
+            breaker=BreakerSettings(failure_rate=self.breaker_failure_rate, window_s=self.breaker_window_s,
+                                    min_calls=self.breaker_min_calls, open_s=self.breaker_open_s,
+                                    hold_s=self.breaker_hold_s) if self.breaker_enabled else None,
+            retry_budget=RetryBudgetSettings(ratio=self.retry_budget_ratio, minimum=self.retry_budget_min),
+            routes=RouteSettings(context_windows=self.context_windows, context_fallbacks=self.context_fallbacks,
+                                 model_fallbacks=self.model_fallbacks),
+            hedge_ratio=self.llm_hedge_ratio,
+        )
+
+    @property
+    def durability(self) -> Durability:
+        """The replication is settled against the cluster's size when the topics are created."""
+        return Durability(replication=ReplicationRequest(self.replication_factor, self.min_insync_replicas),
+                          idempotence=self.kafka_idempotence)
+
+    @property
+    def faust(self) -> FaustSettings:
+        return FaustSettings(data_dir=self.data_dir, session_timeout_s=self.kafka_session_timeout_s,
+                             standby_replicas=self.standby_replicas, durability=self.durability)
+
+    @property
+    def input_limits(self) -> InputLimits:
+        return InputLimits(max_body_bytes=self.max_body_bytes, default_model=self.default_model)
+
+    @property
+    def local_stack(self) -> LocalStackSettings:
+        return LocalStackSettings(
+            data_dir=self.data_dir, cache_dir=self.cache_dir, kafka_version=self.local_kafka_version,
+            kafka_port=self.local_kafka_port, kafka_controller_port=self.local_kafka_controller_port,
+            kafka_heap_mb=self.local_kafka_heap_mb, kafka_node_heap_mb=self.local_kafka_node_heap_mb)
+
+    @property
     def local_kafka_dir(self) -> Path:
-        """State of the built-in broker: config, log dirs, pid file."""
-        return self.data_dir / "kafka"
+        return self.local_stack.kafka_dir
 
     @property
     def kafka_jars_dir(self) -> Path:
-        return self.cache_dir / f"kafka-{self.local_kafka_version}" / "libs"
+        return self.local_stack.kafka_jars_dir
 
     def topology(self) -> Topology:
         """Every topic name and size, derived from these settings in one place."""
         return Topology(self.topic_prefix, self.partitions, parse_tiers(self.retry_tiers), self.app_id)
-
-    def replication(self) -> ReplicationRequest:
-        """The replication every topic is created with, settled against the cluster's size at creation."""
-        return ReplicationRequest(self.replication_factor, self.min_insync_replicas)
-
-    def producer_options(self) -> dict[str, str | bool]:
-        """Every producer's durability: acknowledged only once on all in-sync replicas (the guarantees of
-        design §5.1 rest on it, so it is not a setting), and written once however often a send is retried."""
-        return {"acks": "all", "enable_idempotence": self.kafka_idempotence}
 
     def retry_policy(self) -> RetryPolicy:
         """The retry policy the workers apply: the tiers and the backoff base."""

@@ -13,7 +13,7 @@ from faust.types import ProducerT
 import streamproc.app.faust_fixes  # noqa: F401  (applies the recovery fixes to faust before any app exists)
 from streamproc.kafka.clients import shared_token_provider, tls_context
 from streamproc.kafka.connection import KafkaConnection
-from streamproc.settings import Settings
+from streamproc.settings import FaustSettings
 
 
 class _DurableProducer(Producer):
@@ -27,7 +27,7 @@ class _DurableProducer(Producer):
 
 
 class _DurableApp(faust.App):
-    """A faust App whose producer carries :meth:`Settings.producer_options`."""
+    """A faust App whose producer carries :meth:`~streamproc.settings.Durability.producer_options`."""
 
     producer_options: Mapping[str, Any] = {}
 
@@ -51,7 +51,7 @@ def faust_credentials(connection: KafkaConnection) -> faust.types.auth.Credentia
     return SSLCredentials(context) if context is not None else None
 
 
-def make_faust_app(settings: Settings, connection: KafkaConnection, app_id: str, partitions: int,
+def make_faust_app(settings: FaustSettings, connection: KafkaConnection, app_id: str, partitions: int,
                    replication_factor: int) -> faust.App:
     """A faust App on ``connection`` with RocksDB (rocksdict) tables under the data dir, no web server, acks=all
     and idempotent sends; the topics faust creates itself (its leader topic) get ``replication_factor`` replicas."""
@@ -86,10 +86,10 @@ def make_faust_app(settings: Settings, connection: KafkaConnection, app_id: str,
         broker_max_poll_records=1000,
         consumer_auto_offset_reset="earliest",
         # a worker that died is noticed (and its partitions handed over) after this long
-        broker_session_timeout=settings.kafka_session_timeout_s,
-        broker_heartbeat_interval=settings.kafka_session_timeout_s / 10,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=settings.session_timeout_s / 10,
         # warm copies of the state table on other workers: faster failover against CPU per request (design §5.6)
         table_standby_replicas=settings.standby_replicas,
     )
-    app.producer_options = settings.producer_options()
+    app.producer_options = settings.durability.producer_options()
     return app

@@ -15,6 +15,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -25,13 +26,11 @@ from streamproc.app.topics import ensure_topics
 from streamproc.kafka.clients import kafka_consumer, kafka_producer
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.processes import stop_process
-from streamproc.settings import Settings
+from streamproc.settings import Durability, Settings
 
 
-def build_app(settings: Settings, app_id: str, in_topic: str, out_topic: str, partitions: int,
-              replication_factor: int) -> faust.App:
-    """The round-trip app: ``totals[key] += value`` in a RocksDB table, then emit ``(key, total)``."""
-    app = make_faust_app(settings, resolve_connection(settings), app_id, partitions, replication_factor)
+def add_totals_agent(app: faust.App, in_topic: str, out_topic: str, partitions: int) -> None:
+    """The round trip: ``totals[key] += value`` in a RocksDB table, then emit ``(key, total)``."""
     source = app.topic(in_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", partitions=partitions)
     sink = app.topic(out_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
@@ -45,14 +44,13 @@ def build_app(settings: Settings, app_id: str, in_topic: str, out_topic: str, pa
             totals[name] += int(value)
             await sink.send(key=key, value=str(totals[name]).encode())
 
-    return app
-
 
 @dataclass
 class Worker:
     """A round-trip worker in its own process, stopped the way an operator would (SIGTERM)."""
 
-    settings: Settings
+    kafka: KafkaConnection
+    data_dir: Path
     app_id: str
     in_topic: str
     out_topic: str
@@ -62,8 +60,8 @@ class Worker:
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self) -> None:
-        env = {**os.environ, "STREAMPROC_KAFKA_BOOTSTRAP": resolve_connection(self.settings).bootstrap,
-               "STREAMPROC_DATA_DIR": str(self.settings.data_dir)}
+        env = {**os.environ, "STREAMPROC_KAFKA_BOOTSTRAP": self.kafka.bootstrap,
+               "STREAMPROC_DATA_DIR": str(self.data_dir)}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "streamproc.app.roundtrip", self.app_id, self.in_topic, self.out_topic,
@@ -79,8 +77,9 @@ class Worker:
         return stop_process(self.process, timeout)
 
 
-async def produce(settings: Settings, kafka: KafkaConnection, topic: str, records: Iterable[tuple[str, int]]) -> int:
-    producer = kafka_producer(kafka, **settings.producer_options())
+async def produce(kafka: KafkaConnection, durability: Durability, topic: str,
+                  records: Iterable[tuple[str, int]]) -> int:
+    producer = kafka_producer(kafka, **durability.producer_options())
     await producer.start()
     sent = 0
     try:
@@ -129,17 +128,18 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
     started = time.monotonic()
     run_id = uuid.uuid4().hex[:8]
     kafka = resolve_connection(settings)
+    durability = settings.durability
     in_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.in"
     out_topic = f"{settings.topic_prefix}.roundtrip.{run_id}.out"
     replication = await ensure_topics(kafka, {in_topic: partitions, out_topic: partitions},
-                                      replication=settings.replication())
-    worker = Worker(settings, f"streamproc-roundtrip-{run_id}", in_topic, out_topic, partitions, replication.factor,
-                    log_path)
+                                      replication=durability.replication)
+    worker = Worker(kafka, settings.data_dir, f"streamproc-roundtrip-{run_id}", in_topic, out_topic, partitions,
+                    replication.factor, log_path)
     keys = [f"key-{i}" for i in range(records)]
 
     worker.start()
     try:
-        await produce(settings, kafka, in_topic, ((k, 1) for k in keys))
+        await produce(kafka, durability, in_topic, ((k, 1) for k in keys))
         first = await read_all(kafka, out_topic, records, wait_s=120, alive=worker.alive)
     finally:
         worker.stop()
@@ -147,7 +147,7 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
 
     worker.start()
     try:
-        await produce(settings, kafka, in_topic, ((k, 1) for k in keys))
+        await produce(kafka, durability, in_topic, ((k, 1) for k in keys))
         both = await read_all(kafka, out_topic, 2 * records, wait_s=120, alive=worker.alive)
     finally:
         worker.stop()
@@ -160,7 +160,10 @@ async def run_round_trip(settings: Settings, records: int, log_path: str, partit
 
 def main(argv: list[str]) -> None:
     app_id, in_topic, out_topic, partitions, replication_factor = argv
-    app = build_app(Settings(), app_id, in_topic, out_topic, int(partitions), int(replication_factor))
+    settings = Settings()
+    app = make_faust_app(settings.faust, resolve_connection(settings), app_id, int(partitions),
+                         int(replication_factor))
+    add_totals_agent(app, in_topic, out_topic, int(partitions))
     faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
 
 

@@ -60,7 +60,7 @@ from streamproc.kafka.connection import KafkaConnection
 from streamproc.kafka.diagnose import KafkaRefused, diagnose
 from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.client import LLMClient
-from streamproc.llm.guarded import Guards, adaptive_bounds
+from streamproc.llm.guarded import Guards
 from streamproc.settings import Settings
 
 log = logging.getLogger("streamproc.app.worker")
@@ -198,7 +198,7 @@ class WorkerRuntime:
         self.settings = settings
         self.topology = settings.topology()
         self._tiers = {self.topology.retry(tier): tier for tier in self.topology.tiers}  # topic -> its tier
-        self.app = make_faust_app(settings, kafka, settings.app_id, settings.partitions, replication_factor)
+        self.app = make_faust_app(settings.faust, kafka, settings.app_id, settings.partitions, replication_factor)
         self.app.conf.stream_buffer_maxsize = max(settings.in_flight * 2, 1024)
         self.table = self.app.Table("request_state", key_type=bytes, value_type=bytes,
                                     partitions=settings.partitions, options=_store_options(settings))
@@ -210,9 +210,11 @@ class WorkerRuntime:
         self.sink.on_not_authorized = self._on_not_authorized
         self.dispatcher = Dispatcher(records_in_hand(settings.in_flight), on_stuck=self._on_stuck,
                                      waiting_room=self.app.conf.stream_buffer_maxsize)
-        self.llm = LLMClient(settings)
+        guards = settings.guards
+        self.llm = LLMClient(settings.llm_endpoint, connections=guards.in_flight.ceiling,
+                             hedge_ratio=guards.hedge_ratio)
         self.batch_sizes = batch_sizes or BatchSizes()
-        self.guards = Guards.from_settings(settings, self.llm, self._expected_first_attempts)
+        self.guards = Guards.from_settings(guards, self.llm, self._expected_first_attempts)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
                                         kafka, self.topology.results)
         self.configuration_problem: ConfigurationProblem | None = None
@@ -411,7 +413,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     logging.basicConfig(level=loglevel, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore"):  # httpx logs every request at INFO: a line (and CPU) per LLM call
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    key = check_llm_key(settings)  # a refused key, or one bound for plain http elsewhere, stops the worker here
+    key = check_llm_key(settings.llm_endpoint)  # a refused key, or one bound for plain http elsewhere, stops here
     kafka = resolve_connection(settings)
     password = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
     log_redaction.install(secret for secret in (key, password) if secret)
@@ -429,7 +431,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.run_until_complete(wait_for_broker(kafka))
-    replication = loop.run_until_complete(ensure_pipeline_topics(kafka, topology, settings.replication()))
+    replication = loop.run_until_complete(ensure_pipeline_topics(kafka, topology, settings.durability.replication))
     batch_sizes = BatchSizes()
     loop.run_until_complete(batch_sizes.load(kafka, topology.batches))
     runtime = WorkerRuntime(settings, kafka, observer=metrics, batch_sizes=batch_sizes,
@@ -453,14 +455,14 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
                                runtime.sweep_scope)
     log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
              settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
-    floor, ceiling, start = adaptive_bounds(settings)
+    guards = settings.guards
+    rate, in_flight, routes = guards.rate, guards.in_flight, guards.routes
     log.info("guards: rate limits %s RPM / %s TPM per model (share %g), in flight %d..%d from %d (latency "
              "gradient), breaker %s, retry budget %g %% + %d, context windows %s, fallbacks %s, context fallbacks %s",
-             f"{settings.llm_rpm:g}" if settings.llm_rpm else "learned",
-             f"{settings.llm_tpm:g}" if settings.llm_tpm else "learned", settings.llm_limit_share, floor, ceiling,
-             start, "on" if settings.breaker_enabled else "OFF", settings.retry_budget_ratio * 100,
-             settings.retry_budget_min, settings.context_windows or "none", settings.model_fallbacks or "none",
-             settings.context_fallbacks or "none")
+             f"{rate.rpm:g}" if rate.rpm else "learned", f"{rate.tpm:g}" if rate.tpm else "learned", rate.share,
+             in_flight.floor, in_flight.ceiling, in_flight.start, "on" if guards.breaker else "OFF",
+             guards.retry_budget.ratio * 100, guards.retry_budget.minimum, routes.context_windows or "none",
+             routes.model_fallbacks or "none", routes.context_fallbacks or "none")
     worker = faust.Worker(runtime.app, loop=loop, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     try:
         worker.execute_from_commandline()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
@@ -21,17 +20,9 @@ from streamproc.core.outcome import Failure
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.client import CallResult
 from streamproc.llm.layer import Layer, Refused
+from streamproc.settings import BreakerSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BreakerSettings:
-    failure_rate: float = 0.5
-    window_s: float = 10.0
-    min_calls: int = 10
-    open_s: float = 5.0
-    hold_s: float = 10.0  # how long a call may wait (in memory) for an open breaker before it is parked
 
 
 class Breakers:

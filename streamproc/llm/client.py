@@ -41,7 +41,7 @@ from streamproc.llm.http_stacks import Answer, http_stack
 from streamproc.llm.repair import completion_budget, repair_messages
 from streamproc.llm.schema_check import checked_completion
 from streamproc.llm.transport_errors import classify_exception
-from streamproc.settings import Settings
+from streamproc.settings import LLMEndpoint
 
 
 @dataclass(frozen=True)
@@ -118,23 +118,25 @@ TIMEOUT_CHECK_S = 0.5  # how often a running call is held against its model's ad
 
 
 class LLMClient:
-    """A client for ``{base_url}/chat/completions`` (and ``/completions``); a given httpx transport (tests)
-    replaces the network."""
+    """A client for ``{base_url}/chat/completions`` (and ``/completions``) with ``connections`` connections in
+    all (the in-flight limit's ceiling) that hedges at most ``hedge_ratio`` of its calls; a given httpx
+    transport (tests) replaces the network."""
 
-    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        if not settings.llm_base_url:
+    def __init__(self, endpoint: LLMEndpoint, *, connections: int, hedge_ratio: float,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if not endpoint.base_url:
             raise ValueError("STREAMPROC_LLM_BASE_URL is not set: the worker has no LLM endpoint to call")
         headers = {"user-agent": "streamproc"}
-        key = check_llm_key(settings)
+        key = check_llm_key(endpoint)
         if key is not None:
             headers["authorization"] = f"Bearer {key}"
         self._secrets = () if key is None else (key,)  # redacted from every failure's message and body
-        self._urls = endpoint_urls(settings.llm_base_url)  # a base URL the table cannot be joined under fails here
-        self._http = http_stack(settings, headers, transport)
-        self._max_response_bytes = settings.llm_max_response_bytes
-        self.timeouts = AdaptiveTimeout(settings.llm_timeout_s)  # per model; the setting is the ceiling
+        self._urls = endpoint_urls(endpoint.base_url)  # a base URL the table cannot be joined under fails here
+        self._http = http_stack(endpoint, connections, headers, transport)
+        self._max_response_bytes = endpoint.max_response_bytes
+        self.timeouts = AdaptiveTimeout(endpoint.read_timeout_s)  # per model; the setting is the ceiling
         self._queue = OwnQueue()  # a call's timeout runs from when the calls sent before it are done
-        self._hedges = HedgeBudget(settings.llm_hedge_ratio)
+        self._hedges = HedgeBudget(hedge_ratio)
         self.hedged = 0  # hedges sent (read by the metrics)
 
     async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:

@@ -42,7 +42,7 @@ from streamproc.core.model_names import INVALID_MODEL_NAME, model_name_problem
 from streamproc.core.outcome import Failure, truncate
 from streamproc.core.retry_policy import Stop, within_budget
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.llm.breakers import BreakerLayer, Breakers, BreakerSettings
+from streamproc.llm.breakers import BreakerLayer, Breakers
 from streamproc.llm.client import Caller, CallResult
 from streamproc.llm.context_fallback import ContextFallbackLayer
 from streamproc.llm.gated import AdaptiveGate, GatedLayer
@@ -50,11 +50,11 @@ from streamproc.llm.layer import Layer, Refused
 from streamproc.llm.metered import MeteredCaller
 from streamproc.llm.paced import RateLimitedLayer
 from streamproc.llm.routed import Deferred, EventWait, RoutingLayer
-from streamproc.settings import Settings
+from streamproc.settings import BreakerSettings, GuardSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BreakerSettings", "Deferred", "Guards"]
+__all__ = ["Deferred", "Guards"]
 
 
 class Guards:
@@ -94,18 +94,17 @@ class Guards:
         return ContextFallbackLayer(routing, self.routes, self._count_fallback)
 
     @classmethod
-    def from_settings(cls, settings: Settings, caller: Caller,
+    def from_settings(cls, settings: GuardSettings, caller: Caller,
                       expected_first_attempts: Callable[[str], float] | None = None) -> Guards:
+        routes, rate, in_flight = settings.routes, settings.rate, settings.in_flight
         return cls(
             caller,
-            routes=Routes(settings.context_windows, settings.context_fallbacks, settings.model_fallbacks),
-            limiter=RateLimiter(RateLimits(settings.llm_rpm or None, settings.llm_tpm or None),
-                                settings.llm_limit_share),
-            adaptive=GradientLimit(*adaptive_bounds(settings)),
-            breakers=(BreakerSettings(settings.breaker_failure_rate, settings.breaker_window_s,
-                                      settings.breaker_min_calls, settings.breaker_open_s, settings.breaker_hold_s)
-                      if settings.breaker_enabled else None),
-            budget=RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min),
+            routes=Routes(context_windows=routes.context_windows, context_fallbacks=routes.context_fallbacks,
+                          model_fallbacks=routes.model_fallbacks),
+            limiter=RateLimiter(RateLimits(rpm=rate.rpm, tpm=rate.tpm), share=rate.share),
+            adaptive=GradientLimit(minimum=in_flight.floor, maximum=in_flight.ceiling, initial=in_flight.start),
+            breakers=settings.breaker,
+            budget=RetryBudget(ratio=settings.retry_budget.ratio, minimum=settings.retry_budget.minimum),
             expected_first_attempts=expected_first_attempts,
         )
 
@@ -176,14 +175,6 @@ class Guards:
     def rate_limits(self) -> dict[str, RateLimits]:
         """The per-minute limits each model is paced to (configured or learned, after the share)."""
         return self.limiter.limits_by_model() if self.limiter is not None else {}
-
-
-def adaptive_bounds(settings: Settings) -> tuple[int, int, int]:
-    """The in-flight limit's floor, ceiling and start: it starts low and doubles per round trip until latency
-    says the server queues (a one-slot server must not meet hundreds of calls at once)."""
-    ceiling = settings.in_flight
-    floor = min(settings.adaptive_min_in_flight, ceiling)
-    return floor, ceiling, max(floor, min(settings.adaptive_initial_in_flight, ceiling))
 
 
 def _log_pause(model: str, pause: Pause | None) -> None:

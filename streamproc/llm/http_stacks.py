@@ -29,7 +29,7 @@ import aiohttp
 import httpx
 from yarl import URL
 
-from streamproc.settings import Settings
+from streamproc.settings import LLMEndpoint
 
 # httpcore 1.0's pool does work proportional to its connections each time a request starts or ends, and to
 # the square of its idle connections (``_assign_requests_to_connections`` counts the idle ones once per idle
@@ -61,13 +61,13 @@ class HttpStack(Protocol):
     async def aclose(self) -> None: ...
 
 
-def http_stack(settings: Settings, headers: dict[str, str],
+def http_stack(endpoint: LLMEndpoint, connections: int, headers: dict[str, str],
                transport: httpx.AsyncBaseTransport | None = None) -> HttpStack:
-    """``settings.llm_http``'s stack with ``settings.in_flight`` connections; a given httpx transport (tests)
-    means httpx."""
-    if transport is None and settings.llm_http == "aiohttp":
-        return AiohttpStack(settings, headers)
-    return HttpxPools(settings, headers, transport)
+    """The endpoint's stack with ``connections`` connections in all; a given httpx transport (tests) means
+    httpx."""
+    if transport is None and endpoint.http == "aiohttp":
+        return AiohttpStack(endpoint, connections, headers)
+    return HttpxPools(endpoint, connections, headers, transport)
 
 
 _WIRE_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # one, not one per call
@@ -89,17 +89,17 @@ def env_proxy(url: str) -> str | None:
 
 
 class AiohttpStack:
-    """One aiohttp session (made at the first call: it needs the running loop), ``in_flight`` connections."""
+    """One aiohttp session (made at the first call: it needs the running loop), ``connections`` connections."""
 
-    def __init__(self, settings: Settings, headers: dict[str, str]) -> None:
+    def __init__(self, endpoint: LLMEndpoint, connections: int, headers: dict[str, str]) -> None:
         self._headers = {**headers, "content-type": "application/json"}
-        self._limit = settings.in_flight
-        self._connect_s = settings.llm_connect_timeout_s
-        self._cap = settings.llm_max_response_bytes
+        self._limit = connections
+        self._connect_s = endpoint.connect_timeout_s
+        self._cap = endpoint.max_response_bytes
         self._tls = httpx.create_ssl_context()  # the same trust store as httpx's (certifi)
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[httpx.URL, URL] = {}  # converted once per endpoint
-        self._proxy = env_proxy(settings.llm_base_url or "")
+        self._proxy = env_proxy(endpoint.base_url or "")
 
     async def post(self, url: httpx.URL, body: dict[str, Any], headers: dict[str, str],
                    read_timeout_s: float) -> Answer:
@@ -127,25 +127,25 @@ class HttpxPools:
     """httpx clients of at most ``POOL_SHARD_SIZE`` connections each, the least busy one per call (a given
     transport, in tests, is one shared object: one client then, so it is closed once)."""
 
-    def __init__(self, settings: Settings, headers: dict[str, str],
+    def __init__(self, endpoint: LLMEndpoint, connections: int, headers: dict[str, str],
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        shards = 1 if transport is not None else math.ceil(settings.in_flight / POOL_SHARD_SIZE)
-        per_shard = math.ceil(settings.in_flight / shards)
+        shards = 1 if transport is not None else math.ceil(connections / POOL_SHARD_SIZE)
+        per_shard = math.ceil(connections / shards)
         tls = httpx.create_ssl_context()
         self._clients = [
             httpx.AsyncClient(
                 headers={**headers, "accept-encoding": _HTTPX_ENCODINGS},
-                timeout=httpx.Timeout(settings.llm_timeout_s, connect=settings.llm_connect_timeout_s),
+                timeout=httpx.Timeout(endpoint.read_timeout_s, connect=endpoint.connect_timeout_s),
                 limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
                 verify=tls,
                 transport=transport,
             )
             for _ in range(shards)
         ]
-        self._busy = [0] * shards  # calls running per client: with at most in_flight calls, the least busy
-        # client always has a free connection (shards * per_shard >= in_flight), so no call waits for one
-        self._connect_s = settings.llm_connect_timeout_s
-        self._cap = settings.llm_max_response_bytes
+        self._busy = [0] * shards  # calls running per client: with at most `connections` calls, the least busy
+        # client always has a free connection (shards * per_shard >= connections), so no call waits for one
+        self._connect_s = endpoint.connect_timeout_s
+        self._cap = endpoint.max_response_bytes
 
     async def post(self, url: httpx.URL, body: dict[str, Any], headers: dict[str, str],
                    read_timeout_s: float) -> Answer:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamproc import codec
-from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topic_reader import TopicReader
 from streamproc.core import headers
 from streamproc.core.endpoints import UrlRefused, endpoint_for
@@ -29,7 +28,7 @@ from streamproc.kafka.clients import kafka_producer
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.repair import build_repair_request
 from streamproc.ops.progress import Progress
-from streamproc.settings import Settings
+from streamproc.settings import Durability
 
 REPLAY = "replay"
 
@@ -128,10 +127,10 @@ async def read_for_backfill(kafka: KafkaConnection,
     return failures, statuses
 
 
-async def replay(settings: Settings, plan: BackfillPlan, rate_per_s: float, progress: Progress | None) -> int:
+async def replay(kafka: KafkaConnection, topology: Topology, durability: Durability, plan: BackfillPlan,
+                 rate_per_s: float, progress: Progress | None) -> int:
     """Send the plan's replays, at most ``rate_per_s`` a second (a backlog must not hit the provider at once)."""
-    topology = settings.topology()
-    producer = kafka_producer(resolve_connection(settings), **settings.producer_options())
+    producer = kafka_producer(kafka, **durability.producer_options())
     interval = 1.0 / rate_per_s
     started = time.monotonic()
     try:

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest
 from streamproc.core.batch_lifecycle import Lifecycle
 from streamproc.core.batch_status import BatchesFold, BatchStatus
+from streamproc.core.topology import Topology
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.ops.status import decode_records, lifecycle_of, read_status
-from streamproc.settings import Settings
 
 COLUMNS = ("BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING")
 
@@ -51,12 +51,11 @@ class BatchEntry:
                 "counts": status.as_json()}
 
 
-async def list_batches(settings: Settings) -> list[BatchEntry]:
+async def list_batches(kafka: KafkaConnection, topology: Topology) -> list[BatchEntry]:
     """Every batch of this deployment, newest first."""
-    topology = settings.topology()
     fold = BatchesFold()
     manifests: dict[str, BatchManifest] = {}
-    async with TopicReader(resolve_connection(settings), [topology.state_changelog, topology.batches]) as reader:
+    async with TopicReader(kafka, [topology.state_changelog, topology.batches]) as reader:
         async for chunk in reader.chunks_to_end():
             found, states = decode_records(chunk, topology)
             manifests.update((manifest.batch_id, manifest) for manifest in found)
@@ -72,9 +71,10 @@ async def list_batches(settings: Settings) -> list[BatchEntry]:
     return sorted(entries, key=lambda entry: (entry.created_ms, entry.status.batch_id), reverse=True)
 
 
-async def batch_object(settings: Settings, batch_id: str) -> dict[str, Any]:
+async def batch_object(kafka: KafkaConnection, topology: Topology, batch_id: str, *,
+                       stall_after_s: float) -> dict[str, Any]:
     """One batch's object as ``batches --json`` lists it: the summary ``results --summary`` writes."""
-    report = await read_status(settings, batch_id)
+    report = await read_status(kafka, topology, batch_id, stall_after_s=stall_after_s)
     return BatchEntry(report.status, report.lifecycle.created_ms, report.manifest).as_json()
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest, encode_manifest
+from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.clients import kafka_producer
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.ops.status import decode_records
-from streamproc.settings import Settings
+from streamproc.settings import Durability
 
 
 class NoManifestError(UserFacingError):
@@ -26,10 +27,9 @@ class NoManifestError(UserFacingError):
     exit_code = ExitCode.USAGE
 
 
-async def cancel_batch(settings: Settings, batch_id: str) -> BatchManifest:
+async def cancel_batch(kafka: KafkaConnection, topology: Topology, durability: Durability,
+                       batch_id: str) -> BatchManifest:
     """Write the batch's manifest again, cancelled now (or keep the first cancel time); returns it."""
-    topology = settings.topology()
-    kafka = resolve_connection(settings)
     manifest: BatchManifest | None = None
     async with TopicReader(kafka, [topology.batches]) as reader:
         found, _ = decode_records(await reader.read_to_end(), topology)
@@ -42,7 +42,7 @@ async def cancel_batch(settings: Settings, batch_id: str) -> BatchManifest:
     if manifest.cancelled_ms is not None:
         return manifest
     cancelled = replace(manifest, cancelled_ms=int(time.time() * 1000))
-    producer = kafka_producer(kafka, **settings.producer_options())
+    producer = kafka_producer(kafka, **durability.producer_options())
     try:
         await producer.start()
         await producer.send_and_wait(topology.batches, key=batch_id.encode(), value=encode_manifest(cancelled))

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from streamproc import codec
-from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topic_reader import TopicReader
 from streamproc.core.events import FailureEvent, InferenceResult
+from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.ops import anthropic_lines, openai_lines
 from streamproc.ops.output_format import ExportCounts, ExportDeduper, LineFormat
-from streamproc.settings import Settings
 
 FORMATS: dict[str, LineFormat] = {"openai": openai_lines, "anthropic": anthropic_lines}
 """Export formats by name: OpenAI's two files (results, errors), or Anthropic's one file."""
@@ -41,14 +41,14 @@ class ExportReport:
                 "errors": None if self.errors_path is None else str(self.errors_path), "failures": self.failures}
 
 
-def export_results(settings: Settings, batch_id: str, output: Path, errors: Path | None,
+def export_results(kafka: KafkaConnection, topology: Topology, batch_id: str, output: Path, errors: Path | None,
                    format_name: str = "openai") -> ExportReport:
     """Stream results and terminal failures of ``batch_id`` into the files: failures into ``errors``; without
     it, after the results into ``output`` for a one-file format, and nowhere for OpenAI's."""
     line_format = FORMATS[format_name]
     into_output = errors is None and format_name in ONE_FILE_FORMATS
     with open(output, "w", encoding="utf-8") as out:
-        deduper, written = asyncio.run(_write_results(settings, batch_id, out, line_format))
+        deduper, written = asyncio.run(_write_results(kafka, topology, batch_id, out, line_format))
         failed = _write_failures(deduper, line_format, out) if into_output else 0
     if errors is not None:
         with open(errors, "w", encoding="utf-8") as err:
@@ -66,14 +66,13 @@ def _write_failures(deduper: ExportDeduper, line_format: LineFormat, out: TextIO
     return written
 
 
-async def _write_results(settings: Settings, batch_id: str, out: TextIO,
+async def _write_results(kafka: KafkaConnection, topology: Topology, batch_id: str, out: TextIO,
                          line_format: LineFormat) -> tuple[ExportDeduper, int]:
     """Write result lines as they are read; hold failures in the deduper (a later result may beat them)."""
-    topology = settings.topology()
     failure_topics = sorted(topology.failed(layer) for layer in FailureLayer)
     deduper = ExportDeduper()
     written = 0
-    async with TopicReader(resolve_connection(settings), [topology.results, *failure_topics]) as reader:
+    async with TopicReader(kafka, [topology.results, *failure_topics]) as reader:
         async for chunk in reader.chunks_to_end():
             for record in chunk:
                 try:

@@ -17,8 +17,10 @@ from typing import Any
 from streamproc.app.bootstrap import resolve_connection
 from streamproc.core.batch_stall import BatchStall
 from streamproc.core.batch_status import BatchStatus
+from streamproc.core.topology import Topology
 from streamproc.devstack.stack import LocalStack
 from streamproc.errors import ExitCode, UserFacingError
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.ops.progress import Progress
 from streamproc.ops.results import ExportReport, export_results
 from streamproc.ops.status import BatchStatusReader
@@ -54,12 +56,13 @@ Notify = Callable[[str], None]
 """Where ``run`` says what people should know while it waits (a batch that stopped moving)."""
 
 
-async def follow_until_converged(settings: Settings, batch_id: str, timeout_s: float, stack: LocalStack | None,
-                                 progress: Progress | None, notify: Notify | None = None) -> BatchStatus:
+async def follow_until_converged(kafka: KafkaConnection, topology: Topology, batch_id: str, *, timeout_s: float,
+                                 stall_after_s: float, stack: LocalStack | None, progress: Progress | None,
+                                 notify: Notify | None = None) -> BatchStatus:
     """Poll the batch's status (incrementally) until every request ended; say so, and why, whenever the batch
-    stops moving (``STREAMPROC_STALL_AFTER_S``) or waits for another reason than before."""
+    stops moving (for ``stall_after_s``) or waits for another reason than before."""
     deadline = time.monotonic() + timeout_s
-    async with BatchStatusReader(resolve_connection(settings), settings.topology(), batch_id) as reader:
+    async with BatchStatusReader(kafka, topology, batch_id) as reader:
         done = 0
         told: dict[str, int] | None = None
         while True:
@@ -73,7 +76,7 @@ async def follow_until_converged(settings: Settings, batch_id: str, timeout_s: f
                 return status
             if stack is not None and not stack.workers_alive():
                 raise RunError(f"the worker stopped before the batch converged; see {stack.worker_log(0)}")
-            stall = await reader.stall(status, settings.stall_after_s)
+            stall = await reader.stall(status, stall_after_s)
             if time.monotonic() > deadline:
                 why = f"; {stall.describe()}" if stall is not None else ""
                 raise RunError(f"batch {batch_id} did not converge within {timeout_s:.0f}s: {status.as_json()}{why}")
@@ -101,11 +104,16 @@ def run_batch(settings: Settings, file: Path, output: Path, errors: Path | None,
     started = time.monotonic()
     with LocalStack(settings, mock_profile=mock_profile, workers=workers) as stack:
         effective = stack.settings
+        kafka = resolve_connection(effective)
+        topology = effective.topology()
         with Progress(f"submitting {file.name}") as bar:
-            submitted = asyncio.run(submit_file(effective, file, batch_id, progress=bar, reuse_results=reuse_results))
+            submitted = asyncio.run(submit_file(lambda: kafka, topology, effective.durability, effective.input_limits,
+                                                file, batch_id, progress=bar, reuse_results=reuse_results))
         with Progress("processing") as bar:
-            status = asyncio.run(follow_until_converged(effective, batch_id, timeout_s, stack, bar, notify))
-        exported = export_results(effective, batch_id, output, errors)
+            status = asyncio.run(follow_until_converged(
+                kafka, topology, batch_id, timeout_s=timeout_s, stall_after_s=effective.stall_after_s, stack=stack,
+                progress=bar, notify=notify))
+        exported = export_results(kafka, topology, batch_id, output, errors)
         calls = int(stack.mock.stats()["calls"]) if stack.mock is not None else None
     return RunReport(submitted, status, exported, time.monotonic() - started, calls)
 

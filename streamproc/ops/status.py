@@ -12,7 +12,6 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord
 
 from streamproc import codec
-from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.lag_reader import GroupNotFound, LagError, read_lag
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest, decode_manifest
@@ -23,7 +22,6 @@ from streamproc.core.events import RequestState
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.connection import KafkaConnection
-from streamproc.settings import Settings
 
 GROUP_REFRESH_S = 10.0  # a stalled batch is polled every second by `run`; its group need not be
 
@@ -68,13 +66,15 @@ def lifecycle_of(status: BatchStatus, manifest: BatchManifest | None) -> Lifecyc
     return lifecycle(status, manifest.created_ms, manifest.cancelled_ms, manifest.expires_ms)
 
 
-async def read_status(settings: Settings, batch_id: str) -> StatusReport:
-    """One consistent snapshot of a batch's counts, with the stall diagnosis when it has stopped moving."""
-    async with BatchStatusReader(resolve_connection(settings), settings.topology(), batch_id) as reader:
+async def read_status(kafka: KafkaConnection, topology: Topology, batch_id: str, *,
+                      stall_after_s: float) -> StatusReport:
+    """One consistent snapshot of a batch's counts, with the stall diagnosis once it has not moved for
+    ``stall_after_s``."""
+    async with BatchStatusReader(kafka, topology, batch_id) as reader:
         current = await reader.refresh()
-        stall = await reader.stall(current, settings.stall_after_s)
+        stall = await reader.stall(current, stall_after_s)
     if reader.manifest is None and current.submitted == 0:
-        raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {settings.topology().batches} and "
+        raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {topology.batches} and "
                                 "no request state names it)")
     return StatusReport(current, stall, reader.manifest)
 

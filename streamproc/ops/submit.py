@@ -9,23 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from streamproc import codec
-from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.identity import batch_id_problem
 from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
+from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.clients import kafka_producer
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.ops.input_file import iter_requests, validate_file
 from streamproc.ops.input_lines import BatchLimits, LineError
 from streamproc.ops.progress import Progress
 from streamproc.ops.status import BatchStatusReader
-from streamproc.settings import Settings
+from streamproc.settings import Durability, InputLimits
 
 _CONFIRM_EVERY = 5_000  # deliveries awaited in chunks: bounded memory, still pipelined
 # aiokafka's default max_request_size, which the submit producer keeps: every record is checked against it while
@@ -62,9 +64,9 @@ class SubmitReport:
                 "seconds": round(self.seconds, 3)}
 
 
-def limits_of(settings: Settings, reuse_results: bool = False) -> BatchLimits:
+def limits_of(limits: InputLimits, reuse_results: bool = False) -> BatchLimits:
     """What a line may hold, its record measured with the headers submit sends it with."""
-    return BatchLimits(max_body_bytes=settings.max_body_bytes, default_model=settings.default_model,
+    return BatchLimits(max_body_bytes=limits.max_body_bytes, default_model=limits.default_model,
                        max_record_bytes=PRODUCER_MAX_REQUEST_BYTES, record_headers=_reuse_headers(reuse_results))
 
 
@@ -72,26 +74,27 @@ def _reuse_headers(reuse_results: bool) -> tuple[tuple[str, bytes], ...]:
     return ((REUSE_RESULTS, REUSE_RESULTS_ON),) if reuse_results else ()
 
 
-async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_invalid: bool = False,
+async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology, durability: Durability,
+                      input_limits: InputLimits, path: Path, batch_id: str, *, skip_invalid: bool = False,
                       progress: Progress | None = None, completion_window_s: float | None = None,
                       reuse_results: bool = False) -> SubmitReport:
     """Validate ``path``, send its requests keyed by (batch, custom_id), then write the batch manifest (with the
     end of the completion window, when one is given: what is not called by then ends ``batch_expired``).
+    ``connect`` is asked for the connection only once the file is known to be worth sending.
 
     ``reuse_results``: a request whose input already got an answer is answered with it, without a call; each
     record says so (the manifest does too, but comes last; core.reuse)."""
     started = time.monotonic()
     if (problem := batch_id_problem(batch_id)) is not None:
         raise SubmitError(f"--batch-id {batch_id!r}: {problem}")
-    limits = limits_of(settings, reuse_results)
+    limits = limits_of(input_limits, reuse_results)
     report = await asyncio.to_thread(validate_file, path, limits, batch_id)
     if report.error_count and not skip_invalid:
         raise InvalidBatchFile(path, report.errors, report.error_count)
     if report.valid == 0:
         raise SubmitError(f"{path}: no valid request to send ({report.lines} lines)")
-    kafka = resolve_connection(settings)
-    topology = settings.topology()
-    await ensure_pipeline_topics(kafka, topology, settings.replication())
+    kafka = connect()
+    await ensure_pipeline_topics(kafka, topology, durability.replication)
     async with BatchStatusReader(kafka, topology, batch_id) as existing:
         await existing.refresh()
         if existing.manifest is not None:
@@ -100,7 +103,7 @@ async def submit_file(settings: Settings, path: Path, batch_id: str, *, skip_inv
 
     if progress is not None:
         progress.start(report.valid)
-    producer = kafka_producer(kafka, **settings.producer_options(), linger_ms=20,
+    producer = kafka_producer(kafka, **durability.producer_options(), linger_ms=20,
                                 max_batch_size=512 * 1024, compression_type="gzip")
     sent = 0
     reuse_headers = list(limits.record_headers) or None  # the headers the records were measured with

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
-from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.core.replication import ReplicationRequest
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.kafka.clients import kafka_consumer
-from streamproc.settings import Settings
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.sink.database import SinkDatabase, open_database
 from streamproc.sink.rows import Kind, RowBatch
 from streamproc.sink.target import Target
@@ -30,9 +30,9 @@ POLL_MS = 1000
 MAX_ROWS = 5000  # records per poll, and so per transaction
 
 
-def default_group(settings: Settings) -> str:
-    """The sink's consumer group: beside the workers' (whose offsets it must never move)."""
-    return f"{settings.app_id}.sink"
+def default_group(app_id: str) -> str:
+    """The sink's consumer group: beside the workers' group ``app_id`` (whose offsets it must never move)."""
+    return f"{app_id}.sink"
 
 
 def topic_kinds(topology: Topology) -> dict[str, Kind]:
@@ -66,8 +66,8 @@ class SinkTotals:
                 f"{self.dead_letters} dead letters written{skipped}{rejected}")
 
 
-async def run_sink(settings: Settings, target: Target, *, group: str, until_idle: bool,
-                   report: Callable[[str], None], report_every_s: float = 5.0,
+async def run_sink(kafka: KafkaConnection, topology: Topology, replication: ReplicationRequest, target: Target, *,
+                   group: str, until_idle: bool, report: Callable[[str], None], report_every_s: float = 5.0,
                    stop: asyncio.Event | None = None) -> SinkTotals:
     """Follow the outcome topics into ``target`` until ``stop`` is set (by default: SIGTERM or Ctrl-C, after
     the transaction under way), or, with ``until_idle``, until every record on them is in the database."""
@@ -77,9 +77,7 @@ async def run_sink(settings: Settings, target: Target, *, group: str, until_idle
             asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     database = await asyncio.to_thread(open_database, target)
     try:
-        kafka = resolve_connection(settings)
-        topology = settings.topology()
-        await ensure_pipeline_topics(kafka, topology, settings.replication())
+        await ensure_pipeline_topics(kafka, topology, replication)
         kinds = topic_kinds(topology)
         consumer = kafka_consumer(kafka, *kinds, group_id=group, enable_auto_commit=False,
                                     auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1024 * 1024)

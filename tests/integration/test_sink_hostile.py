@@ -42,8 +42,10 @@ async def send(settings: Settings, topic: str, records: list[tuple[bytes | None,
 
 
 async def drain(settings: Settings, url: str, lines: list[str]) -> SinkTotals:
-    return await asyncio.wait_for(run_sink(settings, parse_target(url), group=f"{settings.app_id}.sink",
-                                           until_idle=True, report=lines.append, stop=asyncio.Event()), 120)
+    sink = run_sink(resolve_connection(settings), settings.topology(), settings.durability.replication,
+                    parse_target(url), group=f"{settings.app_id}.sink", until_idle=True, report=lines.append,
+                    stop=asyncio.Event())
+    return await asyncio.wait_for(sink, 120)
 
 
 async def test_hostile_rows_are_stored_or_set_aside_and_the_sink_goes_on(settings: Settings, database: Database

@@ -51,8 +51,7 @@ def exported_series() -> set[str]:
     """Every series name a worker exports (counters with ``_total``, histograms with their three suffixes)."""
     metrics = WorkerMetrics()
     metrics.set_lag([PartitionLag("g", "llm.requests", 0, 0, 1)], now=0.0)
-    metrics.track_guards(Guards.from_settings(Settings(llm_base_url="http://llm", llm_rpm=60, llm_tpm=6000),
-                                              NeverCalled()))
+    metrics.track_guards(Guards.from_settings(Settings(llm_rpm=60, llm_tpm=6000).guards, NeverCalled()))
     metrics.track_hedges(lambda: 0)
     text = generate_latest(metrics.registry).decode()
     suffixes = {"counter": ("", "_total"), "histogram": ("_bucket", "_count", "_sum")}

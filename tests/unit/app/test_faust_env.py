@@ -19,7 +19,7 @@ def test_the_environment_cannot_override_the_apps_settings(tmp_path: Path, monke
                         "APP_STORE": "memory://", "BROKER_SESSION_TIMEOUT": "99", "PRODUCER_ACKS": "1",
                         "TOPIC_PARTITIONS": "3"}.items():
         monkeypatch.setenv(name, value)
-    app = make_faust_app(Settings(kafka_bootstrap="127.0.0.1:9", data_dir=tmp_path), LOCAL, "env-test", 8, 1)
+    app = make_faust_app(Settings(data_dir=tmp_path).faust, LOCAL, "env-test", 8, 1)
     assert [str(url) for url in app.conf.broker] == ["kafka://127.0.0.1:9"]
     assert app.conf.web_enabled is False
     assert str(app.conf.store) == "rocksdb:"

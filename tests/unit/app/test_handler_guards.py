@@ -19,9 +19,9 @@ from streamproc.core.guards.routing import Routes
 from streamproc.core.request_state import CIRCUIT_OPEN
 from streamproc.core.verdict import classify_http_error
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
-from streamproc.llm.breakers import BreakerSettings
 from streamproc.llm.client import CallResult
 from streamproc.llm.guarded import Guards
+from streamproc.settings import BreakerSettings
 from tests.unit.app.test_handler import (
     BODY,
     CONTEXT_TOO_LONG,
@@ -139,7 +139,7 @@ async def test_breaker_open_sends_to_the_fallback_model_and_the_result_says_so()
     fallback_answer = answer("from the fallback")
     rig = GuardedRig([UNAVAILABLE, UNAVAILABLE, fallback_answer],
                      routes=Routes(model_fallbacks={"gpt-test": ["gpt-small"]}),
-                     breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=2, open_s=5))
+                     breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=2, open_s=5, hold_s=10))
     for i in range(2):
         await rig.handle(submission(make_request(f"r{i}"), offset=i))
     await rig.handle(submission(make_request("routed"), offset=10))

@@ -279,7 +279,7 @@ def breaker_in(state: BreakerState) -> CircuitBreaker:
 
 @pytest.mark.parametrize("state", list(BreakerState))
 def test_breaker_state_is_a_label(state: BreakerState) -> None:
-    guards = Guards.from_settings(Settings(llm_base_url="http://llm"), NeverCalled())
+    guards = Guards.from_settings(Settings().guards, NeverCalled())
     cast("MutableMapping[str, CircuitBreaker]", guards.breakers)["gpt-a"] = breaker_in(state)
     metrics = WorkerMetrics(CollectorRegistry())
     metrics.track_guards(guards)

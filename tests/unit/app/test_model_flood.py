@@ -24,9 +24,9 @@ from streamproc.core.guards.timeouts import AdaptiveTimeout
 from streamproc.core.model_labels import FIRST_SEEN, OTHER
 from streamproc.core.outcome import Failure, Success
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.llm.breakers import BreakerSettings
 from streamproc.llm.client import CallResult
 from streamproc.llm.guarded import Guards
+from streamproc.settings import Settings
 from tests.unit.app.test_handler_guards import MonotonicClock
 
 MODELS = 100_000
@@ -61,8 +61,8 @@ async def test_100000_model_names_leave_memory_and_series_flat() -> None:
     clock = MonotonicClock()
     guards = Guards(Answering(), routes=Routes(model_fallbacks={CONFIGURED: ["gpt-spare"]}),
                     limiter=RateLimiter(RateLimits(None, None), 1.0), adaptive=GradientLimit(1, 64, 8),
-                    breakers=BreakerSettings(min_calls=2), budget=RetryBudget(), clock=clock, sleep=clock.sleep,
-                    wait=clock.wait)
+                    breakers=Settings(breaker_min_calls=2).guards.breaker, budget=RetryBudget(), clock=clock,
+                    sleep=clock.sleep, wait=clock.wait)
     metrics = WorkerMetrics(CollectorRegistry(), prices={"gpt-priced": (1.0, 2.0)})
     metrics.track_guards(guards)
     queue, timeouts = OwnQueue(), AdaptiveTimeout(60.0)

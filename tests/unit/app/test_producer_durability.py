@@ -11,7 +11,7 @@ from streamproc.settings import Settings
 
 async def test_the_faust_producer_is_idempotent_with_acks_all(tmp_path: Path) -> None:
     settings = Settings(kafka_bootstrap="127.0.0.1:9", data_dir=tmp_path)
-    app = make_faust_app(settings, resolve_connection(settings), "durable-test", 4, replication_factor=3)
+    app = make_faust_app(settings.faust, resolve_connection(settings), "durable-test", 4, replication_factor=3)
     client = app.producer._new_producer()  # type: ignore[attr-defined]  # faust's aiokafka driver
     assert client._sender._acks == -1
     assert client._txn_manager is not None  # aiokafka's idempotence: producer id and sequence numbers
@@ -20,14 +20,14 @@ async def test_the_faust_producer_is_idempotent_with_acks_all(tmp_path: Path) ->
 
 async def test_idempotence_can_be_turned_off_for_clusters_that_refuse_it(tmp_path: Path) -> None:
     settings = Settings(kafka_bootstrap="127.0.0.1:9", data_dir=tmp_path, kafka_idempotence=False)
-    assert settings.producer_options() == {"acks": "all", "enable_idempotence": False}
-    app = make_faust_app(settings, resolve_connection(settings), "durable-test", 4, replication_factor=1)
+    assert settings.durability.producer_options() == {"acks": "all", "enable_idempotence": False}
+    app = make_faust_app(settings.faust, resolve_connection(settings), "durable-test", 4, replication_factor=1)
     client = app.producer._new_producer()  # type: ignore[attr-defined]
     assert (client._sender._acks, client._txn_manager) == (-1, None)
 
 
 async def test_the_faust_producer_lingers_30_ms_to_share_produce_requests(tmp_path: Path) -> None:
     settings = Settings(kafka_bootstrap="127.0.0.1:9", data_dir=tmp_path)
-    app = make_faust_app(settings, resolve_connection(settings), "linger-test", 4, replication_factor=1)
+    app = make_faust_app(settings.faust, resolve_connection(settings), "linger-test", 4, replication_factor=1)
     client = app.producer._new_producer()  # type: ignore[attr-defined]
     assert client._sender._linger_time == 0.03

@@ -22,7 +22,7 @@ def test_the_setting_reaches_the_faust_apps_assignor(
 ) -> None:
     if env is not None:
         monkeypatch.setenv("STREAMPROC_STANDBY_REPLICAS", env)
-    app = make_faust_app(Settings(kafka_bootstrap="127.0.0.1:9", data_dir=tmp_path), LOCAL, "standby-test", 8, 1)
+    app = make_faust_app(Settings(data_dir=tmp_path).faust, LOCAL, "standby-test", 8, 1)
     assert app.conf.table_standby_replicas == expected
     assert app.assignor.replicas == expected  # what assigns the standby partitions
 

@@ -161,7 +161,7 @@ def test_status_json_has_no_secrets(tmp_path: Path) -> None:
 
 def test_the_sink_grant_covers_the_sink_s_default_group() -> None:
     for settings in (Settings(), Settings(topic_prefix="acme"), Settings(app_id="team-a")):
-        assert default_group(settings).startswith(sink_group_prefix(settings.topology()))
+        assert default_group(settings.app_id).startswith(sink_group_prefix(settings.topology()))
 
 
 def test_secure_is_a_single_broker_on_the_command_line() -> None:

@@ -230,8 +230,8 @@ _CLIENT: LLMClient | None = None
 def _client() -> LLMClient:
     global _CLIENT
     if _CLIENT is None:  # one client for every example: building one loads a TLS context
-        _CLIENT = LLMClient(Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=30),
-                            transport=httpx.MockTransport(_SCRIPTED))
+        _CLIENT = LLMClient(Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=30).llm_endpoint,
+                            connections=256, hedge_ratio=0.03, transport=httpx.MockTransport(_SCRIPTED))
     return _CLIENT
 
 

@@ -77,8 +77,8 @@ async def answers(request: web.Request) -> web.Response:
 
 
 def client(stack: Stack, base: str) -> LLMClient:
-    return LLMClient(Settings(llm_base_url=base, llm_http=stack, llm_timeout_s=20, llm_hedge_ratio=0,
-                              llm_max_response_bytes=CAP, llm_api_key="sk-secret"))
+    return LLMClient(Settings(llm_base_url=base, llm_http=stack, llm_timeout_s=20, llm_max_response_bytes=CAP,
+                              llm_api_key="sk-secret").llm_endpoint, connections=256, hedge_ratio=0)
 
 
 # -- the endpoint allow-list ------------------------------------------------------------------------------------

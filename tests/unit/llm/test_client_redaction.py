@@ -56,8 +56,8 @@ async def serve() -> AsyncIterator[Callable[[int], Awaitable[str]]]:
 
 
 async def call(stack: Stack, base: str) -> tuple[Failure | ConfigurationProblem, bytes]:
-    llm = LLMClient(Settings(llm_base_url=base, llm_http=stack, llm_timeout_s=10, llm_hedge_ratio=0,
-                             llm_api_key=KEY))
+    llm = LLMClient(Settings(llm_base_url=base, llm_http=stack, llm_timeout_s=10, llm_api_key=KEY).llm_endpoint,
+                    connections=256, hedge_ratio=0)
     try:
         result = await llm.call(InferenceRequest("r-1", "{}"), BODY)
     finally:

@@ -15,6 +15,7 @@ from streamproc.core.outcome import Failure, Success
 from streamproc.llm.client import LLMClient
 from streamproc.settings import Settings
 
+ENDPOINT = Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=60).llm_endpoint
 BODY = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 ANSWER = {"model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                                      "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
@@ -27,7 +28,7 @@ async def answer(request: httpx.Request) -> httpx.Response:
 
 
 async def test_a_hang_that_started_before_the_timeout_was_learnt_is_cut_once_it_is() -> None:
-    client = LLMClient(Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=60),
+    client = LLMClient(ENDPOINT, connections=256, hedge_ratio=0.03,
                        transport=httpx.MockTransport(answer))
     client.timeouts = AdaptiveTimeout(60, floor_s=0.5, min_samples=5)
     try:
@@ -54,7 +55,7 @@ async def test_a_call_slower_than_the_tail_is_hedged_and_the_first_answer_wins()
             await asyncio.sleep(3600)  # this copy never answers; the hedge does
         return httpx.Response(200, json=ANSWER)
 
-    client = LLMClient(Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=60),
+    client = LLMClient(ENDPOINT, connections=256, hedge_ratio=0.03,
                        transport=httpx.MockTransport(first_copy_hangs))
     client.timeouts = AdaptiveTimeout(60, floor_s=30, min_samples=5)  # the timeout stays 30 s: only a hedge helps
     try:
@@ -78,7 +79,7 @@ async def test_hedges_are_rationed_and_off_at_ratio_zero() -> None:
             await asyncio.sleep(3600)
         return httpx.Response(200, json=ANSWER)
 
-    client = LLMClient(Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=60, llm_hedge_ratio=0),
+    client = LLMClient(ENDPOINT, connections=256, hedge_ratio=0,
                        transport=httpx.MockTransport(always_hangs_once))
     client.timeouts = AdaptiveTimeout(60, floor_s=1.5, min_samples=5)
     try:
@@ -106,7 +107,7 @@ def one_slot(seconds: float) -> Callable[[httpx.Request], Coroutine[Any, Any, ht
 async def test_calls_queued_behind_the_clients_own_are_not_cut_while_the_server_answers_them() -> None:
     """Six calls at once to one slot, 0.3 s each, timeout 0.9 s: the last waits 1.5 s for the server, which
     is busy with the calls sent before it, not hung (a real llama.cpp server lost 16 of 100 calls so)."""
-    client = LLMClient(Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=60),
+    client = LLMClient(ENDPOINT, connections=256, hedge_ratio=0.03,
                        transport=httpx.MockTransport(one_slot(0.3)))
     client.timeouts = AdaptiveTimeout(60, floor_s=0.9, quantile=0.5, min_samples=1)
     for _ in range(200):  # what it learnt before: 0.3 s a call (the queue's longer answers do not move it)
@@ -121,7 +122,7 @@ async def test_calls_queued_behind_the_clients_own_are_not_cut_while_the_server_
 
 async def test_calls_behind_others_at_a_silent_server_are_cut_after_one_timeout_not_more() -> None:
     """A hung server answers none of them: the call behind is not waiting for a busy server."""
-    client = LLMClient(Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=60),
+    client = LLMClient(ENDPOINT, connections=256, hedge_ratio=0.03,
                        transport=httpx.MockTransport(answer))
     client.timeouts = AdaptiveTimeout(60, floor_s=0.5, min_samples=1)
     client.timeouts.observe("m", 0.1)

@@ -112,7 +112,8 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[int]]]:
 
 
 async def call(stack: Stack, url: str, timeout_s: float = 10.0) -> Success | Failure:
-    client = LLMClient(Settings(llm_base_url=url, llm_http=stack, llm_timeout_s=timeout_s, llm_hedge_ratio=0))
+    client = LLMClient(Settings(llm_base_url=url, llm_http=stack, llm_timeout_s=timeout_s).llm_endpoint,
+                       connections=256, hedge_ratio=0)
     try:
         result = await client.call(InferenceRequest("r-1", "{}"), BODY)
     finally:
@@ -131,7 +132,8 @@ STACKS: list[Stack] = ["aiohttp", "httpcore"]
 async def test_an_answer_comes_back_with_its_body_and_headers(stack: Stack, serve: Callable[[Handler], Awaitable[int]],
                                                               ) -> None:
     port = await serve(answers)
-    client = LLMClient(Settings(llm_base_url=f"http://127.0.0.1:{port}/v1", llm_http=stack, in_flight=4))
+    client = LLMClient(Settings(llm_base_url=f"http://127.0.0.1:{port}/v1", llm_http=stack).llm_endpoint,
+                       connections=4, hedge_ratio=0.03)
     try:  # more calls than connections, on kept-alive connections
         results = await asyncio.gather(*(client.call(InferenceRequest("r-1", "{}"), BODY) for _ in range(12)))
     finally:

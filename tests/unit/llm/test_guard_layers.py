@@ -21,7 +21,7 @@ from streamproc.core.guards.routing import Routes
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.outcome import Failure, Success
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.llm.breakers import BreakerLayer, Breakers, BreakerSettings
+from streamproc.llm.breakers import BreakerLayer, Breakers
 from streamproc.llm.client import CallResult
 from streamproc.llm.context_fallback import ContextFallbackLayer
 from streamproc.llm.gated import AdaptiveGate, GatedLayer
@@ -30,6 +30,7 @@ from streamproc.llm.layer import Refused
 from streamproc.llm.metered import MeteredCaller
 from streamproc.llm.paced import RateLimitedLayer
 from streamproc.llm.routed import Deferred, Routed, RoutingLayer
+from streamproc.settings import BreakerSettings
 from tests.unit.app.test_handler_guards import MonotonicClock
 from tests.unit.core.test_guard_gradient import QUEUED_FIRST_WINDOW
 
@@ -80,7 +81,7 @@ async def test_metered_counts_first_attempts_only_and_calibrates_the_estimate() 
 
 async def test_breaker_layer_records_what_breaks_and_refuses_once_open_without_calling() -> None:
     clock, script = MonotonicClock(), Script([DOWN, EMPTY_BUCKET, DOWN])
-    breakers = Breakers(BreakerSettings(failure_rate=0.5, window_s=10, min_calls=3, open_s=5))
+    breakers = Breakers(BreakerSettings(failure_rate=0.5, window_s=10, min_calls=3, open_s=5, hold_s=10))
     layer = BreakerLayer(script, breakers, clock)
     await layer.call(REQUEST, BODY, True)  # a 503: a failure
     await layer.call(REQUEST, BODY, True)  # a 429 is an answer from a working service: not one

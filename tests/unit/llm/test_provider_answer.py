@@ -105,7 +105,7 @@ async def test_the_client_hands_the_response_headers_over_for_the_request_id() -
     async def server(request: httpx.Request) -> httpx.Response:
         return httpx.Response(429, json=error, headers={"x-request-id": "req_429", "retry-after-ms": "10"})
 
-    client = LLMClient(Settings(llm_base_url="http://llm.test/v1", llm_hedge_ratio=0),
+    client = LLMClient(Settings(llm_base_url="http://llm.test/v1").llm_endpoint, connections=256, hedge_ratio=0,
                        transport=httpx.MockTransport(server))
     try:
         called = await client.call(InferenceRequest("r-1", "{}"), {"model": "m", "messages": []})

@@ -14,6 +14,7 @@ from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from streamproc import codec
 from streamproc.core.events import InferenceRequest
 from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
+from streamproc.kafka.connection import KafkaConnection
 from streamproc.ops.input_lines import MAX_CUSTOM_ID_BYTES, BatchLimits, LineError, parse_line, record_bytes
 from streamproc.ops.submit import PRODUCER_MAX_REQUEST_BYTES, InvalidBatchFile, limits_of, submit_file
 from streamproc.settings import Settings
@@ -63,8 +64,8 @@ def test_the_headers_submit_sends_count_towards_the_record() -> None:
     assert isinstance(request, InferenceRequest)
     headers = ((REUSE_RESULTS, REUSE_RESULTS_ON),)
     assert record_bytes(request, headers) == record_bytes(request) + len(REUSE_RESULTS) + len(REUSE_RESULTS_ON) + 2
-    assert limits_of(Settings(), reuse_results=True).record_headers == headers
-    assert limits_of(Settings()).record_headers == ()
+    assert limits_of(Settings().input_limits, reuse_results=True).record_headers == headers
+    assert limits_of(Settings().input_limits).record_headers == ()
     tight = BatchLimits(max_record_bytes=record_bytes(request), record_headers=headers)
     assert isinstance(parse(padded("ok", 10_000), tight), LineError)
 
@@ -83,13 +84,17 @@ def test_a_record_that_passes_is_one_the_producer_takes(body_bytes: int) -> None
 
 
 async def test_submit_refuses_the_whole_file_before_connecting(tmp_path: Path) -> None:
-    """Line 2's record is too large and line 3's custom_id too long: InvalidBatchFile names both lines, and the
-    bootstrap is a closed port, so any send would have failed otherwise."""
+    """Line 2's record is too large and line 3's custom_id too long: InvalidBatchFile names both lines, and no
+    connection was asked for."""
     path = tmp_path / "batch.jsonl"
     path.write_text("\n".join([line("a"), padded("b", 1_048_560), line("c" * 513), line("d")]) + "\n")
-    settings = Settings(kafka_bootstrap="127.0.0.1:1", max_body_bytes=1_048_576)
+
+    def connect() -> KafkaConnection:
+        raise AssertionError("submit asked for its connection before the file was found valid")
+
+    settings = Settings(max_body_bytes=1_048_576)
     with pytest.raises(InvalidBatchFile) as raised:
-        await submit_file(settings, path, "batch-1")
+        await submit_file(connect, settings.topology(), settings.durability, settings.input_limits, path, "batch-1")
     errors: list[Any] = raised.value.errors
     assert [(e.line, e.custom_id) for e in errors] == [(2, "b"), (3, None)]
     assert "over the producer's 1,048,576-byte max request size" in errors[0].reason
