@@ -2,8 +2,8 @@
 
 :class:`Settings` keeps the variables' flat names; a module is handed only the small frozen value it needs
 (as httpx takes a ``Timeout`` and ``Limits``): :attr:`Settings.llm_endpoint`, :attr:`Settings.guards`,
-:attr:`Settings.durability`, :attr:`Settings.faust`, :attr:`Settings.local_stack`, the
-:meth:`Settings.topology` and the :meth:`Settings.retry_policy`. The Kafka connection is the one value not
+:attr:`Settings.durability`, :attr:`Settings.faust`, :attr:`Settings.input_limits`, :attr:`Settings.local_stack`,
+the :meth:`Settings.topology` and the :meth:`Settings.retry_policy`. The Kafka connection is the one value not
 made here: ``app.bootstrap.resolve_connection`` builds it, since it also reads files and finds the local broker.
 """
 
