@@ -1,54 +1,41 @@
-"""The ``streamproc`` command line: one click group, one sub-command per operation."""
+"""The ``streamproc`` command line: one click group, one sub-command per operation.
+
+Each command imports what it runs inside its function, when it runs: the Kafka client, faust, the settings'
+pydantic, the mock server and the chaos harness would otherwise load for every command, ``--help`` included.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import functools
+import importlib
 import json
 import logging
-import ssl
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed, UnsupportedSaslMechanismError
 
-from streamproc.app.bootstrap import resolve_connection
-from streamproc.app.lag_reader import read_lag, sample_lag
 from streamproc.core.durations import parse_duration_ms
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.devstack.chaos.chaos_command import chaos
-from streamproc.devstack.cluster import local_kafka, start_local_kafka, stop_local_kafka
-from streamproc.devstack.real_llm import RealLLM
-from streamproc.devstack.secure_broker import SecureBroker
 from streamproc.errors import ExitCode, UserFacingError, exit_codes_help
-from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
-from streamproc.kafka.diagnose import diagnose
-from streamproc.mockllm.mock_llm_command import mock_llm
-from streamproc.mockllm.profiles import ProfileError, load_profile
-from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
-from streamproc.ops.batches import batch_object, format_batches, list_batches
-from streamproc.ops.cancel import cancel_batch
-from streamproc.ops.lag_report import dumps, format_table
-from streamproc.ops.progress import Progress
-from streamproc.ops.results import FORMATS, ONE_FILE_FORMATS, export_results
-from streamproc.ops.run import format_outcome, run_batch
-from streamproc.ops.status import read_status
-from streamproc.ops.submit import submit_file
-from streamproc.settings import Settings
-from streamproc.sink.follow import default_group, run_sink
-from streamproc.sink.ledger import read_ledger
-from streamproc.sink.target import parse_target
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
+
+    from streamproc.settings import Settings
 
 T = TypeVar("T")
 FC = TypeVar("FC", bound=Callable[..., Any])
 
 
 def _run(work: Coroutine[Any, Any, T]) -> T:
+    import asyncio
+
     return asyncio.run(work)
 
 
@@ -63,22 +50,58 @@ class _Refused(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True, file=file)
 
 
+# the commands defined by the package they run (they also run alone), as module and attribute
+_COMMANDS_ELSEWHERE = {
+    "chaos": ("streamproc.devstack.chaos.chaos_command", "chaos"),
+    "mock-llm": ("streamproc.mockllm.mock_llm_command", "mock_llm"),
+}
+
+
 class _Commands(click.Group):
-    """The command tree; an error the user can act on ends any command with its reason and exit code."""
+    """The command tree, whose commands from other packages are imported when asked for; an error the user can
+    act on ends any command with its reason and exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *_COMMANDS_ELSEWHERE])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in _COMMANDS_ELSEWHERE:
+            module, attribute = _COMMANDS_ELSEWHERE[cmd_name]
+            command: click.Command = getattr(importlib.import_module(module), attribute)
+            return command
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except UserFacingError as exc:
             raise _Refused(exc) from exc
-        except (KafkaConnectionError, SaslAuthenticationFailed, UnsupportedSaslMechanismError, ssl.SSLError) as exc:
-            # any command: a cluster that answers nothing, or refuses this client, is configuration; one probe
-            # of our own names the cause that aiokafka only logs
-            failure = asyncio.run(diagnose(resolve_connection(_settings(ctx))))
-            reason = failure.reason if failure else f"Kafka is not reachable: {exc}"
-            raise _Refused(UserFacingError(reason)) from exc
-        except AUTHORIZATION_ERRORS as exc:
-            raise _Refused(not_authorized(exc)) from exc
+        except Exception as exc:
+            refusal = _kafka_refusal(ctx, exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
+
+
+def _kafka_refusal(ctx: click.Context, exc: Exception) -> _Refused | None:
+    """A cluster that answers nothing, refuses this client or refuses an operation: configuration, said in one
+    line (a probe of our own names the cause that aiokafka only logs); None for any other error."""
+    if "aiokafka" not in sys.modules:  # no Kafka client was loaded, so no Kafka error was raised
+        return None
+    import ssl
+
+    from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed, UnsupportedSaslMechanismError
+
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
+    from streamproc.kafka.diagnose import diagnose
+
+    if isinstance(exc, KafkaConnectionError | SaslAuthenticationFailed | UnsupportedSaslMechanismError | ssl.SSLError):
+        failure = _run(diagnose(resolve_connection(_settings(ctx))))
+        return _Refused(UserFacingError(failure.reason if failure else f"Kafka is not reachable: {exc}"))
+    if isinstance(exc, AUTHORIZATION_ERRORS):
+        return _Refused(not_authorized(exc))
+    return None
 
 
 _BOOTSTRAP = "streamproc.bootstrap_server"
@@ -108,6 +131,8 @@ def kafka_options(command: FC) -> FC:
 
 def _settings(ctx: click.Context | None = None) -> Settings:
     """The environment's settings, with ``-b`` and ``--command-config`` over their variables."""
+    from streamproc.settings import Settings
+
     meta = (ctx or click.get_current_context()).meta
     given = {"kafka_bootstrap": meta.get(_BOOTSTRAP), "kafka_client_properties": meta.get(_COMMAND_CONFIG)}
     return Settings(**{name: value for name, value in given.items() if value})
@@ -156,10 +181,13 @@ _secure_option = click.option(
 @_secure_option
 def broker_start(timeout: float, nodes: int | None, node: int | None, secure: bool) -> None:
     """Start the local broker (or cluster); returns once it accepts connections (a no-op when it runs already)."""
+    from streamproc.devstack.cluster import start_local_kafka
+    from streamproc.devstack.secure_broker import SecureBroker
+
     if secure:
         if nodes is not None or node is not None:
             raise click.UsageError("--secure starts a single broker: no --nodes or --node")
-        click.echo(SecureBroker(Settings()).start(timeout).describe())
+        click.echo(SecureBroker(_settings()).start(timeout).describe())
         return
     status = start_local_kafka(Settings(), nodes, node, timeout)
     click.echo(status.describe())
@@ -170,7 +198,10 @@ def broker_start(timeout: float, nodes: int | None, node: int | None, secure: bo
 @_secure_option
 def broker_stop(node: int | None, secure: bool) -> None:
     """Stop the local broker or every node of the local cluster (also cleans up after a crashed one)."""
-    was_running = SecureBroker(Settings()).stop() if secure else stop_local_kafka(Settings(), node)
+    from streamproc.devstack.cluster import stop_local_kafka
+    from streamproc.devstack.secure_broker import SecureBroker
+
+    was_running = SecureBroker(_settings()).stop() if secure else stop_local_kafka(Settings(), node)
     click.echo("stopped" if was_running else "not running")
 
 
@@ -180,7 +211,10 @@ def broker_stop(node: int | None, secure: bool) -> None:
 @_secure_option
 def broker_status(bootstrap_only: bool, as_json: bool, secure: bool) -> None:
     """Say whether the local broker runs, and where (exit 1 when it is stopped)."""
-    status = SecureBroker(Settings()).status() if secure else local_kafka(Settings()).status()
+    from streamproc.devstack.cluster import local_kafka
+    from streamproc.devstack.secure_broker import SecureBroker
+
+    status = SecureBroker(_settings()).status() if secure else local_kafka(_settings()).status()
     if bootstrap_only:
         if not status.running:
             raise click.ClickException("the local broker is not running")
@@ -204,21 +238,27 @@ def real_llm() -> None:
 @click.option("--port", default=0, show_default=True, help="Port on 127.0.0.1 (0: a free one).")
 def real_llm_start(port: int) -> None:
     """Install (first time: ~15 min of compiling) and start the server; prints its base URL."""
-    status = RealLLM(Settings()).start(port)
+    from streamproc.devstack.real_llm import RealLLM
+
+    status = RealLLM(_settings()).start(port)
     click.echo(status.base_url)
 
 
 @real_llm.command("stop")
 def real_llm_stop() -> None:
     """Stop the server started by `real-llm start`."""
-    click.echo("stopped" if RealLLM(Settings()).stop() else "not running")
+    from streamproc.devstack.real_llm import RealLLM
+
+    click.echo("stopped" if RealLLM(_settings()).stop() else "not running")
 
 
 @real_llm.command("status")
 @json_option("running, pid and base_url")
 def real_llm_status(as_json: bool) -> None:
     """Print the base URL of the running server (exit 1 when it is not running)."""
-    status = RealLLM(Settings()).status()
+    from streamproc.devstack.real_llm import RealLLM
+
+    status = RealLLM(_settings()).status()
     if as_json:
         _echo_json({"running": status.running, **dataclasses.asdict(status)})
     else:
@@ -238,9 +278,9 @@ def roundtrip(records: int, log_path: str | None, as_json: bool) -> None:
     settings = _settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or str(settings.data_dir / "roundtrip-worker.log")
-    from streamproc.app.roundtrip import run_round_trip  # faust is imported by the commands that run it only
+    from streamproc.app.roundtrip import run_round_trip
 
-    report = asyncio.run(run_round_trip(settings, records, log_path))
+    report = _run(run_round_trip(settings, records, log_path))
     if as_json:
         _echo_json({**dataclasses.asdict(report), "ok": report.ok})
     else:
@@ -251,10 +291,6 @@ def roundtrip(records: int, log_path: str | None, as_json: bool) -> None:
         click.echo(f"round trip {'succeeded' if report.ok else 'FAILED'} in {report.seconds:.1f}s")
     if not report.ok:
         raise click.ClickException(f"the round trip failed; the worker's log is {log_path}")
-
-
-cli.add_command(mock_llm)
-cli.add_command(chaos)
 
 
 class IsoDateTime(click.ParamType):
@@ -284,6 +320,36 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return ms / 1000
 
 
+class _LazyChoice(click.ParamType):
+    """A :class:`click.Choice` among names that a command's implementation holds, made when the command parses
+    or shows its options: that module is imported then, not by every other command."""
+
+    name = "choice"
+
+    def __init__(self, names: Callable[[], Iterable[str]]) -> None:
+        self._names = names
+
+    @functools.cached_property
+    def _choice(self) -> click.Choice[str]:
+        return click.Choice(sorted(self._names()))
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
+        return self._choice.get_metavar(param, ctx)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        return self._choice.convert(value, param, ctx)
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter,
+                       incomplete: str) -> list[CompletionItem]:
+        return self._choice.shell_complete(ctx, param, incomplete)
+
+
+def _export_formats() -> Iterable[str]:
+    from streamproc.ops.results import FORMATS
+
+    return FORMATS
+
+
 _REUSE_HELP = ("Answer a request whose model and body got an answer before (any batch of this deployment) with "
                "that answer, without an LLM call; exported with streamproc.reused_from.")
 
@@ -308,6 +374,10 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
     Example:
       streamproc submit requests.jsonl --batch-id labels-2026-11 --completion-window 24h
     """
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.ops.progress import Progress
+    from streamproc.ops.submit import submit_file
+
     settings = _settings()
     with Progress(f"sending {file.name}") as bar:
         report = _run(submit_file(lambda: resolve_connection(settings), settings.topology(), settings.durability,
@@ -334,6 +404,9 @@ def status(batch_id: str, as_json: bool) -> None:
     Example:
       streamproc status --batch-id labels-2026-11 --json
     """
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.ops.status import read_status
+
     settings = _settings()
     current = _run(read_status(resolve_connection(settings), settings.topology(), batch_id,
                                stall_after_s=settings.stall_after_s))
@@ -357,6 +430,9 @@ def cancel(batch_id: str, as_json: bool) -> None:
     Example:
       streamproc cancel --batch-id labels-2026-11
     """
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.ops.cancel import cancel_batch
+
     settings = _settings()
     manifest = _run(cancel_batch(resolve_connection(settings), settings.topology(), settings.durability, batch_id))
     if as_json:
@@ -382,6 +458,9 @@ def batches(limit: int, as_json: bool) -> None:
     Example:
       streamproc batches --limit 5
     """
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.ops.batches import format_batches, list_batches
+
     settings = _settings()
     entries = _run(list_batches(resolve_connection(settings), settings.topology()))
     shown = entries[:limit] if limit else entries
@@ -401,7 +480,7 @@ def batches(limit: int, as_json: bool) -> None:
 @click.option("--errors", type=click.Path(dir_okay=False, path_type=Path),
               help="One line per custom_id that ended in a failure: the provider's status and body when it "
                    "answered, our code and message otherwise, our diagnosis under 'streamproc'.")
-@click.option("--format", "format_name", type=click.Choice(sorted(FORMATS)), default="openai", show_default=True,
+@click.option("--format", "format_name", type=_LazyChoice(_export_formats), default="openai", show_default=True,
               help="openai: Batch API output and error lines; anthropic: Message Batches result lines "
                    "(succeeded, errored, canceled, expired).")
 @click.option("--summary", type=click.Path(dir_okay=False, path_type=Path),
@@ -417,6 +496,10 @@ def results(batch_id: str, output: Path, errors: Path | None, format_name: str, 
       streamproc results --batch-id labels-2026-11 --output out.jsonl --errors errors.jsonl
       streamproc results --batch-id labels-2026-11 --format anthropic --output results.jsonl
     """
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.ops.batches import batch_object
+    from streamproc.ops.results import ONE_FILE_FORMATS, export_results
+
     settings = _settings()
     kafka, topology = resolve_connection(settings), settings.topology()
     report = export_results(kafka, topology, batch_id, output, errors, format_name)
@@ -451,6 +534,10 @@ def sink(url: str, group: str | None, until_idle: bool) -> None:
     Example:
       streamproc sink --to sqlite:///outcomes.db --until-idle
     """
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.sink.follow import default_group, run_sink
+    from streamproc.sink.target import parse_target
+
     settings = _settings()
     target = parse_target(url)
     _run(run_sink(resolve_connection(settings), settings.topology(), settings.durability.replication, target,
@@ -459,6 +546,8 @@ def sink(url: str, group: str | None, until_idle: bool) -> None:
 
 def _mock_profile(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A --mock-llm profile the mock server will load (checked before anything starts)."""
+    from streamproc.mockllm.profiles import ProfileError, load_profile
+
     if value is not None:
         try:
             load_profile(value)
@@ -494,6 +583,8 @@ def run(file: Path, output: Path, errors: Path | None, batch_id: str | None, tim
       streamproc run requests.jsonl --output out.jsonl --errors errors.jsonl
       streamproc run requests.jsonl --output out.jsonl --mock-llm realistic
     """
+    from streamproc.ops.run import format_outcome, run_batch
+
     batch_id = batch_id or f"{file.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     report = run_batch(_settings(), file, output, errors, batch_id, timeout, mock_profile, workers, _warn,
                        reuse_results)
@@ -536,6 +627,12 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
       streamproc backfill --batch-id labels-2026-11 --layer transport --layer service --dry-run
       streamproc backfill --batch-id labels-2026-11 --from-db sqlite:///outcomes.db
     """
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
+    from streamproc.ops.progress import Progress
+    from streamproc.sink.ledger import read_ledger
+    from streamproc.sink.target import parse_target
+
     settings = _settings()
     selection = BackfillFilter(
         batch_id=batch_id, layers=frozenset(FailureLayer(v) for v in layers) or frozenset(FailureLayer),
@@ -578,7 +675,7 @@ def worker(loglevel: str) -> None:
     Exit code 1: a record could neither be handled nor its outcome written (Kafka refused the writes);
     restart it: the record is read again (a supervisor such as systemd or Kubernetes does that).
     """
-    from streamproc.app.worker import run_worker  # faust is imported by the commands that run it only
+    from streamproc.app.worker import run_worker
 
     sys.exit(run_worker(_settings(), loglevel.upper()))
 
@@ -610,6 +707,10 @@ def lag(groups: tuple[str, ...], all_groups: bool, as_json: bool, max_lag: int |
       streamproc lag --max-lag 10000
       streamproc lag --group streamproc --json --interval 10
     """
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.app.lag_reader import read_lag, sample_lag
+    from streamproc.ops.lag_report import dumps, format_table
+
     settings = _settings()
     kafka = resolve_connection(settings)
     wanted = None if all_groups else list(groups) or [settings.app_id]

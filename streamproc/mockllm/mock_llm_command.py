@@ -6,7 +6,6 @@ started with ``--port 0`` learns the URL; everything else goes to stderr.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import sys
@@ -154,7 +153,9 @@ def mock_llm(
     Endpoints: POST /v1/chat/completions (JSON or SSE), POST /v1/completions, GET /v1/models, GET /stats,
     GET /healthz, POST /control/outage, POST /control/reset. See docs/mock-llm.md.
     """
-    # here: the profiles' YAML and the server's aiohttp would slow every other command, --help included
+    # here: the profiles' YAML, asyncio and the server's aiohttp would slow every other command, --help included
+    import asyncio
+
     from streamproc.mockllm.profiles import Overrides, ProfileError, customize, load_profile
 
     overrides = Overrides(
@@ -180,6 +181,8 @@ def mock_llm(
 
 
 async def _serve(profile: Profile, seed: int, api_key: str | None, host: str, port: int, access_log: bool) -> None:
+    import asyncio
+
     from streamproc.mockllm.runner import LISTENING_PREFIX, running_mock_llm
 
     stop = asyncio.Event()

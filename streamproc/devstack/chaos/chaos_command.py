@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -69,7 +68,9 @@ def chaos(requests: int, workers: int, kills: int, kill_pause: float, broker_res
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 
-    # here: the run's imports (aiokafka, aiohttp, httpx) would slow every other command
+    # here: the run's imports (asyncio, aiokafka, aiohttp, httpx) would slow every other command
+    import asyncio
+
     from streamproc.devstack.chaos.chaos_run import run_chaos
     from streamproc.devstack.chaos.tally import format_table
 
