@@ -189,7 +189,7 @@ def broker_start(timeout: float, nodes: int | None, node: int | None, secure: bo
             raise click.UsageError("--secure starts a single broker: no --nodes or --node")
         click.echo(SecureBroker(_settings()).start(timeout).describe())
         return
-    status = start_local_kafka(Settings(), nodes, node, timeout)
+    status = start_local_kafka(_settings(), nodes, node, timeout)
     click.echo(status.describe())
 
 
@@ -201,7 +201,7 @@ def broker_stop(node: int | None, secure: bool) -> None:
     from streamproc.devstack.cluster import stop_local_kafka
     from streamproc.devstack.secure_broker import SecureBroker
 
-    was_running = SecureBroker(_settings()).stop() if secure else stop_local_kafka(Settings(), node)
+    was_running = SecureBroker(_settings()).stop() if secure else stop_local_kafka(_settings(), node)
     click.echo("stopped" if was_running else "not running")
 
 

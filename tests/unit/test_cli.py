@@ -123,6 +123,14 @@ def test_broker_status_of_a_stopped_broker_fails_and_says_so_in_json() -> None:
     assert document["running"] is False and document["pid"] is None and document["bootstrap"] is None
 
 
+def test_broker_stop_and_start_reach_the_local_broker() -> None:
+    """Without a JVM: stop finds nothing running, start --node finds no cluster to start a node of."""
+    stop = invoke("broker", "stop")
+    assert (stop.exit_code, stop.output) == (ExitCode.OK, "not running\n")
+    start = invoke("broker", "start", "--node", "2")
+    assert start.exit_code == ExitCode.CONFIGURATION and "no local cluster in this data dir" in start.stderr
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("2026-11-29", datetime(2026, 11, 29, tzinfo=UTC)),
     ("2026-11-29T08:00", datetime(2026, 11, 29, 8, tzinfo=UTC)),
