@@ -120,6 +120,7 @@ class Outcomes:
     results: dict[str, list[InferenceResult]] = field(default_factory=lambda: defaultdict(list))
     failures: dict[str, list[FailureEvent]] = field(default_factory=lambda: defaultdict(list))
     dead_letters: int = 0
+    dead_letter_headers: list[dict[str, bytes]] = field(default_factory=list)
 
     def terminal(self, request_id: str) -> list[FailureEvent]:
         return [event for event in self.failures.get(request_id, []) if event.terminal]
@@ -159,6 +160,7 @@ class OutcomeReader:
                     self.outcomes.results[result.request_id].append(result)
                 elif tp.topic == self._dead_letter_topic:
                     self.outcomes.dead_letters += 1
+                    self.outcomes.dead_letter_headers.append(dict(message.headers))
                 else:
                     event = codec.decode(message.value, FailureEvent)
                     self.outcomes.failures[event.request.request_id].append(event)
