@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import base64
 import logging
-import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Protocol
@@ -22,34 +21,33 @@ from typing import Any, Protocol
 from streamproc import codec
 from streamproc.app.observe import LlmCall, Observer, guarded, outcome_label
 from streamproc.core import headers
+from streamproc.core.decision import (
+    Action,
+    Answered,
+    Attempt,
+    Call,
+    CallEnd,
+    Defer,
+    EmitFailure,
+    EmitResult,
+    EndAttempt,
+    Hold,
+    Parked,
+    Retries,
+    ScheduleRetry,
+    WriteIfAbsent,
+    WriteState,
+    after_call,
+    failure_emission,
+    on_record,
+    reused,
+    terminal_failure,
+)
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
-from streamproc.core.guards.pauses import MODEL_SCOPED_PROBLEMS
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
-from streamproc.core.record_size import (
-    CARRIED_BYTES,
-    REQUEST_TOO_LARGE,
-    request_bytes,
-    response_too_large,
-    result_record_bytes,
-    too_large_to_carry,
-    without_body,
-)
-from streamproc.core.request_state import (
-    Conflict,
-    RecordRef,
-    Skip,
-    SkipReason,
-    Start,
-    admit,
-    input_hash,
-    on_deferred,
-    on_retry_scheduled,
-    on_success,
-    on_terminal_failure,
-    superseded,
-)
-from streamproc.core.retry_policy import Retry, RetryPolicy, Tier, spends_budget
-from streamproc.core.reuse import on_reused
+from streamproc.core.record_size import CARRIED_BYTES, response_too_large, result_record_bytes
+from streamproc.core.request_state import RecordRef, Skip, on_terminal_failure, superseded
+from streamproc.core.retry_policy import Tier
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import Caller, CallResult, UnsupportedUrl, answer_content, request_body
 from streamproc.llm.completion import billed_tokens
@@ -114,24 +112,47 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Handler:
-    """The per-record logic shared by the requests dispatcher and every retry tier."""
+def _never(batch_id: str | None) -> str | None:
+    return None
 
-    def __init__(self, caller: Caller | Guards, sink: Sink, store: StateStore, policy: RetryPolicy,
+
+@dataclass(frozen=True)
+class HandlerOptions:
+    """What a handler may be given besides its seams, each with a default: the clock, the metrics, why a batch no
+    longer has its requests called (``closed``: batch id -> ``batch_cancelled``, ``batch_expired``, or None), and
+    the earlier answers for the batches that reuse them."""
+
+    clock_ms: Callable[[], int] = _now_ms
+    observer: Observer | None = None
+    closed: Callable[[str | None], str | None] = _never
+    reuse: Reuse | None = None
+
+
+@dataclass(frozen=True)
+class _Made:
+    """A call that was made: the body sent and what came back (for the failure event and the retry record)."""
+
+    body: dict[str, Any]
+    called: CallResult
+
+
+class Handler:
+    """The per-record logic shared by the requests dispatcher and every retry tier: it reads the record, the state
+    table and the LLM, asks the core what to do (core.decision), and carries the actions out in one place."""
+
+    def __init__(self, caller: Caller | Guards, sink: Sink, store: StateStore, retries: Retries,
                  on_configuration_problem: Callable[[ConfigurationProblem], None],
-                 clock_ms: Callable[[], int] = _now_ms, rng: random.Random | None = None,
-                 observer: Observer | None = None, closed: Callable[[str | None], str | None] | None = None,
-                 reuse: Reuse | None = None) -> None:
+                 options: HandlerOptions | None = None) -> None:
+        options = options or HandlerOptions()
         self._guards = caller if isinstance(caller, Guards) else Guards(caller)  # a bare caller: no guards
         self._sink = sink
         self._store = store
-        self._policy = policy
+        self._retries = retries
         self._on_configuration_problem = on_configuration_problem
-        self._clock_ms = clock_ms
-        self._rng = rng or random.Random()
-        self._observer = guarded(observer)  # metrics; never raises into the handler
-        self._closed = closed or _never  # batch id -> why its requests are not called any more, or None
-        self._reuse = reuse
+        self._clock_ms = options.clock_ms
+        self._observer = guarded(options.observer)  # metrics; never raises into the handler
+        self._closed = options.closed
+        self._reuse = options.reuse
 
     async def handle(self, record: Record) -> Disposition:
         """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
@@ -146,150 +167,125 @@ class Handler:
             return await self._internal_error(record, exc)
 
     async def _handle(self, record: Record) -> Disposition:
-        hop = headers.read_hop(record.headers)
-        origin = hop.origin or headers.Origin(record.topic, record.partition, record.offset)
-        request = await self._decode(record, origin)
+        hop = headers.read_hop(record.headers, here=_place(record))
+        source = RecordRef(record.topic, record.offset)
+        request = await self._decode(record, hop, source)
         if request is None:
             return Disposition.ACK
-        now = self._clock_ms()
-        current = self._store.get(request.request_id)
-        admission = admit(current, request, hop.attempt, now,
-                          source=RecordRef(record.topic, record.offset), replay=hop.replay, deferred=hop.deferred,
-                          run=hop.run)
-        if isinstance(admission, Skip):
-            log.debug("skip %s: %s (%s[%d]@%d, attempt %d)", request.request_id, admission.reason, record.topic,
-                      record.partition, record.offset, hop.attempt)
-            if current is not None and admission.reason in _ENDED:
-                # An ended request read again is most often a redelivery after a crash, and a crash between the
-                # local table write and its changelog send leaves the changelog (what status reads and a new
-                # owner restores) one write behind: stuck in_flight although the result exists (the chaos run
-                # found it). Writing the same state again sends it to the changelog once more.
-                await self._store.put(current)
-            self._observer.on_skip(admission.reason.value)
-            return Disposition.ACK
-        if isinstance(admission, Conflict):
-            await self._emit_failure(request, admission.failure, hop.attempt, True, now, origin, run=0)  # not admitted
-            return Disposition.ACK
-        assert isinstance(admission, Start)
-        state = admission.state
-        await self._store.put(state)
+        attempt = Attempt(request, hop, source, self._clock_ms())
+        decision = on_record(attempt, self._store.get(request.request_id), self._closed(request.batch_id))
+        return await self._carry_out(record, attempt, decision)
 
-        if (closed := self._closed(request.batch_id)) is not None and not hop.replay:  # a replay is a new decision
-            why = "was cancelled" if closed == "batch_cancelled" else "passed its completion window"
-            await self._terminal(request, Failure(
-                FailureLayer.BUSINESS, closed, f"batch {request.batch_id!r} {why} before request "
-                f"{request.request_id!r} was called"), hop.attempt, hop.first_failure_ms or now, origin, state)
-            return Disposition.ACK
-        if self._reuse is not None and (reused := await self._reuse.answer(
-                request, record.headers, state.input_hash, now)) is not None:
-            await self._sink.result(reused)  # a normal result event that names its origin; no call is made
-            self._observer.on_result()
-            await self._store.put(on_reused(state, reused, self._clock_ms()))  # result first, then state (design §4)
-            return Disposition.ACK
-
-        try:  # after admission, so that the terminal failure below also ends the state (a repair hop can fail here)
-            body = self._guards.precheck(with_max_tokens(request_body(request), hop.max_tokens))
-        except UnsupportedUrl as exc:  # a url outside the endpoint table (core.endpoints): never sent
-            body = exc.failure
-        except ValueError as exc:
-            body = Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
-        if isinstance(body, Failure):  # malformed, or over the model's context window: no call
-            await self._terminal(request, body, hop.attempt, hop.first_failure_ms or now, origin, state)
-            return Disposition.ACK
-
-        called = await self._guards.call(request, body, hop.attempt)
-        if isinstance(called, Deferred):
-            await self._defer(request, called, hop, origin, state)
-            return Disposition.ACK
-        outcome = called.outcome
-        self._observer.on_llm_call(LlmCall(called.model, outcome_label(outcome), called.latency_ms / 1000,
-                                           *billed_tokens(outcome, called.response_body)))
-        if isinstance(outcome, ConfigurationProblem) and outcome.code in MODEL_SCOPED_PROBLEMS:
-            # one model's problem (unknown to the endpoint, not allowed): that request fails, and the model is
-            # paused once its first calls all failed alike, while the other models go on
-            outcome = Failure(FailureLayer.BUSINESS, outcome.code, outcome.message, outcome.http_status)
-        if isinstance(outcome, ConfigurationProblem):  # the account's (key, quota, endpoint): stop everything
-            self._on_configuration_problem(outcome)
-            return Disposition.HOLD
-        if isinstance(outcome, Success):
-            result = InferenceResult(
-                request_id=request.request_id, batch_id=request.batch_id, model=outcome.model,
-                response_json=called.response_body.decode("utf-8", "replace"), content=outcome.content,
-                attempts=hop.attempt, latency_ms=called.latency_ms, completed_ms=self._clock_ms(),
-                input_hash=state.input_hash, provider_request_id=provider_request_id(called.headers),
-            )
-            too_large = response_too_large(request.request_id, len(called.response_body),
-                                           result_record_bytes(result, codec.encode), outcome)
-            if too_large is not None:  # the producer would refuse the result: keep what a failure event can
-                log.warning("request %s: %s", request.request_id, too_large.message)
-                await self._terminal(request, too_large, hop.attempt, hop.first_failure_ms or now, origin, state,
-                                     called, paid=outcome)
-                return Disposition.ACK
-            await self._sink.result(result)
-            self._observer.on_result()
-            await self._store.put(on_success(state, self._clock_ms(), outcome))  # result first, then state (design §4)
-            return Disposition.ACK
-        await self._after_failure(request, outcome, called, body, hop, origin, state)
+    async def _carry_out(self, record: Record, attempt: Attempt, actions: Iterable[Action],
+                         made: _Made | None = None) -> Disposition:
+        """Carry out a decision's actions in their order: the one place where the handler sends and writes.
+        ``made``: the call the decision followed, if one was made."""
+        sent: RecordRef | None = None  # where this decision's retry or deferred record went
+        for action in actions:
+            match action:
+                case WriteState(state):
+                    await self._store.put(state)
+                case EndAttempt(started):
+                    await self._put_unless_superseded(started, action.naming(sent))
+                case WriteIfAbsent(state):
+                    if self._store.get(state.request_id) is None:
+                        await self._store.put(state)
+                case EmitResult(result):
+                    await self._sink.result(result)
+                    self._observer.on_result()
+                case EmitFailure():
+                    await self._emit_failure(action, made)
+                case ScheduleRetry():
+                    sent = await self._schedule_retry(action, made)
+                case Defer(tier, request, hdrs):
+                    sent = await self._sink.retry(tier, request, hdrs)
+                    self._observer.on_deferred(tier.name)
+                case Hold(problem):
+                    self._on_configuration_problem(problem)
+                    return Disposition.HOLD
+                case Skip(reason):
+                    log.debug("skip %s: %s (%s[%d]@%d, attempt %d)", attempt.request.request_id, reason,
+                              record.topic, record.partition, record.offset, attempt.hop.attempt)
+                    self._observer.on_skip(reason.value)
+                case Call(admitted):
+                    return await self._call(record, admitted)
         return Disposition.ACK
 
-    async def _after_failure(self, request: InferenceRequest, failure: Failure, called: CallResult,
-                             sent: dict[str, Any], hop: headers.Hop, origin: headers.Origin,
-                             state: RequestState) -> None:
-        now = self._clock_ms()
-        first_failure = hop.first_failure_ms or now
-        decision = self._policy.decide(failure, hop.attempt, self._rng, self._guards.budget_stop(request.batch_id))
-        if isinstance(decision, Retry) and too_large_to_carry(request):  # its retry record would be refused
-            failure = Failure(failure.layer, REQUEST_TOO_LARGE, f"{failure.code}, not retried: the request's "
-                              f"{request_bytes(request)} bytes are more than a retry record carries "
-                              f"({CARRIED_BYTES}): {failure.message}"[:1000], failure.http_status)
-            await self._terminal(request, failure, hop.attempt, first_failure, origin, state, called)
-            return
-        if isinstance(decision, Retry):
-            next_request = (build_repair_request(request, answer_content(called.response_body), failure.message)
-                            if decision.repair else request)
-            due = now + decision.due_in_ms
-            max_tokens = hop.max_tokens
-            if failure.code == TRUNCATED:  # the same budget would be cut again: the next attempt gets more room
-                max_tokens = grown_max_tokens(request_body(request), sent) or max_tokens
-            written = await self._sink.retry(decision.tier, next_request, headers.hop_headers(
-                request.request_id, hop.attempt + 1, origin, failure, first_failure, due_ms=due,
-                max_tokens=max_tokens, run=state.run))
-            self._observer.on_retry(decision.tier.name)
-            await self._emit_failure(request, failure, hop.attempt, False, first_failure, origin, called, run=state.run)
-            await self._put_unless_superseded(
-                state, on_retry_scheduled(state, failure.layer, failure.code, now, written,
-                                          spent_budget=spends_budget(failure)))
-            return
-        failure = decision.failure or failure  # a spent retry budget restates it as retry_budget_exhausted
-        await self._terminal(request, failure, hop.attempt, first_failure, origin, state, called)
+    async def _call(self, record: Record, attempt: Attempt) -> Disposition:
+        """An earlier answer, a body the pre-check refuses, or the call; each then decided and carried out."""
+        request = attempt.request
+        if self._reuse is not None and (earlier := await self._reuse.answer(
+                request, record.headers, attempt.started.input_hash, attempt.now_ms)) is not None:
+            return await self._carry_out(record, attempt, reused(attempt.at(self._clock_ms()), earlier))
+        body = self._precheck(attempt)
+        if isinstance(body, Failure):  # malformed, or over the model's context window: no call
+            return await self._carry_out(record, attempt, terminal_failure(attempt, body))
+        called = await self._guards.call(request, body, attempt.hop.attempt)
+        attempt = attempt.at(self._clock_ms())
+        budget = self._guards.budget_stop(request.batch_id)
+        if isinstance(called, Deferred):
+            parked = Parked(round(called.delay_s * 1000), Failure(FailureLayer.SERVICE, called.code, called.reason))
+            return await self._carry_out(record, attempt, after_call(attempt, parked, self._retries, budget))
+        self._observer.on_llm_call(LlmCall(called.model, outcome_label(called.outcome), called.latency_ms / 1000,
+                                           *billed_tokens(called.outcome, called.response_body)))
+        end = self._call_end(attempt, called)
+        return await self._carry_out(record, attempt, after_call(attempt, end, self._retries, budget),
+                                     _Made(body, called))
 
-    async def _defer(self, request: InferenceRequest, deferred: Deferred, hop: headers.Hop, origin: headers.Origin,
-                     state: RequestState) -> None:
-        """Park the record, attempt not made, in the shortest retry tier, due when the breaker may probe
-        (design §5); a jitter of up to a second spreads the parked records."""
-        now = self._clock_ms()
-        tier = self._policy.tiers[0]  # never longer: a closed breaker must find its backlog soon
-        wanted = round(deferred.delay_s * 1000) + self._rng.randrange(1000)
-        reason = Failure(FailureLayer.SERVICE, deferred.code, deferred.reason)
-        due = now + min(wanted, tier.delay_ms)
-        written = await self._sink.retry(tier, request, headers.hop_headers(
-            request.request_id, hop.attempt, origin, reason, hop.first_failure_ms, due_ms=due, replay=hop.replay,
-            deferred=True, max_tokens=hop.max_tokens, run=state.run))
-        await self._put_unless_superseded(state, on_deferred(state, now, deferred.code, written))
-        self._observer.on_deferred(tier.name)
+    def _precheck(self, attempt: Attempt) -> dict[str, Any] | Failure:
+        """The body to send, or why it is never sent. After admission, so that its failure also ends the state (a
+        repair hop can fail here)."""
+        request = attempt.request
+        try:
+            return self._guards.precheck(with_max_tokens(request_body(request), attempt.hop.max_tokens))
+        except UnsupportedUrl as exc:  # a url outside the endpoint table (core.endpoints): never sent
+            return exc.failure
+        except ValueError as exc:
+            return Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
 
-    async def _terminal(self, request: InferenceRequest, failure: Failure, attempt: int, first_failure_ms: int,
-                        origin: headers.Origin, state: RequestState | None, called: CallResult | None = None,
-                        paid: Success | None = None) -> None:
-        await self._emit_failure(request, failure, attempt, True, first_failure_ms, origin, called,
-                                 run=0 if state is None else state.run)
-        now = self._clock_ms()
-        if state is not None:
-            await self._put_unless_superseded(state, on_terminal_failure(state, failure.layer, failure.code, now, paid))
-        elif self._store.get(request.request_id) is None:  # a record rejected before admission
-            await self._store.put(RequestState(request.request_id, RequestStatus.FAILED, input_hash(request),
-                                         attempts=attempt, batch_id=request.batch_id, last_layer=failure.layer,
-                                         last_error_code=failure.code, created_ms=now, updated_ms=now))
+    def _call_end(self, attempt: Attempt, called: CallResult) -> CallEnd:
+        """The call's outcome, a success with the result event it makes (and whether that event can be sent)."""
+        outcome = called.outcome
+        if not isinstance(outcome, Success):
+            return outcome
+        request = attempt.request
+        result = InferenceResult(
+            request_id=request.request_id, batch_id=request.batch_id, model=outcome.model,
+            response_json=called.response_body.decode("utf-8", "replace"), content=outcome.content,
+            attempts=attempt.hop.attempt, latency_ms=called.latency_ms, completed_ms=attempt.now_ms,
+            input_hash=attempt.started.input_hash, provider_request_id=provider_request_id(called.headers),
+        )
+        too_large = response_too_large(request.request_id, len(called.response_body),
+                                       result_record_bytes(result, codec.encode), outcome)
+        if too_large is not None:  # the producer would refuse the result: keep what a failure event can
+            log.warning("request %s: %s", request.request_id, too_large.message)
+        return Answered(outcome, result, too_large)
+
+    async def _schedule_retry(self, retry: ScheduleRetry, made: _Made | None) -> RecordRef | None:
+        """Send the retry record, shaped by the call's answer: the repair turns after a rejected answer, and more
+        room after a cut one (the same budget would be cut again)."""
+        request, hop = retry.request, retry.hop
+        if made is not None:
+            if retry.repair:
+                request = build_repair_request(request, answer_content(made.called.response_body),
+                                               retry.failure.message)
+            if retry.failure.code == TRUNCATED:
+                hop = replace(hop, max_tokens=grown_max_tokens(request_body(retry.request), made.body)
+                              or hop.max_tokens)
+        sent = await self._sink.retry(retry.tier, request, hop.headers(request.request_id, retry.failure))
+        self._observer.on_retry(retry.tier.name)
+        return sent
+
+    async def _emit_failure(self, emission: EmitFailure, made: _Made | None = None) -> None:
+        """Send a failure event, with what the provider answered when the call got an HTTP answer (not an
+        exception)."""
+        event = emission.event
+        if made is not None and event.http_status is not None:
+            answer = made.called
+            event = replace(event, response_body=kept_body(answer.response_body),
+                            provider_request_id=provider_request_id(answer.headers))
+        await self._sink.failure(event, emission.headers)
+        self._observer.on_failure(event.layer.value, event.error_code, event.terminal)
 
     async def _put_unless_superseded(self, started: RequestState, after: RequestState) -> None:
         """Write the state after a failure or deferral, unless a newer attempt (or an end) has taken the request
@@ -302,31 +298,10 @@ class Handler:
             return
         await self._store.put(after)
 
-    async def _emit_failure(self, request: InferenceRequest, failure: Failure, attempt: int, terminal: bool,
-                            first_failure_ms: int, origin: headers.Origin, called: CallResult | None = None, *,
-                            run: int) -> None:
-        """Write the failure event of an attempt, with what the provider answered when ``called`` got an answer.
-
-        ``run`` is the run of the state the attempt was admitted with (0 when none was): attempt numbers restart
-        with each replay, so the sink keys a failure by run and attempt (design §4 "Runs")."""
-        if too_large_to_carry(request):  # the event would be refused; the full request stays at its origin
-            request = without_body(request, f"{origin.topic}[{origin.partition}]@{origin.offset}")
-        answer = called if failure.http_status is not None else None  # an HTTP answer came (not an exception)
-        event = FailureEvent(
-            request=request, layer=failure.layer, error_code=failure.code, message=failure.message,
-            attempt=attempt, terminal=terminal, first_failure_ms=first_failure_ms,
-            last_failure_ms=self._clock_ms(), http_status=failure.http_status,
-            retry_after_ms=failure.retry_after_ms,
-            response_body=None if answer is None else kept_body(answer.response_body),
-            provider_request_id=None if answer is None else provider_request_id(answer.headers), run=run,
-        )
-        await self._sink.failure(event, headers.hop_headers(request.request_id, attempt, origin, failure,
-                                                            first_failure_ms, run=run))
-        self._observer.on_failure(failure.layer.value, failure.code, terminal)
-
-    async def _decode(self, record: Record, origin: headers.Origin) -> InferenceRequest | None:
+    async def _decode(self, record: Record, hop: headers.Hop, source: RecordRef) -> InferenceRequest | None:
         """The record's request, or None once a poison record has been turned into its failure."""
         key = _text(record.key)
+        first = headers.Hop(origin=hop.origin)  # a record that is no request of its own: its first attempt
         try:
             request = codec.decode(record.value, InferenceRequest)
         except codec.CodecError as exc:
@@ -337,19 +312,21 @@ class Handler:
                 if record.value is not None and len(record.value) > CARRIED_BYTES:  # it stays at its origin
                     reason += f"; its {len(record.value)} bytes are not copied (too large), read them at the origin"
                     record = replace(record, value=None)
-                await self._sink.dead_letter(record, headers.hop_headers(
-                    "", 1, origin, failure, self._clock_ms()) | {headers.ERROR_MESSAGE: reason.encode()[:1000]})
+                dead = headers.Hop(first_failure_ms=self._clock_ms(), origin=hop.origin).headers("", failure)
+                await self._sink.dead_letter(record, dead | {headers.ERROR_MESSAGE: reason.encode()[:1000]})
                 self._observer.on_failure(failure.layer.value, failure.code, True)
                 return None
             placeholder = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
             failure = Failure(FailureLayer.BUSINESS, "undecodable_record", reason)
-            await self._terminal(placeholder, failure, 1, self._clock_ms(), origin, None)
+            unreadable = Attempt(placeholder, first, source, self._clock_ms())
+            await self._carry_out(record, unreadable, terminal_failure(unreadable, failure))
             return None
         if key is not None and key != request.request_id:
             failure = Failure(FailureLayer.BUSINESS, "key_mismatch",
                               f"record key {key!r} differs from the request id {request.request_id!r}: "
                               "topics are keyed by request id so that its state stays on one partition")
-            await self._terminal(replace(request, request_id=key), failure, 1, self._clock_ms(), origin, None)
+            mismatched = Attempt(replace(request, request_id=key), first, source, self._clock_ms())
+            await self._carry_out(record, mismatched, terminal_failure(mismatched, failure))
             return None
         return request
 
@@ -361,11 +338,10 @@ class Handler:
         except codec.CodecError:
             request = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
         failure = Failure(FailureLayer.BUSINESS, "internal_error", f"{type(exc).__name__}: {exc}"[:1000])
-        hop = headers.read_hop(record.headers)  # provenance is carried, never rewritten (design §3)
-        origin = hop.origin or headers.Origin(record.topic, record.partition, record.offset)
-        try:
-            await self._emit_failure(request, failure, hop.attempt, True, hop.first_failure_ms or self._clock_ms(),
-                                     origin, run=hop.run)  # the record's run: which state admitted it is unknown
+        hop = headers.read_hop(record.headers, here=_place(record))  # provenance is carried, never rewritten (§3)
+        attempt = Attempt(request, hop, RecordRef(record.topic, record.offset), self._clock_ms())
+        try:  # in the record's run: which state admitted it is unknown
+            await self._emit_failure(failure_emission(attempt, failure, terminal=True, run=hop.run))
         except Exception:
             log.exception("could not record the internal error of %s; holding the record", request_id)
             return Disposition.HOLD
@@ -392,11 +368,9 @@ class Handler:
         return True
 
 
-_ENDED = frozenset({SkipReason.ALREADY_SUCCEEDED, SkipReason.ALREADY_FAILED})
-
-
-def _never(batch_id: str | None) -> str | None:
-    return None
+def _place(record: Record) -> headers.Origin:
+    """Where the record itself was read: the origin of a first submission."""
+    return headers.Origin(record.topic, record.partition, record.offset)
 
 
 def _text(data: bytes | None) -> str | None:

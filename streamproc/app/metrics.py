@@ -38,6 +38,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -264,17 +265,25 @@ class GuardsCollector(Collector):
                                 value=guards.estimator.ratio)
 
 
-class LagWatcher:
-    """Refreshes ``consumer_lag`` for the partitions of ``topics`` currently assigned to this worker."""
+@dataclass(frozen=True)
+class LagSource:
+    """Whose lag a worker reports: the consumer group ``group`` on ``kafka``, on its partitions of ``topics``."""
 
-    def __init__(self, metrics: WorkerMetrics, kafka: KafkaConnection, group: str, topics: Collection[str],
-                 assignment: Callable[[], Iterable[tuple[str, int]]],
+    kafka: KafkaConnection
+    group: str
+    topics: Collection[str]
+
+
+class LagWatcher:
+    """Refreshes ``consumer_lag`` for the partitions of the source's topics currently assigned to this worker."""
+
+    def __init__(self, metrics: WorkerMetrics, source: LagSource, assignment: Callable[[], Iterable[tuple[str, int]]],
                  clock: Callable[[], float] | None = None, stall_after_s: float = 660.0,
                  reader: LagReader | None = None) -> None:
         self._metrics = metrics
-        self._kafka = kafka
-        self._group = group
-        self._topics = frozenset(topics)
+        self._kafka = source.kafka
+        self._group = source.group
+        self._topics = frozenset(source.topics)
         self._assignment = assignment
         self._clock = clock or time.time
         self._reader: LagReader | None = reader  # None: connects on the first refresh
@@ -332,16 +341,16 @@ def serve_worker_metrics(port: int, host: str, prices: Mapping[str, tuple[float,
     return metrics
 
 
-def watch_worker(metrics: WorkerMetrics, app: Any, kafka: KafkaConnection, group: str, topics: Collection[str],
-                 in_flight: Callable[[], int], interval_s: float = LAG_REFRESH_S,
-                 stall_after_s: float = 660.0) -> LagWatcher:
-    """Hook the gauges to a faust app: ``in_flight`` from ``in_flight()``, lag from a periodic timer."""
+def watch_worker(metrics: WorkerMetrics, app: Any, source: LagSource, in_flight: Callable[[], int],
+                 interval_s: float = LAG_REFRESH_S, stall_after_s: float = 660.0) -> LagWatcher:
+    """Hook the gauges to a faust app: ``in_flight`` from ``in_flight()``, the lag of ``source`` from a periodic
+    timer."""
     metrics.track_in_flight(in_flight)
 
     def assignment() -> list[tuple[str, int]]:
         return [(tp.topic, tp.partition) for tp in app.consumer.assignment()]
 
-    watcher = LagWatcher(metrics, kafka, group, topics, assignment, stall_after_s=stall_after_s)
+    watcher = LagWatcher(metrics, source, assignment, stall_after_s=stall_after_s)
     app.timer(interval_s, name="streamproc.app.metrics.consumer_lag")(watcher.refresh)
     app.on_before_shutdown.connect(watcher.close)
     return watcher

@@ -90,28 +90,52 @@ class Sweep:
     cut_short: bool = False  # a rebalance began: what was found is partial
 
 
+@dataclass(frozen=True)
+class ConsumerGroup:
+    """The consumer group whose requests a reconciler looks after: its topics, its cluster and its id."""
+
+    topology: Topology
+    kafka: KafkaConnection
+    group_id: str
+
+
+@dataclass(frozen=True)
+class ReconcilerLinks:
+    """A reconciler's ties to the rest of the worker, each optional: the scope the table's writes are told to (without
+    one, every pass reads all), and where it reports each re-drive (by why) and, after a full sweep, the retries
+    each batch spent (the retry budget)."""
+
+    scope: SweepScope | None = None
+    on_redriven: Callable[[str], None] | None = None
+    on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None
+
+
 class Reconciler:
     """Finds the stranded requests of this worker's partitions and sends their record again."""
 
-    def __init__(self, app: Any, table: Any, resend: Resend, topology: Topology, kafka: KafkaConnection, group: str,
-                 grace_s: float, on_redriven: Callable[[str], None] | None = None,
-                 on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None,
-                 scope: SweepScope | None = None) -> None:
+    def __init__(self, app: Any, table: Any, resend: Resend, group: ConsumerGroup, grace_s: float,
+                 links: ReconcilerLinks | None = None) -> None:
+        links = links or ReconcilerLinks()
         self._app = app
         self._table = table
-        self._scope = scope or SweepScope()  # without one told of the table's writes, every pass reads all
+        self._scope = links.scope or SweepScope()
         self._resend = resend
-        self._topology = topology
-        self._kafka = kafka
-        self._group = group
+        self._topology = group.topology
+        self._kafka = group.kafka
+        self._group = group.group_id
         self._grace_ms = round(grace_s * 1000)
-        self._on_redriven = on_redriven
-        self._on_spent = on_spent
-        self._tier_topics = {topology.retry(tier) for tier in topology.tiers}
-        self._fetcher = RecordFetcher(kafka)
+        self._on_redriven = links.on_redriven
+        self._on_spent = links.on_spent
+        self._tier_topics = {self._topology.retry(tier) for tier in self._topology.tiers}
+        self._fetcher = RecordFetcher(group.kafka)
         self._partitioner = DefaultPartitioner()
         self._sent: dict[str, int] = {}  # request id -> the state's updated_ms when it was re-driven
         self.redriven = 0
+
+    def run_every(self, interval_s: float) -> None:
+        """A pass every ``interval_s`` on the faust app; the record reader is closed when the app stops."""
+        self._app.timer(interval_s, name="streamproc.app.reconciler")(self.run_once)
+        self._app.on_before_shutdown.connect(self.close)
 
     async def run_once(self) -> int:
         """One pass; returns how many requests were re-driven. Skipped while the group rebalances."""
@@ -227,15 +251,3 @@ class Reconciler:
 def _offset_on(committed: dict[tuple[str, int], int], partition: int, topic: str) -> int | None:
     return committed.get((topic, partition))
 
-
-def reconcile_periodically(app: Any, table: Any, resend: Resend, topology: Topology, kafka: KafkaConnection, group: str,
-                           interval_s: float, grace_s: float,
-                           on_redriven: Callable[[str], None] | None = None,
-                           on_spent: Callable[[dict[str, tuple[int, int]]], None] | None = None,
-                           scope: SweepScope | None = None) -> Reconciler:
-    """Run a :class:`Reconciler` pass every ``interval_s`` on the faust app, closed when the app stops;
-    ``scope``, told of every table write, narrows the passes (see :class:`SweepScope`)."""
-    reconciler = Reconciler(app, table, resend, topology, kafka, group, grace_s, on_redriven, on_spent, scope)
-    app.timer(interval_s, name="streamproc.app.reconciler")(reconciler.run_once)
-    app.on_before_shutdown.connect(reconciler.close)
-    return reconciler

@@ -11,7 +11,6 @@ import asyncio
 import functools
 import logging
 import os
-import random
 import ssl
 import sys
 import time
@@ -39,14 +38,15 @@ from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.dispatcher import Dispatcher
 from streamproc.app.faust_app import make_faust_app
 from streamproc.app.faust_fixes import watch_skipped_records
-from streamproc.app.handler import Disposition, Handler, Record, StateWriteFailed
+from streamproc.app.handler import Disposition, Handler, HandlerOptions, Record, StateWriteFailed
 from streamproc.app.manifest_follower import BatchSizes
-from streamproc.app.metrics import serve_worker_metrics, watch_worker
+from streamproc.app.metrics import LagSource, serve_worker_metrics, watch_worker
 from streamproc.app.observe import Observer
-from streamproc.app.reconciler import reconcile_periodically
+from streamproc.app.reconciler import ConsumerGroup, Reconciler, ReconcilerLinks
 from streamproc.app.result_index import ResultIndex, ResultReuse
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core import headers
+from streamproc.core.decision import Retries
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.core.outcome import ConfigurationProblem
 from streamproc.core.request_state import RecordRef
@@ -222,10 +222,10 @@ class WorkerRuntime:
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
         self.sweep_scope = SweepScope()  # the table's writes, for the reconciler
         store = TableStore(self.table, self.app.producer, self.sweep_scope)
-        self.handler = Handler(self.guards, self.sink, store, settings.retry_policy(),
-                               self._on_configuration_problem, rng=random.Random(), observer=observer,
-                               closed=self.batch_sizes.closed,
-                               reuse=ResultReuse(self.result_index, self.batch_sizes.reuses))
+        self.handler = Handler(self.guards, self.sink, store, Retries(settings.retry_policy()),
+                               self._on_configuration_problem, HandlerOptions(
+                                   observer=observer, closed=self.batch_sizes.closed,
+                                   reuse=ResultReuse(self.result_index, self.batch_sizes.reuses)))
         self._register_agents()
 
     def _expected_first_attempts(self, batch_id: str) -> float:
@@ -444,15 +444,15 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     if metrics is not None:
         metrics.track_guards(runtime.guards)
         metrics.track_hedges(lambda: runtime.llm.hedged)
-        watch_worker(metrics, runtime.app, kafka, settings.app_id,
-                     [topology.requests, *(topology.retry(tier) for tier in topology.tiers)],
+        watch_worker(metrics, runtime.app, LagSource(kafka, settings.app_id,
+                                                     [topology.requests, *map(topology.retry, topology.tiers)]),
                      in_flight=lambda: runtime.dispatcher.in_flight,
                      stall_after_s=topology.tiers[-1].delay_ms / 1000 + settings.llm_timeout_s)
     if settings.reconcile_interval_s > 0:
-        reconcile_periodically(runtime.app, runtime.table, runtime.sink.resend, topology, kafka, settings.app_id,
-                               settings.reconcile_interval_s, settings.reconcile_grace_s,
-                               metrics.on_redriven if metrics is not None else None, runtime.guards.restore_spent,
-                               runtime.sweep_scope)
+        links = ReconcilerLinks(runtime.sweep_scope, metrics.on_redriven if metrics is not None else None,
+                                runtime.guards.restore_spent)
+        Reconciler(runtime.app, runtime.table, runtime.sink.resend, ConsumerGroup(topology, kafka, settings.app_id),
+                   settings.reconcile_grace_s, links).run_every(settings.reconcile_interval_s)
     log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
              settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
     guards = settings.guards

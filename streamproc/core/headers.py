@@ -7,7 +7,7 @@ of attempts; provenance (``x-orig-*``) is written once, from the first record, a
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamproc.core.outcome import Failure
 
@@ -39,10 +39,13 @@ class Origin:
     partition: int
     offset: int
 
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
 
 @dataclass(frozen=True)
 class Hop:
-    """What the headers of an incoming record say about its journey so far."""
+    """What the headers of a record say about its journey so far, and what the next record's headers say."""
 
     attempt: int = 1
     due_ms: int | None = None
@@ -52,6 +55,49 @@ class Hop:
     deferred: bool = False
     max_tokens: int | None = None
     run: int = 0  # 0: not written by the handler (a submission, a backfill replay) or before runs existed
+
+    def retried(self, due_ms: int, first_failure_ms: int, run: int) -> Hop:
+        """The hop of the retry record: the next attempt, due at ``due_ms``. A retry is neither a replay nor
+        deferred; the completion budget is carried on."""
+        return Hop(self.attempt + 1, due_ms, first_failure_ms, self.origin, max_tokens=self.max_tokens, run=run)
+
+    def parked(self, due_ms: int, run: int) -> Hop:
+        """The hop of the deferred record: this attempt, not made yet, due at ``due_ms``; the rest carried on."""
+        return replace(self, due_ms=due_ms, deferred=True, run=run)
+
+    def failed(self, first_failure_ms: int, run: int) -> Hop:
+        """The hop a failure event of this attempt carries: no due time, nothing for a next attempt."""
+        return Hop(self.attempt, first_failure_ms=first_failure_ms, origin=self.origin, run=run)
+
+    def headers(self, request_id: str, failure: Failure) -> Headers:
+        """This hop as the headers of a record about ``request_id``, with why it was written (``failure``): a
+        retry record (the attempt it will make, due at ``due_ms``), a deferred record (the attempt not made
+        yet) or a failure record (the attempt that failed, no due time). :func:`read_hop` reads them back."""
+        headers: Headers = {
+            REQUEST_ID: request_id.encode(),
+            ATTEMPT: str(self.attempt).encode(),
+            FAILURE_LAYER: failure.layer.value.encode(),
+            ERROR_CODE: failure.code.encode(),
+        }
+        if self.origin is not None:
+            headers[ORIG_TOPIC] = self.origin.topic.encode()
+            headers[ORIG_PARTITION] = str(self.origin.partition).encode()
+            headers[ORIG_OFFSET] = str(self.origin.offset).encode()
+        if self.first_failure_ms is not None:
+            headers[FIRST_FAILURE_TS] = str(self.first_failure_ms).encode()
+        if self.due_ms is not None:
+            headers[DUE_TS] = str(self.due_ms).encode()
+        if failure.retry_after_ms is not None:
+            headers[RETRY_AFTER_MS] = str(failure.retry_after_ms).encode()
+        if self.replay:
+            headers[REPLAY] = b"1"
+        if self.deferred:
+            headers[DEFERRED] = b"1"
+        if self.max_tokens is not None:
+            headers[MAX_TOKENS] = str(self.max_tokens).encode()
+        if self.run > 0:
+            headers[RUN] = str(self.run).encode()
+        return headers
 
 
 def as_mapping(raw: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | None) -> dict[str, bytes]:
@@ -80,12 +126,13 @@ def _int(headers: Mapping[str, bytes], name: str, limit: int = _LONG_MAX) -> int
     return number if -limit - 1 <= number <= limit else None
 
 
-def read_hop(headers: Mapping[str, bytes]) -> Hop:
-    """Parse our headers; anything missing or unreadable takes the value of a first submission."""
+def read_hop(headers: Mapping[str, bytes], here: Origin | None = None) -> Hop:
+    """Parse our headers; anything missing or unreadable takes the value of a first submission, whose origin is
+    ``here``, where the record itself was read (None: the headers' origin or none)."""
     topic = headers.get(ORIG_TOPIC)
     partition, offset = _int(headers, ORIG_PARTITION), _int(headers, ORIG_OFFSET)
     origin = (Origin(topic.decode("utf-8", "replace"), partition, offset)
-              if topic is not None and partition is not None and offset is not None else None)
+              if topic is not None and partition is not None and offset is not None else here)
     return Hop(
         attempt=max(1, _int(headers, ATTEMPT, _INT_MAX) or 1),
         due_ms=_int(headers, DUE_TS),
@@ -96,35 +143,3 @@ def read_hop(headers: Mapping[str, bytes]) -> Hop:
         max_tokens=max_tokens if (max_tokens := _int(headers, MAX_TOKENS)) is not None and max_tokens > 0 else None,
         run=max(0, _int(headers, RUN, _INT_MAX) or 0),
     )
-
-
-def hop_headers(request_id: str, attempt: int, origin: Origin, failure: Failure, first_failure_ms: int | None,
-                due_ms: int | None = None, replay: bool = False, deferred: bool = False,
-                max_tokens: int | None = None, run: int = 0) -> Headers:
-    """Headers of a retry record (``attempt`` is the attempt it will make, with ``due_ms``), of a deferred
-    record (``attempt`` not made yet; ``failure`` says why it waits) or of a failure record (``attempt`` is
-    the attempt that failed, no due time)."""
-    headers: Headers = {
-        REQUEST_ID: request_id.encode(),
-        ATTEMPT: str(attempt).encode(),
-        FAILURE_LAYER: failure.layer.value.encode(),
-        ERROR_CODE: failure.code.encode(),
-        ORIG_TOPIC: origin.topic.encode(),
-        ORIG_PARTITION: str(origin.partition).encode(),
-        ORIG_OFFSET: str(origin.offset).encode(),
-    }
-    if first_failure_ms is not None:
-        headers[FIRST_FAILURE_TS] = str(first_failure_ms).encode()
-    if due_ms is not None:
-        headers[DUE_TS] = str(due_ms).encode()
-    if failure.retry_after_ms is not None:
-        headers[RETRY_AFTER_MS] = str(failure.retry_after_ms).encode()
-    if replay:
-        headers[REPLAY] = b"1"
-    if deferred:
-        headers[DEFERRED] = b"1"
-    if max_tokens is not None:
-        headers[MAX_TOKENS] = str(max_tokens).encode()
-    if run > 0:
-        headers[RUN] = str(run).encode()
-    return headers

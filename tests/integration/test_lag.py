@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from streamproc import codec
 from streamproc.app.lag_reader import BrokerUnavailable, GroupNotFound, LagReader, read_lag
-from streamproc.app.metrics import LagWatcher, WorkerMetrics
+from streamproc.app.metrics import LagSource, LagWatcher, WorkerMetrics
 from streamproc.core.lag import DrainEstimator
 from streamproc.devstack.broker import free_port
 from streamproc.kafka.connection import KafkaConnection
@@ -301,7 +301,7 @@ async def test_the_watchdog_reports_a_wedged_partition_and_clears_when_it_moves(
     offsets and commits nothing more, as a worker stuck on one record would look to the broker."""
     metrics = WorkerMetrics(CollectorRegistry())
     clock = [1000.0]
-    watcher = LagWatcher(metrics, KafkaConnection(bootstrap=scene.bootstrap), scene.group, [scene.topic],
+    watcher = LagWatcher(metrics, LagSource(KafkaConnection(bootstrap=scene.bootstrap), scene.group, [scene.topic]),
                          lambda: [(scene.topic, 0), (scene.topic, 1)], clock=lambda: clock[0], stall_after_s=30)
 
     def stalled(partition: int) -> float | None:

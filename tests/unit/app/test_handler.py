@@ -17,8 +17,9 @@ import httpx
 import pytest
 
 from streamproc import codec
-from streamproc.app.handler import Disposition, Handler, Record, StateWriteFailed
+from streamproc.app.handler import Disposition, Handler, HandlerOptions, Record, StateWriteFailed
 from streamproc.core import headers
+from streamproc.core.decision import Retries
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
 from streamproc.core.outcome import ConfigurationProblem, Failure
 from streamproc.core.request_state import (
@@ -210,8 +211,8 @@ class Rig:
         self.caller = ScriptedCaller(self.replies)
         self.clock = Clock()
         self.problems: list[ConfigurationProblem] = []
-        self.handler = Handler(self.caller, self.sink, self.store, self.policy, self.problems.append,
-                               clock_ms=self.clock, rng=random.Random(SEED))
+        self.handler = Handler(self.caller, self.sink, self.store, Retries(self.policy, random.Random(SEED)),
+                               self.problems.append, HandlerOptions(clock_ms=self.clock))
 
     async def handle(self, record: Record) -> Disposition:
         return await self.handler.handle(record)
@@ -760,8 +761,8 @@ async def test_an_internal_error_on_a_retry_hop_keeps_provenance_and_attempt() -
 async def test_a_caller_that_raises_becomes_an_internal_error() -> None:
     log: list[str] = []
     sink, store = RecordingSink(log), DictStore(log)
-    handler = Handler(RaisingCaller(), sink, store, RetryPolicy(), lambda problem: None,
-                      clock_ms=Clock(), rng=random.Random(SEED))
+    handler = Handler(RaisingCaller(), sink, store, Retries(RetryPolicy(), random.Random(SEED)),
+                      lambda problem: None, HandlerOptions(clock_ms=Clock()))
 
     assert await handler.handle(submission(make_request())) is Disposition.ACK
 
@@ -848,9 +849,10 @@ async def test_a_late_failure_of_a_superseded_attempt_does_not_undo_a_newer_succ
 
 async def test_a_request_of_a_cancelled_batch_ends_batch_cancelled_without_a_call() -> None:
     rig = Rig([])
-    rig.handler = Handler(rig.caller, rig.sink, rig.store, rig.policy, rig.problems.append, clock_ms=rig.clock,
-                          rng=random.Random(SEED),
-                          closed=lambda batch_id: "batch_cancelled" if batch_id == "batch-1" else None)
+    rig.handler = Handler(rig.caller, rig.sink, rig.store, Retries(rig.policy, random.Random(SEED)),
+                          rig.problems.append, HandlerOptions(
+                              clock_ms=rig.clock,
+                              closed=lambda batch_id: "batch_cancelled" if batch_id == "batch-1" else None))
     request = replace(make_request(), batch_id="batch-1")
     assert await rig.handle(submission(request)) is Disposition.ACK
     event, _ = only_failure(rig)
@@ -860,8 +862,9 @@ async def test_a_request_of_a_cancelled_batch_ends_batch_cancelled_without_a_cal
 
 async def test_a_replay_of_a_cancelled_batch_is_called() -> None:
     rig = Rig([answer("ok")])
-    rig.handler = Handler(rig.caller, rig.sink, rig.store, rig.policy, rig.problems.append, clock_ms=rig.clock,
-                          rng=random.Random(SEED), closed=lambda batch_id: "batch_expired")
+    rig.handler = Handler(rig.caller, rig.sink, rig.store, Retries(rig.policy, random.Random(SEED)),
+                          rig.problems.append,
+                          HandlerOptions(clock_ms=rig.clock, closed=lambda batch_id: "batch_expired"))
     replayed = submission(make_request(), hdrs={headers.REPLAY: b"1"})
     assert await rig.handle(replayed) is Disposition.ACK
     assert len(rig.sink.results) == 1  # backfill is a new decision of the user's
@@ -926,8 +929,8 @@ class IndexedAnswers:
 def reusing_rig(replies: list[Reply], answers: dict[str, InferenceResult]) -> tuple[Rig, IndexedAnswers]:
     rig = Rig(replies)
     index = IndexedAnswers(answers)
-    rig.handler = Handler(rig.caller, rig.sink, rig.store, rig.policy, rig.problems.append, clock_ms=rig.clock,
-                          rng=random.Random(SEED), reuse=index)
+    rig.handler = Handler(rig.caller, rig.sink, rig.store, Retries(rig.policy, random.Random(SEED)),
+                          rig.problems.append, HandlerOptions(clock_ms=rig.clock, reuse=index))
     return rig, index
 
 

@@ -10,8 +10,9 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from streamproc.app.handler import Disposition, Handler
+from streamproc.app.handler import Disposition, Handler, HandlerOptions
 from streamproc.core import headers
+from streamproc.core.decision import Retries
 from streamproc.core.guards.budget import RetryBudget
 from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
@@ -70,8 +71,8 @@ class GuardedRig(Rig):
                              limiter=self.limiter, adaptive=self.adaptive, clock=self.monotonic,
                              sleep=self.monotonic.sleep,
                              wait=self.monotonic.wait)
-        self.handler = Handler(self.guards, self.sink, self.store, self.policy, self.problems.append,
-                               clock_ms=self.clock, rng=random.Random(SEED))
+        self.handler = Handler(self.guards, self.sink, self.store, Retries(self.policy, random.Random(SEED)),
+                               self.problems.append, HandlerOptions(clock_ms=self.clock))
 
 
 async def test_open_breaker_parks_the_record_without_a_call_and_its_attempt_runs_later() -> None:

@@ -33,8 +33,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from streamproc import codec
-from streamproc.app.handler import Disposition, Handler, Record
+from streamproc.app.handler import Disposition, Handler, HandlerOptions, Record
 from streamproc.core import headers
+from streamproc.core.decision import Retries
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RepairContext, RequestState
 from streamproc.core.guards.budget import RetryBudget
 from streamproc.core.guards.pauses import MODEL_SCOPED_PROBLEMS
@@ -296,7 +297,8 @@ def _handle(case: Case) -> Handled:
         store.states[case.prior.request_id] = case.prior
     guards = ScriptedGuards(case.answer, case.budget)
     problems: list[ConfigurationProblem] = []
-    handler = Handler(guards, sink, store, RetryPolicy(), problems.append, clock_ms=Clock(), rng=random.Random(7))
+    handler = Handler(guards, sink, store, Retries(RetryPolicy(), random.Random(7)), problems.append,
+                      HandlerOptions(clock_ms=Clock()))
     disposition = asyncio.run(handler.handle(case.record))
     return Handled(disposition, sink, store, guards, problems)
 

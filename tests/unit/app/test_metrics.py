@@ -10,10 +10,11 @@ from typing import cast
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from streamproc.app.handler import Disposition, Handler, Record
+from streamproc.app.handler import Disposition, Handler, HandlerOptions, Record
 from streamproc.app.lag_reader import BrokerUnavailable
-from streamproc.app.metrics import LagWatcher, WorkerMetrics
+from streamproc.app.metrics import LagSource, LagWatcher, WorkerMetrics
 from streamproc.app.observe import LlmCall, NullObserver, Observer, guarded
+from streamproc.core.decision import Retries
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.lag import PartitionLag
 from streamproc.core.retry_policy import RetryPolicy
@@ -127,7 +128,7 @@ class StuckReader:
 async def test_a_wedged_partition_is_reported_by_gauge_and_log(metrics: WorkerMetrics, registry: CollectorRegistry,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
-    watcher = LagWatcher(metrics, UNUSED_KAFKA, "g", ["llm.requests"], lambda: [("llm.requests", 0),
+    watcher = LagWatcher(metrics, LagSource(UNUSED_KAFKA, "g", ["llm.requests"]), lambda: [("llm.requests", 0),
                          ("llm.requests", 1)], clock=lambda: now[0], stall_after_s=60, reader=StuckReader())  # type: ignore[arg-type]
     for second in (0.0, 30.0, 60.0):
         now[0] = second
@@ -167,8 +168,8 @@ def sent_to_its_model(reply: Reply) -> Reply:
 def rig(replies: list[Reply], observer: Observer) -> tuple[Handler, RecordingSink]:
     log: list[str] = []
     sink = RecordingSink(log)
-    handler = Handler(ScriptedCaller(replies), sink, DictStore(log), RetryPolicy(), lambda problem: None,
-                      observer=observer)
+    handler = Handler(ScriptedCaller(replies), sink, DictStore(log), Retries(RetryPolicy()), lambda problem: None,
+                      HandlerOptions(observer=observer))
     return handler, sink
 
 
@@ -305,7 +306,7 @@ async def test_time_the_broker_was_out_of_reach_is_not_a_stall(metrics: WorkerMe
                                                                 registry: CollectorRegistry) -> None:
     now = [0.0]
     reader = BrokerAwayReader()
-    watcher = LagWatcher(metrics, UNUSED_KAFKA, "g", ["llm.requests"], lambda: [("llm.requests", 0)],
+    watcher = LagWatcher(metrics, LagSource(UNUSED_KAFKA, "g", ["llm.requests"]), lambda: [("llm.requests", 0)],
                          clock=lambda: now[0], stall_after_s=60, reader=reader)  # type: ignore[arg-type]
     await watcher.refresh()
     now[0], reader.away = 10.0, True

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from streamproc.core.acker import OrderedAcker
 from streamproc.core.durations import parse_duration_ms
 from streamproc.core.events import InferenceRequest
-from streamproc.core.headers import Origin, hop_headers, read_hop
+from streamproc.core.headers import REQUEST_ID, Hop, Origin, read_hop
 from streamproc.core.outcome import MAX_MESSAGE_CHARS, ConfigurationProblem, Failure
 from streamproc.core.request_state import Conflict, RecordRef, Skip, Start, admit, on_success
 from streamproc.core.retry_hints import retry_after_ms
@@ -114,12 +114,10 @@ _ids = st.text(string.ascii_letters + string.digits + "-_:.", min_size=1, max_si
 def test_hop_headers_round_trip(request_id: str, attempt: int, topic: str, partition: int, offset: int,
                                 layer: FailureLayer, first_failure: int | None, due: int | None, replay: bool,
                                 deferred: bool, max_tokens: int | None, run: int) -> None:
-    origin = Origin(topic, partition, offset)
-    written = hop_headers(request_id, attempt, origin, Failure(layer, "code", "why"), first_failure, due_ms=due,
-                          replay=replay, deferred=deferred, max_tokens=max_tokens, run=run)
-    hop = read_hop(written)
-    assert (hop.attempt, hop.origin, hop.first_failure_ms, hop.due_ms, hop.replay, hop.deferred,
-            hop.max_tokens, hop.run) == (attempt, origin, first_failure, due, replay, deferred, max_tokens, run)
+    hop = Hop(attempt, due, first_failure, Origin(topic, partition, offset), replay, deferred, max_tokens, run)
+    written = hop.headers(request_id, Failure(layer, "code", "why"))
+    assert read_hop(written) == hop
+    assert written[REQUEST_ID] == request_id.encode()
 
 
 @given(st.dictionaries(st.text(max_size=20), st.binary(max_size=20), max_size=8))
