@@ -7,6 +7,7 @@ SQLite URLs follow SQLAlchemy's form, which people already know: ``sqlite:///rel
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -36,11 +37,7 @@ class PostgresTarget:
 
     def describe(self) -> str:
         """The URL without its password, for log lines and errors."""
-        parts = urlsplit(self.conninfo)
-        if parts.password is None:
-            return self.conninfo
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
+        return _without_password(self.conninfo)
 
 
 Target = SqliteTarget | PostgresTarget
@@ -48,10 +45,11 @@ Target = SqliteTarget | PostgresTarget
 
 def parse_target(url: str) -> Target:
     """The database ``url`` names, or a :class:`DatabaseUrlError` that shows the accepted forms."""
+    shown = repr(_without_password(url))  # an error names the URL the user gave, never its password
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if not sep:
-        raise DatabaseUrlError(f"{url!r} is not a database URL: use {FORMS}")
+        raise DatabaseUrlError(f"{shown} is not a database URL: use {FORMS}")
     if scheme == "sqlite":
         host, slash, path = rest.partition("/")
         if host or not slash:
@@ -61,4 +59,17 @@ def parse_target(url: str) -> Target:
         return SqliteTarget(Path(path))
     if scheme in ("postgresql", "postgres"):
         return PostgresTarget(url)
-    raise DatabaseUrlError(f"unsupported database {scheme!r} in {url!r}: use {FORMS}")
+    raise DatabaseUrlError(f"unsupported database {scheme!r} in {shown}: use {FORMS}")
+
+
+def _without_password(url: str) -> str:
+    if "://" not in url:  # user:password@host written without a scheme: urllib sees no credentials in it
+        return re.sub(r"^[^/@]*@", "***@", url)
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not a URL urllib can split (a bad port): hide everything before a host
+        return re.sub(r"//[^/@]*@", "//***@", url)
+    if password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{password}@", ":***@", 1)))

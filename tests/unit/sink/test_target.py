@@ -38,3 +38,10 @@ def test_bad_urls_say_what_is_accepted(url: str, says: str) -> None:
     with pytest.raises(DatabaseUrlError, match=says) as raised:
         parse_target(url)
     assert "sqlite:///relative/path.db" in str(raised.value) and "postgresql://" in str(raised.value)
+
+
+@pytest.mark.parametrize("url", ["mysql://u:s3cret@h/db", "mysql://u:s3cret@h:notaport/db", "u:s3cret@h/db"])
+def test_a_refused_url_is_shown_without_its_password(url: str) -> None:
+    with pytest.raises(DatabaseUrlError) as refused:
+        parse_target(url)
+    assert "s3cret" not in str(refused.value) and "h" in str(refused.value)
