@@ -361,14 +361,6 @@ class Settings(BaseSettings):
             kafka_port=self.local_kafka_port, kafka_controller_port=self.local_kafka_controller_port,
             kafka_heap_mb=self.local_kafka_heap_mb, kafka_node_heap_mb=self.local_kafka_node_heap_mb)
 
-    @property
-    def local_kafka_dir(self) -> Path:
-        return self.local_stack.kafka_dir
-
-    @property
-    def kafka_jars_dir(self) -> Path:
-        return self.local_stack.kafka_jars_dir
-
     def topology(self) -> Topology:
         """Every topic name and size, derived from these settings in one place."""
         return Topology(self.topic_prefix, self.partitions, parse_tiers(self.retry_tiers), self.app_id)

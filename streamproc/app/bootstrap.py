@@ -25,7 +25,7 @@ def resolve_bootstrap(settings: Settings) -> str:
     """The configured cluster, else the running built-in broker (or local cluster: every node's address)."""
     if settings.kafka_bootstrap:
         return settings.kafka_bootstrap
-    bootstrap = local_bootstrap(settings.local_kafka_dir, cluster_home(settings.data_dir))
+    bootstrap = local_bootstrap(settings.local_stack.kafka_dir, cluster_home(settings.data_dir))
     if bootstrap is None:
         raise NoBrokerError(
             "no Kafka broker: pass -b host:port, set STREAMPROC_KAFKA_BOOTSTRAP=host:port, or start the built-in "

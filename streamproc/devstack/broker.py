@@ -97,7 +97,7 @@ def require_tool(name: str, what_to_install: str) -> str:
 
 def ensure_jars(settings: Settings) -> Path:
     """Fetch the broker's jars from Maven Central once; later calls are offline and instant."""
-    return fetch_jars(_POM.format(version=settings.local_kafka_version), settings.kafka_jars_dir,
+    return fetch_jars(_POM.format(version=settings.local_kafka_version), settings.local_stack.kafka_jars_dir,
                       "kafka_2.13-*.jar", f"Kafka {settings.local_kafka_version}")
 
 
@@ -201,12 +201,12 @@ def locked(home: Path) -> Iterator[None]:
 
 
 class LocalBroker:
-    """One KRaft broker under ``home`` (``settings.local_kafka_dir`` unless it is a node of a local cluster);
+    """One KRaft broker under ``home`` (``settings.local_stack.kafka_dir`` unless it is a node of a local cluster);
     every method is safe to call in any state."""
 
     def __init__(self, settings: Settings, home: Path | None = None, heap_mb: int | None = None) -> None:
         self.settings = settings
-        self.home = home or settings.local_kafka_dir
+        self.home = home or settings.local_stack.kafka_dir
         self.heap_mb = heap_mb or settings.local_kafka_heap_mb
         self.data_dir = self.home / "data"
         self.logs_dir = self.home / "logs"

@@ -387,7 +387,7 @@ def ensure_tools_jars(settings: Settings) -> Path:
     """The ``kafka-tools`` jar (the console consumer and producer of Kafka 3.9), fetched once beside the
     broker's jars, without its dependencies: the broker's jars hold them."""
     version = settings.local_kafka_version
-    return fetch_jars(_TOOLS_POM.format(version=version), settings.kafka_jars_dir.parent / "tools",
+    return fetch_jars(_TOOLS_POM.format(version=version), settings.local_stack.kafka_jars_dir.parent / "tools",
                       "kafka-tools-*.jar", f"Kafka {version} tools", "-DexcludeTransitive=true")
 
 
