@@ -68,21 +68,18 @@ def make_faust_app(settings: FaustSettings, connection: KafkaConnection, app_id:
         topic_partitions=partitions,
         topic_replication_factor=replication_factor,
         producer_acks=-1,
-        # batch sends for up to 30 ms (faust's default is 0): results and table changelog records from
-        # hundreds of concurrent calls then share produce requests (aiokafka sends one at a time per broker,
-        # at most one per linger): 10 ms halved the broker's CPU per request, 30 ms cut the CPU per record
-        # sent by a fifth against 10 ms (README "Less CPU per request"), 50 ms saved no more. The delay is
-        # nothing next to an LLM call, and sends are still awaited
+        # batch sends for up to 30 ms (faust's default is 0): the outcomes and changelog records of hundreds
+        # of concurrent calls then share produce requests, which saves the broker and the worker CPU per
+        # record; the delay is nothing next to an LLM call, and sends are still awaited
         producer_linger=0.03,
         # a partition's batch may grow to 256 KiB while the one produce request per broker is under way
-        # (aiokafka's default 16 KiB filled at ~800 results/s: every further send then waited for the batch
-        # to drain and woke with all the others, 6 % of the worker's CPU in asyncio.wait; py-spy)
+        # (aiokafka's default 16 KiB fills at a few hundred results/s, and every further send then waits for
+        # the batch to drain and wakes with all the others)
         producer_max_batch_size=262_144,
         web_enabled=False,
-        # at most this many records per fetch handed over (faust's default: all that came, 8 MiB of changelog per
-        # fetch while a table is restored, which left 60-80 MB of heap behind; scripts/bench state). The fetch
-        # size per partition stays faust's 1 MiB: with 256 KiB the CI chaos run once lost 33 records of a
-        # partition (committed past, never handled), a suspect not yet proven (docs/design.md §8)
+        # at most this many records per fetch handed over (faust's default, all that came, holds megabytes of
+        # changelog per fetch while a table is restored). The fetch size per partition stays faust's 1 MiB:
+        # a smaller one is suspected of a lost record (docs/design.md §8)
         broker_max_poll_records=1000,
         consumer_auto_offset_reset="earliest",
         # a worker that died is noticed (and its partitions handed over) after this long

@@ -23,7 +23,7 @@ offset yet (the worker died before its first commit):
    partition comes back to this worker, that stale ack fills the acked offsets of the new generation: the
    next commit can pass the record (and, with no committed offset or offset 0, every record before it)
    while no agent ever handled it. A retry-tier record lost this way leaves its request ``retrying``
-   forever (issue 13: two workers, three SIGKILLs, 8 requests stranded). Here only records an agent took
+   forever. Here only records an agent took
    (faust marks them *tracked*) are acked; a dropped one is simply fetched again from the committed offset.
 
 4. **A commit that passes state writes not yet sent.** Before committing offsets faust flushes its producer
@@ -164,7 +164,7 @@ async def _send_counted(self: Any, fut: Any) -> None:
 
 async def _flush_all(self: Any) -> None:
     """Until every buffered message is with aiokafka (fix 4), polled: faust's flush waits for each message
-    under a timeout of its own, 2-2.6 % of the worker's CPU. As in faust, a producer that stopped with
+    under a timeout of its own, which costs CPU for every record. As in faust, a producer that stopped with
     messages in its buffer is refused."""
     while self.size or self.__dict__.get("handing_over", 0):
         if self.state != "running" and self.size:

@@ -127,9 +127,9 @@ class TableStore:
     A write goes to the partition's RocksDB, then straight to aiokafka for the changelog, in the order of the
     writes (one lock per partition: a key stays in its partition). faust's ``Table.__setitem__`` wraps each
     changelog record in a future message, queues it for a task that hands it over one at a time, and stores
-    its changelog offset in RocksDB per record: about 11 % of a CPU-bound worker's CPU for the two writes of a
-    request (py-spy, design §5.1). The offsets delivered in one loop pass are stored once, the highest per partition
-    (faust reads it to resume a restore there)."""
+    its changelog offset in RocksDB per record, a large share of a CPU-bound worker's CPU (design §5.1). The
+    offsets delivered in one loop pass are stored once, the highest per partition (faust reads it to resume a
+    restore there)."""
 
     def __init__(self, table: Any, producer: Any, scope: SweepScope) -> None:
         self._table = table
@@ -185,8 +185,7 @@ class TableStore:
 def records_in_hand(calls: int) -> int:
     """Records handled at once for ``calls`` LLM calls in flight (the guards' gate bounds the calls): a quarter
     more, for the records between their call's end and their outcome's ack from the broker (linger, acks=all).
-    With exactly as many records as calls, those held a fifth of the slots at 1 s latency: 217-250 calls ran of
-    256."""
+    With exactly as many records as calls, the records waiting for their ack would keep calls from starting."""
     return calls + max(1, calls // 4)
 
 
