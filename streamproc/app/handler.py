@@ -6,6 +6,9 @@ The only exception is a configuration problem of the account (bad key, no quota,
 record is held unacked and the worker is told to stop, so the batch is not burnt into failure records. A
 problem of one model (unknown to the endpoint, not allowed) fails that request as a business failure, and
 the guards pause the model after its first few calls failed alike (design §5), so other models go on.
+
+What to do with a record and its outcome is decided by the pure core (core.decision); the handler reads the record,
+the state table and the LLM, and carries the decided actions out in one place (design §5.2).
 """
 
 from __future__ import annotations
