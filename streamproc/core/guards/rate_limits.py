@@ -2,7 +2,8 @@
 
 The limits come from the settings, from the provider's ``x-ratelimit-limit-*`` headers, or both (then the
 lower wins: a configured limit is how much of the account this deployment may use). Limits are per account,
-so each of N workers paces at ``share = 1/N`` of them. Buckets hold only a tenth of a second of traffic:
+so each worker paces at its ``share`` of them: the one its fleet derives and sets at run time (design §5.8),
+or a fixed one. Buckets hold only a tenth of a second of traffic:
 providers enforce "per minute" limits over much shorter windows, so a full minute's burst would be refused.
 
 A 429 is *congestion* only when the provider says a bucket is empty (or says nothing about its buckets):
@@ -23,7 +24,7 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from streamproc.core.durations import parse_duration_ms, parse_number
 from streamproc.core.guards.bounded import MAX_MODELS, LruDict
@@ -52,6 +53,13 @@ class RateLimits:
 
 
 NO_LIMITS: Final = RateLimits()
+
+
+class Waiting(NamedTuple):
+    """Calls and tokens reserved at a model's pace but not yet due."""
+
+    calls: float
+    tokens: float
 
 
 class ModelRateLimiter:
@@ -92,6 +100,28 @@ class ModelRateLimiter:
     def pace(self) -> float:
         """The fraction of the limits this model is paced at now (1.0 until congestion)."""
         return self._pace
+
+    def set_share(self, share: float, now: float) -> None:
+        """Pace at ``share`` of the limits from ``now`` on (the fleet re-derives it, design §5.8). Calls already
+        told to wait keep their times, so a larger share starts where their schedule ends: new calls sent beside
+        that schedule would exceed the share while it lasts."""
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        booked = [(bucket, now + self._waiting_in(bucket, now) / bucket.rate_per_s)
+                  for bucket in (self._requests, self._tokens) if bucket is not None]
+        self._share = share
+        self._apply(now)
+        for bucket, until in booked:
+            bucket.pause_until(until, now)
+
+    def waiting(self, now: float) -> Waiting:
+        """Calls and tokens reserved but not yet due (the buckets' debt, a congestion pause's included): what
+        this worker wants beyond its pace."""
+        return Waiting(self._waiting_in(self._requests, now), self._waiting_in(self._tokens, now))
+
+    @staticmethod
+    def _waiting_in(bucket: TokenBucket | None, now: float) -> float:
+        return max(0.0, -bucket.level(now)) if bucket is not None else 0.0
 
     def reserve(self, tokens: int, now: float) -> float:
         """Seconds to wait before sending one call of ``tokens`` tokens; both buckets are charged now."""
@@ -249,6 +279,19 @@ class RateLimiter:
     def limits_by_model(self) -> dict[str, RateLimits]:
         """The effective per-minute limits of each model seen so far (for metrics)."""
         return {model: limiter.limits for model, limiter in self._models.items()}
+
+    def set_shares(self, shares: Mapping[str, float], default: float, now: float) -> None:
+        """Pace each model at its share from ``shares`` (``default`` when not named) from ``now`` on, and a model
+        first called later at ``default`` (the fleet re-derives them, design §5.8); the order of use is kept."""
+        if not 0 < default <= 1:
+            raise ValueError(f"share must be in (0, 1], got {default}")
+        self._share = default
+        for model, limiter in self._models.items():
+            limiter.set_share(shares.get(model, default), now)
+
+    def waiting_by_model(self, now: float) -> dict[str, Waiting]:
+        """What waits at the pace of each model seen so far (for the fleet's demand)."""
+        return {model: limiter.waiting(now) for model, limiter in self._models.items()}
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
