@@ -54,7 +54,7 @@ class Dispatcher:
         With ``wait`` (a retry-tier record not yet due), the record takes a place in the waiting room instead
         of a slot: it awaits ``wait()`` there, then a slot, then runs ``work``. So records sleep side by side
         without holding call slots, and one record due later never holds up the records behind it (sleeping
-        in the agent's loop did, for every partition of the tier); the waiting room's size bounds them.
+        in the agent's loop would, for every partition of the tier); the waiting room's size bounds them.
         """
         room = self._slots if wait is None else self._waiting_room
         await room.acquire()

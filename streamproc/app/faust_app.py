@@ -79,7 +79,7 @@ def make_faust_app(settings: FaustSettings, connection: KafkaConnection, app_id:
         web_enabled=False,
         # at most this many records per fetch handed over (faust's default, all that came, holds megabytes of
         # changelog per fetch while a table is restored). The fetch size per partition stays faust's 1 MiB:
-        # a smaller one is suspected of a lost record (docs/design.md §8)
+        # a smaller one is suspected of a lost record (design §4, "A million requests of state")
         broker_max_poll_records=1000,
         consumer_auto_offset_reset="earliest",
         # a worker that died is noticed (and its partitions handed over) after this long

@@ -1,7 +1,7 @@
 """Five fixes to faust-streaming 0.15.3's offset bookkeeping, without which a worker can lose requests or state.
 
-Seen in the SIGKILL test, about 1 restart in 6 on a loaded machine, always on partitions with no committed
-offset yet (the worker died before its first commit):
+They bite after a crash or a rebalance, mostly on partitions with no committed offset yet (the worker died
+before its first commit); design §5.6 tells how each was found:
 
 1. **Records cleared from the stream queue.** When table recovery ends, faust resumes the stream
    partitions, then awaits ``perform_seek()``, then calls ``flow_control.resume()``, which clears every
@@ -14,17 +14,16 @@ offset yet (the worker died before its first commit):
    returns are then dropped as inactive, and a partition without a committed offset is never sought back
    (aiokafka seeks only to a committed offset > 0). Here each fetch gets a snapshot, an empty one fetches
    nothing, and every stream partition is sought again after faust's seek, before it resumes: to its
-   committed offset, or its first one when it has none. A fetch that ended while faust's seek ran can
-   have moved the position past records then dropped as inactive (a chaos run with faust's drops logged
-   showed 8, on partitions without a committed offset).
+   committed offset, or its first one when it has none (a fetch that ended while faust's seek ran can
+   have moved the position past records then dropped as inactive).
 
 3. **Records acked that no agent saw.** A stream drops a record fetched before a rebalance (old consumer
    generation) or while flow control is off, and *acks* it, so its offset counts as done. When the same
    partition comes back to this worker, that stale ack fills the acked offsets of the new generation: the
    next commit can pass the record (and, with no committed offset or offset 0, every record before it)
    while no agent ever handled it. A retry-tier record lost this way leaves its request ``retrying``
-   forever. Here only records an agent took
-   (faust marks them *tracked*) are acked; a dropped one is simply fetched again from the committed offset.
+   forever. Here only records an agent took (faust marks them *tracked*) are acked; a dropped one is
+   simply fetched again from the committed offset.
 
 4. **A commit that passes state writes not yet sent.** Before committing offsets faust flushes its producer
    buffer, where table writes (the state changelog) wait to be handed to aiokafka; but that flush returns as
@@ -32,8 +31,8 @@ offset yet (the worker died before its first commit):
    slow or restarting broker the commit then passes records whose state writes are still in memory: a
    SIGKILL loses them, and the reconciler later sees a finished request as ``in_flight`` and calls it again.
    Here the flush waits until the buffer is empty and no hand-over is under way. (The state table's writes
-   no longer pass through that buffer: ``TableStore`` in app/worker.py hands them to aiokafka itself. The
-   fix still covers faust's own table writes, e.g. the roundtrip tool's table.)
+   do not pass through that buffer: ``TableStore`` in app/worker.py hands them to aiokafka itself. The fix
+   covers faust's own table writes, e.g. the roundtrip tool's table.)
 
 5. **Records skipped, then committed as a gap.** faust takes any jump in the offsets it delivers for
    a partition as a gap in the log (compaction, transaction markers) and counts the missing offsets *and
@@ -41,12 +40,11 @@ offset yet (the worker died before its first commit):
    so a record fetched before the seek and delivered after it (offset 69 where 36 comes next) opens a
    "gap" over 36..68; the records read again from 36 are then dropped as older than the read offset,
    and faust's head check lets the commit pass 36 because it tolerates one missing offset there
-   (faust-streaming #606) and none at all when the committed offset is 0. That matches the one loss
-   seen in a CI chaos run to the offset (33 records of ``requests[7]``, 36..68, never handled, committed
-   to 70); it has not recurred since, so the path is inferred, not observed. streamproc's request and
-   retry topics have no gaps (no compaction, no transactions). Here, on the topics the worker names, a
-   jump over records that are still in the log is never counted as done: the worker is told and stops
-   loudly, so that the partition is read again from its committed offset. Records deleted by retention
+   (faust-streaming #606), and any number when the committed offset is 0. This path is inferred from the
+   offsets of one loss, not observed step by step (design §5.6). streamproc's request and retry topics have
+   no gaps (no compaction, no transactions). Here, on the topics the worker names, a jump over records that
+   are still in the log is never counted as done: the worker is told and stops loudly, so that the
+   partition is read again from its committed offset. Records deleted by retention
    before they were read are still a gap (with a warning). And on those topics a commit never passes an
    offset that was neither acked nor a gap: the head check is exact, for a committed offset of 0 too, and
    a partition with none committed yet starts from the offset fix 2 sought it to. For the jump to show,
