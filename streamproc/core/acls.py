@@ -1,4 +1,4 @@
-"""The Kafka ACLs each streamproc principal needs, derived from the topology alone (design §6 "Secured brokers").
+"""The Kafka ACLs each streamproc principal needs, derived from the topology alone (design §6, docs/security.md).
 
 Three principals run the pipeline: ``worker`` (the faust workers, and every other command: it may do all the
 pipeline does), ``submitter`` (submit, status, batches, results, cancel, backfill, lag) and ``sink``. What each

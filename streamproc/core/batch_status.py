@@ -21,7 +21,7 @@ _ENDED = (RequestStatus.SUCCEEDED, RequestStatus.FAILED)
 
 @dataclass(frozen=True)
 class BatchStatus:
-    """The document ``status --json`` prints (keys as the issue specifies them)."""
+    """The document ``status --json`` prints (its keys are an interface: docs/cli.md documents them)."""
 
     batch_id: str
     submitted: int

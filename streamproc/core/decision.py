@@ -213,8 +213,8 @@ def on_record(attempt: Attempt, current: RequestState | None, closed: str | None
         if current is not None and admission.reason in _ENDED:
             # An ended request read again is most often a redelivery after a crash, and a crash between the local
             # table write and its changelog send leaves the changelog (what status reads and a new owner restores)
-            # one write behind: stuck in_flight although the result exists (the chaos run found it). Writing the
-            # same state again sends it to the changelog once more.
+            # one write behind: stuck in_flight although the result exists. Writing the same state again sends it
+            # to the changelog once more.
             return [WriteState(current), admission]
         return [admission]
     if isinstance(admission, Conflict):  # not admitted: the failure is its own first, in no run

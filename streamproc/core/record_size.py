@@ -4,7 +4,7 @@ A failure event carries its whole request (so backfill can replay it), and a ret
 again. Kafka refuses a record over the producer's ``max.request.size`` (faust's default: 1,000,000 bytes),
 yet a request the broker accepted can be up to its ``message.max.bytes`` (1,048,588 by default): its failure
 event is then a few hundred bytes too big, the send fails, the record can never be acked and the worker
-stops on it again after every restart (the chaos run found it). So past :data:`CARRIED_BYTES`:
+stops on it again after every restart. So past :data:`CARRIED_BYTES`:
 
 * the failure event carries the request *without its body*, and says where the body is (the origin record,
   which stays on its topic) and how big it was;

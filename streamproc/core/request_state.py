@@ -23,7 +23,7 @@ of the deferred record once the attempt has been made, is skipped.
 A retry record newer than an ``in_flight`` attempt is admitted too: it is written only after that
 attempt's call ended, so the ``in_flight`` state is stale. This happens after a SIGKILL, when the table
 comes back older than the offsets already committed (faust's table recovery can replay a changelog that
-lacks the last writes); skipping the retry record then would lose the request (seen in the SIGKILL test).
+lacks the last writes); skipping the retry record then would lose the request.
 
 A *run* is one life of the request: the first submission starts run 1, and each replay (backfill) that
 starts a failed request again starts the next. Every record the handler writes carries its run
@@ -240,9 +240,10 @@ def superseded(current: RequestState | None, started: RequestState) -> bool:
     """Whether the attempt admitted as ``started`` no longer owns the request: the table now shows another
     attempt, or an end. Then only a success may still write its state (a result is a result); a failure,
     deferral or terminal failure of a superseded attempt must not overwrite the newer state. This happens after
-    a crash, when the redelivered record reruns attempt n beside its own retry record's attempt n+1 (rules 2
-    and 9 of ``admit``): without the check, the rerun's late failure turned a success back into ``retrying``
-    and the request was called again."""
+    a crash, when the redelivered record reruns attempt n beside its own retry record's attempt n+1 (``admit``
+    starts both: a crash redelivery, and a retry record newer than the ``in_flight`` attempt): without the
+    check, the rerun's late failure would turn a success back into ``retrying`` and the request would be
+    called again."""
     if current is None:
         return False
     return not (current.status is RequestStatus.IN_FLIGHT and current.attempts == started.attempts

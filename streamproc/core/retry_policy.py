@@ -147,7 +147,7 @@ class RetryPolicy:
     tiers: tuple[Tier, ...] = DEFAULT_TIERS
     max_attempts: Mapping[FailureLayer, int] = field(default_factory=lambda: DEFAULT_MAX_ATTEMPTS)
     base_delay_ms: int = 5_000
-    repair_from_attempt: int = 2  # the first attempt sent as a repair request (design §2: "from the 2nd try on")
+    repair_from_attempt: int = 2  # the first attempt sent as a repair: every semantic retry is one (design §5.4)
 
     def __post_init__(self) -> None:
         if not self.tiers:

@@ -38,5 +38,5 @@ def _finite(text: str) -> float:
     return value
 
 
-# built once: json.loads with hooks builds a decoder per call, which cost three times the parse itself
+# built once: json.loads with hooks builds a decoder per call, which costs more than the parse itself
 _DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
