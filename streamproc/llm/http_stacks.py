@@ -2,9 +2,8 @@
 
 Both send the same JSON bytes and give back the status, headers and body; their exceptions are classified
 into the same codes (:mod:`streamproc.llm.transport_errors`). aiohttp is the default because it costs a
-fraction of the CPU per call (measured against the mock at 256 in flight: 309 µs against httpx's 1,411 µs
-on httpcore and 602 µs on aiohttp through httpx-aiohttp; README, Benchmarks). httpx stays for tests, whose
-mock transports replace the network, and as ``STREAMPROC_LLM_HTTP=httpcore``.
+fraction of httpx's CPU per call (design §5.5, "The HTTP stack and the event loop"). httpx stays for tests,
+whose mock transports replace the network, and as ``STREAMPROC_LLM_HTTP=httpcore``.
 
 Each POST goes to an absolute URL the client joined from its endpoint table (:mod:`streamproc.llm.endpoint_url`),
 never to a path a record wrote. Answers are read streamed, and reading stops once the *decoded* body passes
@@ -33,10 +32,10 @@ from streamproc.settings import LLMEndpoint
 
 # httpcore 1.0's pool does work proportional to its connections each time a request starts or ends, and to
 # the square of its idle connections (``_assign_requests_to_connections`` counts the idle ones once per idle
-# connection): one pool of 256 connections costs ~10 ms of CPU per call and starves the event loop well
-# below 256 calls in flight. Pools of at most this many connections, the least busy chosen per call, bound
-# the total the same way at a small fraction of that cost. They share one TLS context (each would otherwise
-# load the CA bundle: ~50 ms and ~1 MB apiece). aiohttp's connector has no such cost: one pool of them all.
+# connection), so one pool as large as the in-flight limit starves the event loop before the limit is
+# reached. Pools of at most this many connections, the least busy chosen per call, bound the total the same
+# way at a small fraction of that cost. They share one TLS context (each would otherwise load and hold the CA
+# bundle). aiohttp's connector has no such cost: one pool of them all.
 POOL_SHARD_SIZE = 8
 
 
@@ -81,7 +80,7 @@ def json_bytes(body: dict[str, Any]) -> bytes:
 def env_proxy(url: str) -> str | None:
     """The proxy ``HTTP(S)_PROXY`` names for the URL's scheme unless ``NO_PROXY`` exempts its host, as httpx
     honours them. Read once: aiohttp's ``trust_env`` reads them, and ``~/.netrc``, in a thread on every
-    request (a third of the worker's CPU under the CPU-bound benchmark)."""
+    request."""
     parts = urlsplit(url)
     if not parts.hostname or proxy_bypass(parts.hostname):
         return None
