@@ -38,7 +38,7 @@ class Fault:
 
 
 # the window of progress the faults are spread over: late enough that work is in flight, early enough that
-# the last fault still meets a backlog although a broker restart before it held the schedule for 30 s
+# the last fault still meets a backlog even when a broker restart before it holds the schedule up
 FIRST_FRACTION = 0.05
 LAST_FRACTION = 0.7
 
