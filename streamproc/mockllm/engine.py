@@ -264,6 +264,8 @@ class MockEngine:
             return errors.insufficient_quota()
         if fault is FaultKind.RATE_LIMIT:
             wait = self.profile.retry_after_seconds
+            if self.profile.injected_429 == "retry_after_only":
+                return errors.busy(wait)
             bucket = self.limiter.requests
             limit = bucket.limit if bucket is not None else NOMINAL_RPM
             headers = {**self.limiter.headers(now), **retry_headers(wait)}

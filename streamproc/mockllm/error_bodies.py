@@ -6,6 +6,7 @@ OpenAI: ``{"error": {"message", "type", "param", "code"}}`` with its statuses an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -191,6 +192,18 @@ def rate_limited(
         unit,
         code="rate_limit_exceeded",
         headers=headers,
+    )
+
+
+def busy(retry_after_s: float) -> ErrorReply:
+    """429 for reasons of the server's own (a busy shard, a fair-share scheduler): it names no bucket and
+    carries only ``retry-after`` in whole seconds, whatever the client's rate."""
+    return openai_error(
+        429,
+        "The server is busy with other requests. Please retry after a short wait.",
+        "requests",
+        code="rate_limit_exceeded",
+        headers={"retry-after": str(max(1, math.ceil(retry_after_s)))},
     )
 
 

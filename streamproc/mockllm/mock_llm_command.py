@@ -76,7 +76,7 @@ def _latency(spec: str | None) -> Latency | None:
     default="clean",
     show_default=True,
     metavar="NAME|FILE",
-    help="clean, flaky, realistic, outage, strict, or a YAML/JSON profile file.",
+    help="clean, flaky, realistic, outage, strict, strict-v1, strict-unlimited, or a YAML/JSON profile file.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the fault and latency draws.")
 @click.option("--api-key", default=None, help="Require this bearer key (a wrong one gets 401 invalid_api_key).")

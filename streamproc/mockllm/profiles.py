@@ -1,8 +1,10 @@
 """Profiles: how often each fault happens, which models exist, latency, rate limits, outage windows, and the
-quirks of particular servers (rate-limit headers only on 429s, hangs without end, one request at a time).
+quirks of particular servers (rate-limit headers only on 429s, 429s that name no bucket, long hangs, one
+request at a time).
 
-A profile is plain typed data, built in (``clean``, ``flaky``, ``realistic``, ``outage``, ``strict``) or read
-from a YAML/JSON file that may start from a built-in (``base:``) and override parts of it.
+A profile is plain typed data, built in (``clean``, ``flaky``, ``realistic``, ``outage``, ``strict``,
+``strict-v1``, ``strict-unlimited``) or read from a YAML/JSON file that may start from a built-in (``base:``)
+and override parts of it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 
@@ -67,6 +69,13 @@ class OutageWindow:
 LimitHeaders = Literal["always", "on_429"]
 LIMIT_HEADERS: tuple[LimitHeaders, ...] = get_args(LimitHeaders)
 
+# What an injected 429 (the ``rate_limit`` fault) carries: the limiter's ``x-ratelimit-*`` (which then say its
+# buckets have room: one request refused) with ``retry-after(-ms)``, or only ``retry-after`` (a 429 the server
+# sends for reasons of its own, such as a busy shard, that names no bucket).
+Injected429 = Literal["limiter_headers", "retry_after_only"]
+INJECTED_429: tuple[Injected429, ...] = get_args(Injected429)
+Choice = TypeVar("Choice", bound=str)
+
 DEFAULT_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec("mock-small", 4096),
     ModelSpec("mock-large", 32768),
@@ -85,6 +94,7 @@ class Profile:
     hang_seconds: float = 300.0  # how long a hang lasts when the client does not give up first; inf: forever
     retry_after_seconds: float = 1.0  # the hint carried by an injected 429 rate_limit fault
     limit_headers: LimitHeaders = "always"
+    injected_429: Injected429 = "limiter_headers"
     slots: int | None = None  # requests worked on at once, the rest queue (llama.cpp's slots); None: unlimited
     # llama-cpp-python's server (starlette-context's RequestIdPlugin) answers a non-UUID x-request-id with an
     # empty 400, before anything else; a client that sends its own ids there fails every call.
@@ -114,6 +124,32 @@ class Profile:
 def _rates(**rates: float) -> Mapping[FaultKind, float]:
     return MappingProxyType({FaultKind(name): rate for name, rate in rates.items()})
 
+
+STRICT = Profile(
+    "strict",
+    faults=_rates(
+        hang=0.010,
+        reset=0.008,
+        truncated_body=0.006,
+        non_json_body=0.006,
+        rate_limit=0.010,
+        server_error=0.012,
+        bad_gateway=0.009,
+        service_unavailable=0.009,
+        empty_content=0.008,
+        invalid_json=0.008,
+        schema_mismatch=0.007,
+        length=0.007,
+        invalid_request=0.008,
+        content_policy=0.012,
+    ),
+    latency=LognormalLatency(p50=0.4, p99=3.0),
+    rate_limits=ServerLimits(rpm=3000, burst_seconds=1.0),
+    hang_seconds=90.0,
+    limit_headers="on_429",
+    injected_429="retry_after_only",
+    strict_request_id=True,
+)
 
 BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType(
     {
@@ -163,32 +199,21 @@ BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType(
         # Every call answers 503 for the first 30 s, then the server is clean: breaker and recovery drills.
         "outage": Profile("outage", outage=OutageWindow(seconds=30.0)),
         # A rate-limited server with the quirks that broke clients tuned against the others: a one-second
-        # bucket (a burst of 50 at 3,000 RPM), x-ratelimit-* only on 429s, hangs that never end, and an empty
-        # 400 for a non-UUID x-request-id. About 87 % clean on a first pass.
-        "strict": Profile(
-            "strict",
-            faults=_rates(
-                hang=0.010,
-                reset=0.008,
-                truncated_body=0.006,
-                non_json_body=0.006,
-                rate_limit=0.020,
-                server_error=0.012,
-                bad_gateway=0.009,
-                service_unavailable=0.009,
-                empty_content=0.008,
-                invalid_json=0.008,
-                schema_mismatch=0.007,
-                length=0.007,
-                invalid_request=0.008,
-                content_policy=0.012,
-            ),
-            latency=LognormalLatency(p50=0.4, p99=3.0),
-            rate_limits=ServerLimits(rpm=3000, burst_seconds=1.0),
+        # bucket (a burst of 50 at 3,000 RPM), x-ratelimit-* only on its limiter's 429s (with remaining 0),
+        # 1 % of calls refused with a 429 that says only "retry-after: 1" whatever the rate, hangs of 90 s,
+        # and an empty 400 for a non-UUID x-request-id. About 88 % clean on a first pass.
+        "strict": STRICT,
+        # strict as it was first built: its injected 429s (2 %) carry the limiter's headers, which say its
+        # buckets have room, and its hangs never end.
+        "strict-v1": replace(
+            STRICT,
+            name="strict-v1",
+            faults=MappingProxyType({**STRICT.faults, FaultKind.RATE_LIMIT: 0.020}),
             hang_seconds=math.inf,
-            limit_headers="on_429",
-            strict_request_id=True,
+            injected_429="limiter_headers",
         ),
+        # strict's faults, 429s and hangs on a server with no rate limit at all.
+        "strict-unlimited": replace(STRICT, name="strict-unlimited", rate_limits=ServerLimits()),
     }
 )
 
@@ -222,6 +247,7 @@ _KEYS = {
     "hang_seconds",
     "retry_after_seconds",
     "limit_headers",
+    "injected_429",
     "slots",
     "strict_request_id",
     "huge_answer_bytes",
@@ -261,7 +287,9 @@ def profile_from_mapping(data: Any, *, default_name: str = "custom", where: str 
                 profile, retry_after_seconds=_non_negative(data["retry_after_seconds"], "retry_after_seconds")
             )
         if "limit_headers" in data:
-            profile = replace(profile, limit_headers=_limit_headers(data["limit_headers"]))
+            profile = replace(profile, limit_headers=_one_of(data["limit_headers"], LIMIT_HEADERS, "limit_headers"))
+        if "injected_429" in data:
+            profile = replace(profile, injected_429=_one_of(data["injected_429"], INJECTED_429, "injected_429"))
         if "slots" in data:
             slots = data["slots"]
             profile = replace(profile, slots=None if slots is None else _positive_int(slots, "slots"))
@@ -333,11 +361,11 @@ def _hang_seconds(value: Any) -> float:
     return math.inf if value is None else _non_negative(value, "hang_seconds")
 
 
-def _limit_headers(value: Any) -> LimitHeaders:
-    for allowed in LIMIT_HEADERS:
-        if value == allowed:
-            return allowed
-    raise ProfileError(f"limit_headers: one of {', '.join(LIMIT_HEADERS)} expected, got {value!r}")
+def _one_of(value: Any, allowed: tuple[Choice, ...], key: str) -> Choice:
+    for choice in allowed:
+        if value == choice:
+            return choice
+    raise ProfileError(f"{key}: one of {', '.join(allowed)} expected, got {value!r}")
 
 
 def _flag(value: Any, key: str) -> bool:

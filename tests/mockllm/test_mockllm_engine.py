@@ -312,7 +312,28 @@ def test_on_429_servers_send_rate_limit_headers_only_when_refusing() -> None:
     assert isinstance(failed, Rejected) and not any(h.startswith("x-ratelimit") for h in failed.headers)
     clock.now += 1.0
     injected = send(e, chat("d"), forced_fault="rate_limit")
-    assert isinstance(injected, Rejected) and injected.headers["x-ratelimit-limit-requests"] == "60"
+    assert error_of(injected) == (429, "rate_limit_exceeded")
+    assert isinstance(injected, Rejected) and not any(h.startswith("x-ratelimit") for h in injected.headers)
+
+
+def test_strict_injected_429s_name_no_bucket_and_carry_only_retry_after() -> None:
+    """A 429 for the server's own reasons: a client cannot tell it from congestion by a bucket header."""
+    clock = FakeClock()
+    e = engine(strict(rate_limits=ServerLimits(rpm=60, burst_seconds=1.0)), clock=clock)
+    injected = send(e, chat("a"), forced_fault="rate_limit")
+    assert error_of(injected) == (429, "rate_limit_exceeded")
+    assert isinstance(injected, Rejected)
+    assert {k: v for k, v in injected.headers.items() if not k.startswith("x-mock-")} == {"retry-after": "1"}
+
+
+def test_strict_v1_injected_429s_carry_the_limiters_headers_with_room_left() -> None:
+    clock = FakeClock()
+    e = engine(replace(BUILTIN_PROFILES["strict-v1"], faults={}, rate_limits=ServerLimits(rpm=600, burst_seconds=1.0)),
+               clock=clock)
+    injected = send(e, chat("a"), forced_fault="rate_limit")
+    assert isinstance(injected, Rejected) and injected.headers["x-ratelimit-limit-requests"] == "600"
+    assert injected.headers["x-ratelimit-remaining-requests"] == "9"  # of 10: its own request was admitted
+    assert injected.headers["retry-after"] == "1"
 
 
 def test_strict_admits_one_second_of_its_rate_at_once() -> None:
@@ -323,9 +344,16 @@ def test_strict_admits_one_second_of_its_rate_at_once() -> None:
     assert all(error_of(o) == (429, "rate_limit_exceeded") for o in outcomes[50:])
 
 
-def test_strict_hangs_have_no_end() -> None:
+def test_strict_hangs_last_90_seconds_and_strict_v1_hangs_have_no_end() -> None:
     outcome = send(engine(strict()), chat(), forced_fault="hang")
+    assert isinstance(outcome, Hang) and outcome.seconds == 90.0
+    outcome = send(engine(replace(BUILTIN_PROFILES["strict-v1"], faults={})), chat(), forced_fault="hang")
     assert isinstance(outcome, Hang) and outcome.seconds == math.inf
+
+
+def test_strict_unlimited_admits_everything_the_limiter_would_have_refused() -> None:
+    e = engine(replace(BUILTIN_PROFILES["strict-unlimited"], faults={}), clock=FakeClock())
+    assert all(isinstance(send(e, chat(str(i))), Completed) for i in range(200))
 
 
 @pytest.mark.parametrize(
