@@ -5,7 +5,8 @@ the in-flight limit in total, so a worker's concurrency is bounded in one place,
 well below the consumer's rebalance timeout (design §5). The read timeout adapts per model
 (:mod:`streamproc.core.guards.timeouts`): ``STREAMPROC_LLM_TIMEOUT_S`` is its ceiling, a few times the
 model's p99 latency its value once known. A call slower than that p99 is hedged
-(:mod:`streamproc.core.guards.hedging`): sent once more, the first answer wins.
+(:mod:`streamproc.core.guards.hedging`): sent once more, the first answer wins; the pacing layer above says
+whether its rate limiter has room for the copy (:data:`hedge_permit`).
 
 A record's ``url`` only selects a row of the endpoint table (:mod:`streamproc.core.endpoints`); the call goes
 to that row's URL, joined under the base URL once (:mod:`streamproc.llm.endpoint_url`). An answer whose decoded
@@ -18,6 +19,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -115,6 +117,12 @@ def answer_content(response_body: bytes) -> str:
 
 
 TIMEOUT_CHECK_S = 0.5  # how often a running call is held against its model's adaptive timeout
+
+hedge_permit: ContextVar[Callable[[], bool] | None] = ContextVar("hedge_permit", default=None)
+"""Set by the pacing layer (:mod:`streamproc.llm.paced`) around the calls it lets go: charges the model's rate
+limiter for a hedge and says whether one may go (not while the model is paused). A context variable, so that
+whatever wraps the client below the pace, a hedge goes through the same limiter as the call; unset (no
+pacing), a hedge needs none."""
 
 
 class LLMClient:
@@ -219,7 +227,7 @@ class LLMClient:
                 # a hedge goes by the time since the send: it loses nothing, and waiting for the front first
                 # made hangs at a many-slot server cost about a second more (the strict benchmark's tail)
                 after = hedge_after_s(self.timeouts.tail_s(model, budget))
-                if not hedged and after is not None and now - started > after and self._hedges.take():
+                if not hedged and after is not None and now - started > after and self._may_hedge(place, now):
                     hedged = True
                     self.hedged += 1
                     running[asyncio.ensure_future(post())] = time.monotonic()
@@ -227,6 +235,15 @@ class LLMClient:
             for task in running:
                 task.cancel()
                 task.add_done_callback(_consume)
+
+    def _may_hedge(self, place: Place, now: float) -> bool:
+        """Whether a hedge of the call at ``place`` goes now (core.guards.hedging): one is saved, the calls sent
+        before it were answered (else its answer is due after theirs, and a copy would wait behind them too),
+        and the rate limiter lets it go (and charges it)."""
+        if not (self._hedges.available and self._queue.served_for_s(place, now) is not None):
+            return False
+        permit = hedge_permit.get()
+        return (permit is None or permit()) and self._hedges.take()
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -1,9 +1,13 @@
 """The layer that paces calls under each model's requests/min and tokens/min, and learns the limits back.
 
 It reserves the call's estimated cost in the model's buckets and sleeps out the wait (inside the in-flight
-gate, so a paced call holds its slot); after the call it reads the ``x-ratelimit-*`` headers, and a 429
-saying a bucket is empty pauses the model and is reported as congestion (the in-flight limit and the model's
-pace are cut).
+gate, so a paced call holds its slot); after the call it reads the ``x-ratelimit-*`` headers and feeds every
+answer to the model's limiter (:mod:`streamproc.core.guards.rate_limits`). A 429 that is congestion cuts the
+model's pace and the in-flight limit; any 429 pauses the call it refused: the call waits its hint (and its
+model's pause, if any) and is sent again through the same limiter, up to ``MAX_SENDS`` sends in all, so a
+refusal costs its wait instead of a trip through a retry tier. A wait longer than ``LONGEST_WAIT_S`` goes back
+to the handler, which parks the request instead of holding a slot that long. Hedges the client sends while
+the call runs go through the same limiter (:data:`streamproc.llm.client.hedge_permit`).
 """
 
 from __future__ import annotations
@@ -12,16 +16,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
-from streamproc.core.guards.rate_limits import RateLimiter
+from streamproc.core.guards.rate_limits import ModelRateLimiter, RateLimiter
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.outcome import Failure
 from streamproc.core.verdict import RATE_LIMITED
-from streamproc.llm.client import CallResult
+from streamproc.llm.client import CallResult, hedge_permit
 from streamproc.llm.layer import Layer, Refused
+
+MAX_SENDS = 3  # sends of one call refused by 429s, the first included, before the 429 goes to the handler
+LONGEST_WAIT_S = 5.0  # a refused call waits at most this long in place (the shortest retry tier)
 
 
 class RateLimitedLayer:
-    """Waits for the model's buckets, then calls; learns limits and congestion from the answer."""
+    """Waits for the model's buckets, then calls; learns limits and congestion from the answer, and sends a
+    call refused by a 429 again after its wait."""
 
     def __init__(self, inner: Layer[CallResult | Refused], limiter: RateLimiter, estimator: TokenEstimator,
                  clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
@@ -36,20 +44,43 @@ class RateLimitedLayer:
     async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
         model: str = body["model"]
         cost = self._estimator.cost(body)  # before the call: the answer may recalibrate the estimator
-        wait = self._limiter.for_model(model, self._clock()).reserve(cost, self._clock())
-        if wait > 0:
-            await self._sleep(wait)
-        called = await self._inner.call(request, body, first)
-        if isinstance(called, CallResult):
-            self._learn(model, cost, called)
-        return called
+        sends = 0
+        while True:
+            now = self._clock()
+            wait = self._limiter.for_model(model, now).reserve(cost, now)
+            if wait > 0:
+                await self._sleep(wait)
+            started = self._clock()
+            permit = hedge_permit.set(lambda: self._limiter.for_model(model, self._clock()).charge_hedge(
+                cost, self._clock()))
+            try:
+                called = await self._inner.call(request, body, first and sends == 0)
+            finally:
+                hedge_permit.reset(permit)
+            sends += 1
+            if not isinstance(called, CallResult):
+                return called
+            again = self._learn(self._limiter.for_model(model, self._clock()), cost, called, started)
+            if again is None or sends >= MAX_SENDS or again > LONGEST_WAIT_S:
+                return called
+            if again > 0:
+                await self._sleep(again)
 
-    def _learn(self, model: str, cost: int, called: CallResult) -> None:
+    def _learn(self, limiter: ModelRateLimiter, cost: int, called: CallResult, started: float) -> float | None:
+        """Feed the answer to the limiter; for a 429, how long the refused call waits before it is sent again
+        (its own hint, or its model's pause, the longer), else None."""
         now = self._clock()
-        limiter = self._limiter.for_model(model, now)
         limiter.observe(called.headers, now)  # it reads the x-ratelimit-* names in any case
         outcome = called.outcome
-        if isinstance(outcome, Failure) and outcome.code == RATE_LIMITED:
-            hint = outcome.retry_after_ms / 1000 if outcome.retry_after_ms is not None else None
-            if limiter.on_rate_limited(called.headers, hint, cost, now) and self._on_congestion is not None:
-                self._on_congestion(now)
+        if not (isinstance(outcome, Failure) and outcome.code == RATE_LIMITED):
+            congestion = limiter.on_answer(started, now)
+            self._congested(congestion, now)
+            return None
+        hint = outcome.retry_after_ms / 1000 if outcome.retry_after_ms is not None else None
+        refused = limiter.on_rate_limited(called.headers, hint, cost, now, started)
+        self._congested(refused.congestion, now)
+        return max(refused.wait_s, limiter.paused_until - now)
+
+    def _congested(self, congestion: bool, now: float) -> None:
+        if congestion and self._on_congestion is not None:
+            self._on_congestion(now)

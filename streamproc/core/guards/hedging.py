@@ -9,6 +9,11 @@ is cancelled. A hang then costs about the p99 instead of three times it.
 Hedges are extra load, so they are rationed like gRPC's retry throttling: every call earns ``ratio`` of a
 hedge, up to ``burst`` saved, and a hedge spends one. With ``ratio`` 0.03, hedges are at most ~3 % of
 calls, however slow the server gets: an overloaded server (every call slow) is not sent twice the load.
+
+A hedge goes only when it can help: once the calls sent before the slow one to its model were answered
+(:mod:`own_queue`: before that its answer is due after theirs, and a copy would wait behind them too). It
+goes through the rate limiter like any call: charged to the model's buckets (the calls after it wait that
+much longer, so the pace holds), though not made to wait, and never while the model is paused by congestion.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ class HedgeBudget:
 
     def on_call(self) -> None:
         self._tokens = min(self._burst, self._tokens + self._ratio)
+
+    @property
+    def available(self) -> bool:
+        """Whether a hedge is saved (ask before asking anything else that a hedge costs)."""
+        return self._tokens >= 1
 
     def take(self) -> bool:
         """Spend one hedge if one is saved."""

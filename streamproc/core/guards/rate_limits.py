@@ -6,16 +6,18 @@ so each worker paces at its ``share`` of them: the one its fleet derives and set
 or a fixed one. Buckets hold only a tenth of a second of traffic:
 providers enforce "per minute" limits over much shorter windows, so a full minute's burst would be refused.
 
-A 429 is *congestion* only when the provider says a bucket is empty (or says nothing about its buckets):
-then that model's calls pause until the bucket refills. A 429 while the buckets still have room is a refusal
-of that one request (e.g. a single call larger than the tokens/min limit), and pausing everyone for it would
-only slow the batch down.
+A 429 is *congestion* when the provider says a bucket is empty (``x-ratelimit-remaining-*``): then that
+model's calls pause until the bucket refills, and its pace is cut (:mod:`pace`: x0.9, then quickly back to the
+last good pace). A 429 that says nothing about buckets may be congestion or a refusal of the server's own,
+which comes to a share of calls whatever their rate: it is congestion only when the share of such 429s over a
+window of calls is above a threshold, and stays so only if the share falls with the pace (:mod:`loss`). Any
+other 429, and one while the buckets still have room (e.g. a single call larger than the tokens/min limit), is
+that one call's: the call waits its ``retry-after`` and the model goes on.
 
-Congestion also lowers the pace, multiplicatively (x0.9, once per second at most), and the pace then probes
-back up by 1 % of the limit per second without congestion: pacing at exactly the advertised limit leaves no
-margin for the jitter between our clock and the server's, whatever its burst. When no limit is known at all
-(no setting, and the server sends ``x-ratelimit-*`` only on its 429s, or never), the first congestion sets
-one from the rate actually sent over the last few seconds, and the same decrease and probe apply to it.
+When no limit is known at all (no setting, and the server sends ``x-ratelimit-*`` only on its 429s, or never),
+congestion sets one: from the rate the server admitted over the window of calls that showed it, else from the
+rate actually sent over the last few seconds; the same cut and recovery apply to it, and a learnt limit keeps
+probing above itself, slowly, until congestion again.
 """
 
 from __future__ import annotations
@@ -29,12 +31,10 @@ from typing import Final, NamedTuple
 from streamproc.core.durations import parse_duration_ms, parse_number
 from streamproc.core.guards.bounded import MAX_MODELS, LruDict
 from streamproc.core.guards.bucket import TokenBucket
+from streamproc.core.guards.loss import LossShare, LossSignal
+from streamproc.core.guards.pace import BACKOFF, Pace
 
-DEFAULT_CONGESTION_WAIT_S = 1.0  # a 429 that names no wait at all
-_UNITS = ("requests", "tokens")
-BACKOFF = 0.9  # the pace after congestion, as a fraction of the pace before
-PROBE_PER_S = 0.01  # how fast the pace climbs back, as a fraction of the limit per second without congestion
-MIN_PACE = 0.1  # never slower than this fraction of the limit
+DEFAULT_WAIT_S = 1.0  # a 429 that names no wait at all
 SENT_WINDOW_S = 5.0  # how far back the rate actually sent is measured, for a limit learnt from congestion
 SENT_KEPT = 4096  # at most this many of those sends are kept (the newest: the rate over their span is the same)
 
@@ -53,6 +53,16 @@ class RateLimits:
 
 
 NO_LIMITS: Final = RateLimits()
+
+
+@dataclass(frozen=True)
+class RateLimited:
+    """What a 429 did: whether it was congestion (the model's pace was cut, its calls pause), and how long the
+    refused call itself waits before it may be sent again (its calls' pause comes on top, through
+    :meth:`ModelRateLimiter.reserve`)."""
+
+    congestion: bool
+    wait_s: float
 
 
 class Waiting(NamedTuple):
@@ -78,10 +88,10 @@ class ModelRateLimiter:
         self._requests: TokenBucket | None = None
         self._tokens: TokenBucket | None = None
         self._paused_until = -math.inf  # also holds a pause while no limit (so no bucket) is known
-        self._pace = 1.0  # the fraction of the limits sent at: lowered by congestion, probing back up
-        self._paced_at = now
-        self._last_cut = -math.inf
-        self._learned = NO_LIMITS  # from the rate sent when congestion came with no limit known
+        self._pace = Pace(now)  # the fraction of the limits sent at: cut by congestion, back to the good pace
+        self._loss = LossShare()  # which 429s that name no bucket are congestion
+        self._learned = NO_LIMITS  # from the rate admitted (or sent) when congestion came with no limit known
+        self._learned_before_test = NO_LIMITS  # to forget a limit learnt from 429s that proved the server's own
         # (time, tokens) of recent reservations, to learn from
         self._sent: deque[tuple[float, int]] = deque(maxlen=SENT_KEPT)
         self._apply(now)
@@ -99,7 +109,13 @@ class ModelRateLimiter:
     @property
     def pace(self) -> float:
         """The fraction of the limits this model is paced at now (1.0 until congestion)."""
-        return self._pace
+        return self._pace.value
+
+    @property
+    def loss_threshold(self) -> float:
+        """The share of 429s naming no bucket above which a window of calls is congestion (it rises above a
+        server's own level of such refusals)."""
+        return self._loss.threshold
 
     def set_share(self, share: float, now: float) -> None:
         """Pace at ``share`` of the limits from ``now`` on (the fleet re-derives it, design §5.8). Calls already
@@ -125,15 +141,30 @@ class ModelRateLimiter:
 
     def reserve(self, tokens: int, now: float) -> float:
         """Seconds to wait before sending one call of ``tokens`` tokens; both buckets are charged now."""
-        self._probe(now)
-        if self._limits == NO_LIMITS:  # only then can congestion need the rate sent, to learn a limit from it
-            self._remember_sent(max(0, tokens), now)
+        self._step(now)
+        self._sending(tokens, now)
         wait = max(0.0, self._paused_until - now)
         if self._requests is not None:
             wait = max(wait, self._requests.reserve(1, now))
         if self._tokens is not None:
             wait = max(wait, self._tokens.reserve(max(0, tokens), now))
         return wait
+
+    def charge_hedge(self, tokens: int, now: float) -> bool:
+        """A hedge of one call of ``tokens`` tokens: charged to the buckets like any call, so the calls reserved
+        after it wait that much longer and the pace holds over time, but sent now (it copies a call that is
+        already late); none while the model is paused by congestion. Returns whether it may go."""
+        self._step(now)
+        if now < self._paused_until:
+            return False
+        self._sending(tokens, now)
+        for bucket, cost in ((self._requests, 1), (self._tokens, max(0, tokens))):
+            if bucket is not None:
+                bucket.reserve(cost, now)
+        return True
+
+    def _sending(self, tokens: int, now: float) -> None:
+        self._remember_sent(max(0, tokens), now)  # what congestion compares with what the server admits
 
     def observe(self, headers: Mapping[str, str], now: float) -> None:
         """Learn the account limits from a response's ``x-ratelimit-limit-*`` headers (any status)."""
@@ -147,52 +178,84 @@ class ModelRateLimiter:
         )
         self._apply(now)
 
-    def on_rate_limited(self, headers: Mapping[str, str], retry_after_s: float | None, tokens: int,
-                        now: float) -> bool:
-        """Handle a 429: pause the worker and return True if it is congestion; else change nothing.
+    def on_answer(self, started: float, now: float) -> bool:
+        """A call sent at ``started`` was answered, with anything but a 429; it counts in the share of 429s.
+        Returns whether that share now says congestion (the pace was cut)."""
+        return self._react(self._loss.record(False, started, now), now)
+
+    def on_rate_limited(self, headers: Mapping[str, str], retry_after_s: float | None, tokens: int, now: float,
+                        started: float | None = None) -> RateLimited:
+        """A call of ``tokens`` tokens sent at ``started`` (default ``now``) was answered with a 429: congestion
+        when its headers say a bucket is empty, or when the share of 429s that name no bucket says so (see the
+        module docstring); else the refused call alone waits its hint.
 
         Callers pass the 429's headers to :meth:`observe` as well: this method reads only the
         ``remaining`` and ``reset`` headers.
         """
+        hint = _finite_non_negative(retry_after_s)
         exhausted = self._exhausted(headers, tokens)
-        if exhausted is None:
-            return False
-        wait = _finite_non_negative(retry_after_s)
+        if exhausted is None or not exhausted:  # names no bucket, or one with room: not the pace, unless many
+            congestion = self._react(self._loss.record(exhausted is None, started if started is not None else now,
+                                                       now), now)
+            return RateLimited(congestion, hint if hint is not None else DEFAULT_WAIT_S)
+        wait = hint
         if wait is None:
             resets = [_duration_s(_header(headers, f"x-ratelimit-reset-{unit}")) for unit in exhausted]
-            wait = max((reset for reset in resets if reset is not None), default=DEFAULT_CONGESTION_WAIT_S)
+            wait = max((reset for reset in resets if reset is not None), default=DEFAULT_WAIT_S)
         until = now + wait
         self._paused_until = max(self._paused_until, until)
-        self._slow_down(now)
+        if self._limits == NO_LIMITS:
+            self._learned = self._rate_sent(now, refused=0.0)
+        self._pace.cut(now, resume_at=until)
+        self._apply(now)
         for bucket in (self._requests, self._tokens):
             if bucket is not None:
                 bucket.pause_until(until, now)
-        return True
+        return RateLimited(True, 0.0)
 
-    def _slow_down(self, now: float) -> None:
-        """Congestion: learn a limit from the rate sent if none is known, and cut the pace (once a second)."""
-        if self._limits == NO_LIMITS:
-            self._learned = self._rate_sent(now)
-        if now - self._last_cut >= 1.0:
-            self._last_cut = now
-            self._pace = max(MIN_PACE, self._pace * BACKOFF)
-            self._paced_at = now
+    def _react(self, signal: LossSignal | None, now: float) -> bool:
+        """Act on what a window of calls said (:mod:`loss`): cut the pace to below what the server admitted
+        (learning a limit if none is known), cut deeper, keep the cut, or undo it. Returns whether it cut."""
+        if signal is None:
+            return False
+        match signal.verdict:
+            case "congestion":
+                self._pace.keep()  # a test still running ends: its share fell, but not below the threshold
+                self._learned_before_test = self._learned
+                self._pace.test(now, to=self._admitted_pace(signal, now))
+            case "deeper":
+                self._pace.test(now, deeper=True)
+            case "fallen":
+                self._pace.keep()
+                return False
+            case "noise":
+                self._pace.undo()
+                self._learned = self._learned_before_test
         self._apply(now)
+        return signal.verdict != "noise"
 
-    def _probe(self, now: float) -> None:
-        """Climb back towards the full limit while no congestion comes; re-rate the buckets at 1 % steps."""
-        if self._pace >= 1.0 and not self._probing_learnt():
+    def _admitted_pace(self, signal: LossSignal, now: float) -> float | None:
+        """Below the pace the server admitted lately (the rate sent, less the share refused), as a fraction of
+        the limit. With no limit known, or one learnt, the limit becomes that rate. None when no requests limit
+        is known to compare with."""
+        admitted = self._rate_sent(now, signal.share)
+        if not self._known():
+            self._learned = admitted
+            self._pace.rebase()
+            self._apply(now)
+            return None
+        rpm = self._limits.rpm
+        return BACKOFF * admitted.rpm * self._share / rpm if admitted.rpm is not None and rpm is not None else None
+
+    def _step(self, now: float) -> None:
+        """Move the pace for the time passed (:mod:`pace`) and re-rate the buckets; a learnt limit grows beyond
+        itself while the pace probes above it."""
+        grown = self._pace.step(now, beyond=self._probing_learnt())
+        if grown is None:
             return
-        elapsed = now - self._paced_at
-        if elapsed < 1.0:
-            return
-        self._paced_at = now
-        self._pace = self._pace + PROBE_PER_S * elapsed
-        if self._pace > 1.0:
-            if self._probing_learnt():  # a learnt limit is a floor estimate: grow it beyond, until congestion
-                self._learned = RateLimits(*(value * self._pace if value is not None else None
-                                             for value in (self._learned.rpm, self._learned.tpm)))
-            self._pace = 1.0
+        if grown > 1.0:
+            self._learned = RateLimits(*(value * grown if value is not None else None
+                                         for value in (self._learned.rpm, self._learned.tpm)))
         self._apply(now)
 
     def _known(self) -> bool:
@@ -209,23 +272,25 @@ class ModelRateLimiter:
         while self._sent[0][0] < now - SENT_WINDOW_S:
             self._sent.popleft()
 
-    def _rate_sent(self, now: float) -> RateLimits:
-        """Requests and tokens per minute actually sent over the last few seconds (before the share)."""
+    def _rate_sent(self, now: float, refused: float) -> RateLimits:
+        """Requests and tokens per minute actually sent over the last few seconds (before the share), less the
+        ``refused`` share of them."""
         recent = [(at, cost) for at, cost in self._sent if at >= now - SENT_WINDOW_S]
         if not recent:
             return RateLimits(rpm=60.0 / self._share)  # one a second: something to probe up from
         span = max(1.0, now - recent[0][0])
-        per_minute = 60.0 / span / self._share
+        per_minute = 60.0 / span / self._share * (1 - refused)
         tokens = sum(cost for _, cost in recent)
         return RateLimits(rpm=len(recent) * per_minute, tpm=tokens * per_minute if tokens > 0 else None)
 
-    def _exhausted(self, headers: Mapping[str, str], tokens: int) -> tuple[str, ...] | None:
-        """The units the headers say are exhausted; all units if they say nothing; None if none is."""
+    @staticmethod
+    def _exhausted(headers: Mapping[str, str], tokens: int) -> tuple[str, ...] | None:
+        """The units the headers say are exhausted (none: the buckets have room); None if they say nothing."""
         remaining_requests = parse_number(_header(headers, "x-ratelimit-remaining-requests"))
         remaining_tokens = parse_number(_header(headers, "x-ratelimit-remaining-tokens"))
         if remaining_requests is None and remaining_tokens is None:
-            return _UNITS
-        exhausted = tuple(
+            return None
+        return tuple(
             unit
             for unit, empty in (
                 ("requests", remaining_requests is not None and remaining_requests <= 0),
@@ -233,7 +298,6 @@ class ModelRateLimiter:
             )
             if empty
         )
-        return exhausted or None
 
     def _apply(self, now: float) -> None:
         source = RateLimits(_lower(self._configured.rpm, self._advertised.rpm),
@@ -242,8 +306,8 @@ class ModelRateLimiter:
             rpm=source.rpm * self._share if source.rpm is not None else None,
             tpm=source.tpm * self._share if source.tpm is not None else None,
         )
-        self._requests = self._bucket(self._requests, _times(self._limits.rpm, self._pace), now)
-        self._tokens = self._bucket(self._tokens, _times(self._limits.tpm, self._pace), now)
+        self._requests = self._bucket(self._requests, _times(self._limits.rpm, self._pace.value), now)
+        self._tokens = self._bucket(self._tokens, _times(self._limits.tpm, self._pace.value), now)
 
     def _bucket(self, bucket: TokenBucket | None, per_minute: float | None, now: float) -> TokenBucket | None:
         if per_minute is None:

@@ -218,21 +218,27 @@ def limited(remaining_requests: str) -> Reply:
 
 
 async def test_a_429_saying_the_bucket_is_empty_pauses_the_model_and_cuts_the_in_flight_limit() -> None:
-    rig = GuardedRig([limited("0")], limiter=RateLimiter(RateLimits(), share=1.0),
+    rig = GuardedRig([limited("0"), answer("after the pause")], limiter=RateLimiter(RateLimits(), share=1.0),
                      adaptive=GradientLimit(1, 100, initial=100))
+    refused_at = rig.monotonic.now
     await rig.handle(submission(make_request("r"), offset=0))
     model = rig.guards.rate_limits()["gpt-test"]
     assert model.rpm == 600  # learned from x-ratelimit-limit-requests
     assert rig.limiter is not None and rig.adaptive is not None
-    assert rig.limiter.for_model("gpt-test", rig.monotonic.now).paused_until == rig.monotonic.now + 2.0
+    assert rig.limiter.for_model("gpt-test", rig.monotonic.now).paused_until == refused_at + 2.0
     assert rig.adaptive.limit == 90
-    assert rig.sink.retries[0].request.request_id == "r"  # the request itself is retried as usual
+    # the refused call waited out the pause and went again, in the same attempt: no retry, no failure event
+    assert len(rig.caller.calls) == 2 and rig.monotonic.now >= refused_at + 2.0
+    assert rig.sink.results[0].attempts == 1 and not rig.sink.retries and not rig.sink.failures
 
 
 async def test_a_429_while_the_provider_has_room_is_that_request_s_refusal_only() -> None:
-    rig = GuardedRig([limited("5")], limiter=RateLimiter(RateLimits(), share=1.0),
+    rig = GuardedRig([limited("5"), answer("after its own wait")], limiter=RateLimiter(RateLimits(), share=1.0),
                      adaptive=GradientLimit(1, 100, initial=100))
+    refused_at = rig.monotonic.now
     await rig.handle(submission(make_request("r"), offset=0))
     assert rig.limiter is not None and rig.adaptive is not None
     assert rig.limiter.for_model("gpt-test", rig.monotonic.now).paused_until == float("-inf")
     assert rig.adaptive.limit == 100
+    assert len(rig.caller.calls) == 2 and rig.monotonic.now >= refused_at + 2.0  # its retry-after-ms
+    assert len(rig.sink.results) == 1

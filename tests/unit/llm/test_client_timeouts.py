@@ -12,7 +12,7 @@ import httpx
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.timeouts import AdaptiveTimeout
 from streamproc.core.outcome import Failure, Success
-from streamproc.llm.client import LLMClient
+from streamproc.llm.client import LLMClient, hedge_permit
 from streamproc.settings import Settings
 
 ENDPOINT = Settings(llm_base_url="http://llm.test/v1", llm_timeout_s=60).llm_endpoint
@@ -138,3 +138,72 @@ async def test_calls_behind_others_at_a_silent_server_are_cut_after_one_timeout_
     last = results[2].outcome
     assert isinstance(last, Failure) and "behind 2" in last.message
     assert time.monotonic() - started < 1.5  # one timeout (0.5 s) and a check, side by side
+
+
+async def hedges_of(client: LLMClient, permit: bool | None) -> list[bool]:
+    """One slow call (hedged once 5 instant ones taught its tail), with the pacing layer's permit saying
+    ``permit`` (None: no pacing layer); returns what the permit was asked."""
+    asked: list[bool] = []
+
+    def ask() -> bool:
+        assert permit is not None
+        asked.append(permit)
+        return permit
+
+    for i in range(5):
+        await client.call(InferenceRequest(f"r{i}", "{}"), BODY)
+    token = hedge_permit.set(ask if permit is not None else None)
+    try:
+        await asyncio.wait_for(client.call(InferenceRequest("h", "{}"), {**BODY, "messages": [
+            {"role": "user", "content": "once"}]}), 5)
+    finally:
+        hedge_permit.reset(token)
+    return asked
+
+
+async def test_a_hedge_goes_only_when_the_rate_limiter_lets_it() -> None:
+    for permit, hedged in ((True, 1), (False, 0), (None, 1)):
+        client = LLMClient(ENDPOINT, connections=256, hedge_ratio=0.03, transport=httpx.MockTransport(
+            first_copy_hangs_for(1.2)))
+        client.timeouts = AdaptiveTimeout(60, floor_s=30, min_samples=5)
+        try:
+            asked = await hedges_of(client, permit)
+        finally:
+            await client.aclose()
+        assert client.hedged == hedged, permit
+        assert asked == ([] if permit is None else [permit])  # asked once, when the call was late
+
+
+def first_copy_hangs_for(seconds: float) -> Callable[[httpx.Request], Coroutine[Any, Any, httpx.Response]]:
+    seen: dict[bytes, int] = {}
+
+    async def serve(request: httpx.Request) -> httpx.Response:
+        seen[request.content] = seen.get(request.content, 0) + 1
+        if b"once" in request.content and seen[request.content] == 1:
+            await asyncio.sleep(seconds)
+        return httpx.Response(200, json=ANSWER)
+    return serve
+
+
+async def test_a_call_behind_the_clients_own_earlier_calls_is_not_hedged() -> None:
+    """Three calls at once to one slot: the first takes 2.2 s, the others 0.05 s once they have the slot. Past
+    their tail (1 s, the floor), the two behind are late only because the first holds the slot, and a copy
+    would queue behind it too: only the first is hedged (timed from the send alone, all three were)."""
+    slot = asyncio.Lock()
+
+    async def serve(request: httpx.Request) -> httpx.Response:
+        async with slot:
+            await asyncio.sleep(2.2 if b"slow" in request.content else 0.05)
+        return httpx.Response(200, json=ANSWER)
+
+    client = LLMClient(ENDPOINT, connections=256, hedge_ratio=1.0, transport=httpx.MockTransport(serve))
+    client.timeouts = AdaptiveTimeout(60, floor_s=30, quantile=0.5, min_samples=1)
+    client.timeouts.observe("m", 0.3)
+    bodies = [{**BODY, "messages": [{"role": "user", "content": "slow"}]}, BODY, BODY]
+    try:
+        results = await asyncio.gather(*(client.call(InferenceRequest(f"r{i}", "{}"), body)
+                                         for i, body in enumerate(bodies)))
+    finally:
+        await client.aclose()
+    assert [type(result.outcome) for result in results] == [Success] * 3
+    assert client.hedged == 1

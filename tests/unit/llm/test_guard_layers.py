@@ -22,13 +22,13 @@ from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.outcome import Failure, Success
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.breakers import BreakerLayer, Breakers
-from streamproc.llm.client import CallResult
+from streamproc.llm.client import CallResult, hedge_permit
 from streamproc.llm.context_fallback import ContextFallbackLayer
 from streamproc.llm.gated import AdaptiveGate, GatedLayer
 from streamproc.llm.guarded import Guards
 from streamproc.llm.layer import Refused
 from streamproc.llm.metered import MeteredCaller
-from streamproc.llm.paced import RateLimitedLayer
+from streamproc.llm.paced import MAX_SENDS, RateLimitedLayer
 from streamproc.llm.routed import Deferred, Routed, RoutingLayer
 from streamproc.settings import BreakerSettings
 from tests.unit.app.test_handler_guards import MonotonicClock
@@ -219,14 +219,72 @@ async def test_context_fallback_follows_the_model_that_was_called_and_is_not_a_f
 async def test_rate_limited_layer_charges_the_estimate_made_before_the_call_and_reports_congestion() -> None:
     clock, congestion = MonotonicClock(), list[float]()
     limiter = RateLimiter(RateLimits(rpm=60), share=1.0)
-    layer = RateLimitedLayer(Script([OK, EMPTY_BUCKET]), limiter, TokenEstimator(), clock, clock.sleep,
-                             congestion.append)
+    inner = Script([OK, EMPTY_BUCKET])
+    layer = RateLimitedLayer(inner, limiter, TokenEstimator(), clock, clock.sleep, congestion.append)
     started = clock.now
     await layer.call(REQUEST, BODY, True)
-    await layer.call(REQUEST, BODY, True)  # 60/min, a burst of one: this one waited a second
-    assert clock.now == started + 1
+    assert await layer.call(REQUEST, BODY, True) == OK  # 60/min, a burst of one: this one waited a second
     assert congestion == [started + 1]
     assert limiter.for_model("big", clock()).paused_until == started + 4  # the 429's retry-after: 3 s
+    # the refused call waited out the pause, then its turn at 0.9 x 1/s, and went again (not a first attempt)
+    assert clock.now == pytest.approx(started + 4 + 1 / 0.9)
+    assert [first for _, first in inner.calls] == [True, True, False]
+
+
+BUSY = CallResult(Failure(FailureLayer.SERVICE, "rate_limit_exceeded", "429", 429, retry_after_ms=1_000), b"", 10,
+                  {"retry-after": "1"})
+
+
+async def test_a_429_that_names_no_bucket_pauses_its_call_not_the_model() -> None:
+    clock, congestion = MonotonicClock(), list[float]()
+    limiter = RateLimiter(RateLimits(rpm=6000), share=1.0)
+    inner = Script([BUSY])
+    layer = RateLimitedLayer(inner, limiter, TokenEstimator(), clock, clock.sleep, congestion.append)
+    started = clock.now
+    assert await layer.call(REQUEST, BODY, True) == OK
+    assert clock.now == pytest.approx(started + 1)  # its own retry-after
+    assert congestion == [] and limiter.for_model("big", clock()).paused_until == float("-inf")
+    assert limiter.for_model("big", clock()).pace == 1.0
+
+
+async def test_a_call_refused_at_every_send_goes_back_to_the_handler() -> None:
+    clock = MonotonicClock()
+    inner = Script([BUSY] * 5)
+    layer = RateLimitedLayer(inner, RateLimiter(RateLimits(), share=1.0), TokenEstimator(), clock, clock.sleep)
+    assert await layer.call(REQUEST, BODY, True) == BUSY
+    assert len(inner.calls) == MAX_SENDS
+
+
+async def test_a_refused_call_told_to_wait_long_goes_back_to_the_handler_at_once() -> None:
+    clock = MonotonicClock()
+    slow_down = CallResult(Failure(FailureLayer.SERVICE, "rate_limit_exceeded", "429", 429, retry_after_ms=30_000),
+                           b"", 10, {})
+    inner = Script([slow_down])
+    layer = RateLimitedLayer(inner, RateLimiter(RateLimits(), share=1.0), TokenEstimator(), clock, clock.sleep)
+    started = clock.now
+    assert await layer.call(REQUEST, BODY, True) == slow_down  # the handler parks it: no slot held for 30 s
+    assert len(inner.calls) == 1 and clock.now == started
+
+
+async def test_a_hedge_of_the_call_is_charged_to_the_same_limiter() -> None:
+    clock = MonotonicClock()
+    limiter = RateLimiter(RateLimits(rpm=60), share=1.0)
+    permits: list[bool] = []
+
+    @dataclass
+    class Hedging:
+        async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
+            permit = hedge_permit.get()
+            assert permit is not None
+            permits.append(permit())
+            return OK
+
+    layer = RateLimitedLayer(Hedging(), limiter, TokenEstimator(), clock, clock.sleep)
+    started = clock.now
+    await layer.call(REQUEST, BODY, True)
+    assert permits == [True] and hedge_permit.get() is None
+    await layer.call(REQUEST, BODY, True)
+    assert clock.now == pytest.approx(started + 2)  # 1/s: the call, its hedge, then this one
 
 
 async def test_rate_limited_layer_learns_nothing_from_a_refusal() -> None:
