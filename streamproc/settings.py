@@ -48,7 +48,8 @@ class RateLimitSettings(SettingsValue):
 
     rpm: float | None
     tpm: float | None
-    share: float  # this worker's share of them
+    share: float  # this worker's share of them; where it starts when it follows the fleet
+    follows_fleet: bool  # the share is derived from the fleet's beats at run time (design §5.8), not fixed
 
 
 class InFlightSettings(SettingsValue):
@@ -266,8 +267,9 @@ class Settings(BaseSettings):
                            "it from the provider's x-ratelimit-limit-requests header.")
     llm_tpm: float = Field(default=0, ge=0, description="Tokens/min (prompt + max_tokens) per model; 0 = learn it "
                            "from x-ratelimit-limit-tokens.")
-    llm_limit_share: float = Field(default=1.0, gt=0, le=1, description="This worker's share of the rate limits: "
-                                   "with N workers on one account, 1/N each.")
+    llm_limit_share: float | None = Field(
+        default=None, gt=0, le=1, description="This worker's fixed share of the rate limits; unset: derived from "
+        "the fleet's demand and re-derived as workers come and go (design §5.8).")
     adaptive_min_in_flight: int = Field(default=1, ge=1, description="Floor of the adaptive in-flight limit "
                                         "(latency gradient); STREAMPROC_IN_FLIGHT is its ceiling.")
     adaptive_initial_in_flight: int = Field(default=16, ge=1, description="Where the adaptive in-flight limit "
@@ -327,7 +329,8 @@ class Settings(BaseSettings):
         ceiling = self.in_flight
         floor = min(self.adaptive_min_in_flight, ceiling)
         return GuardSettings(
-            rate=RateLimitSettings(rpm=self.llm_rpm or None, tpm=self.llm_tpm or None, share=self.llm_limit_share),
+            rate=RateLimitSettings(rpm=self.llm_rpm or None, tpm=self.llm_tpm or None,
+                                   share=self.llm_limit_share or 1.0, follows_fleet=self.llm_limit_share is None),
             in_flight=InFlightSettings(floor=floor, ceiling=ceiling,
                                        start=max(floor, min(self.adaptive_initial_in_flight, ceiling))),
             breaker=BreakerSettings(failure_rate=self.breaker_failure_rate, window_s=self.breaker_window_s,

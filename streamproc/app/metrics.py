@@ -25,7 +25,9 @@ are in seconds, a state is a label):
   ``closed``, ``half_open``, ``open``), ``model_paused{model}``, ``adaptive_in_flight_limit``,
   ``rate_limit_requests_per_second{model}`` / ``rate_limit_tokens_per_second{model}`` (the pace, from the
   per-minute limits), ``fallbacks_total{model,fallback,reason}``,
-  ``retry_budget_exhausted_total``, ``token_estimate_ratio``; ``hedged_calls_total`` (the client's hedges).
+  ``retry_budget_exhausted_total``, ``token_estimate_ratio``; ``hedged_calls_total`` (the client's hedges);
+* the fleet (workers that derive their share, design §5.8): ``rate_limit_share{model}`` (this worker's share of
+  each model's limits), ``fleet_workers`` (the live workers it counts, itself included).
 
 A ``model`` label is bounded (:class:`~streamproc.core.model_labels.ModelLabels`): the models the settings
 name keep their names, so do the first 50 others seen, and any later one is ``other`` (a gauge of ``other``
@@ -56,6 +58,7 @@ from prometheus_client.registry import Collector
 
 from streamproc.app.lag_reader import LagError, LagReader
 from streamproc.app.observe import LlmCall
+from streamproc.core.fleet_share import FleetShares
 from streamproc.core.guards.breaker import BreakerState
 from streamproc.core.lag import PartitionLag
 from streamproc.core.model_labels import OTHER, ModelLabels
@@ -155,6 +158,10 @@ class WorkerMetrics:
         keep their labels."""
         self.models.configure(guards.routes.models())
         self.registry.register(GuardsCollector(guards, self.models))
+
+    def track_fleet(self, shares: Callable[[], FleetShares]) -> None:
+        """``rate_limit_share`` and ``fleet_workers`` read ``shares()`` at every scrape."""
+        self.registry.register(FleetCollector(shares, self.models))
 
     def track_hedges(self, count: Callable[[], int]) -> None:
         """``hedged_calls_total`` reads ``count()`` at every scrape."""
@@ -263,6 +270,25 @@ class GuardsCollector(Collector):
         yield GaugeMetricFamily(f"{NAMESPACE}_token_estimate_ratio",
                                 "Calibration of the prompt-token estimate (provider's count / characters-based).",
                                 value=guards.estimator.ratio)
+
+
+class FleetCollector(Collector):
+    """This worker's shares of the rate limits, as the fleet derives them, read when scraped."""
+
+    def __init__(self, shares: Callable[[], FleetShares], models: ModelLabels) -> None:
+        self._shares = shares
+        self._models = models
+
+    def collect(self) -> Iterable[Metric]:
+        current = self._shares()
+        share = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_share", "This worker's share of each model's rate "
+                                  "limits, derived from the fleet's demand.", labels=["model"])
+        for model, value in current.by_model.items():
+            if self._models.label(model) != OTHER:  # no one share stands for many models
+                share.add_metric([model], value)
+        yield share
+        yield GaugeMetricFamily(f"{NAMESPACE}_fleet_workers", "Live workers this worker counts in its fleet, "
+                                "itself included.", value=current.workers)
 
 
 @dataclass(frozen=True)

@@ -104,11 +104,16 @@ COMPACTED = {"cleanup.policy": "compact"}
 # (a new machine, a partition moved without a standby) read them all. Rolled every hour, they become one per
 # request once the broker's cleaner passes (when half the log is uncompacted, its default).
 STATE_CHANGELOG = {**COMPACTED, "segment.ms": str(60 * 60 * 1000)}
+# A beat a second per worker: compaction keeps the latest of each worker once a segment rolls (every minute),
+# and a worker gone without its tombstone (SIGKILLed) is deleted with its segment after an hour, so a worker
+# starting reads a few minutes of beats.
+FLEET = {"cleanup.policy": "compact,delete", "segment.ms": str(60 * 1000), "retention.ms": str(60 * 60 * 1000)}
 
 
 async def ensure_pipeline_topics(kafka: KafkaConnection, topology: Topology,
                                  replication: ReplicationRequest = AUTOMATIC) -> Replication:
-    """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests compacted.
+    """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests and the workers'
+    beats compacted.
 
     The state table's changelog is created here too, before any worker starts: when faust creates it
     itself, its consumer can cache metadata taken while the new topic has no partitions yet, and then
@@ -117,6 +122,7 @@ async def ensure_pipeline_topics(kafka: KafkaConnection, topology: Topology,
     """
     await refuse_legacy_takeover(kafka, topology)
     return await ensure_topics(kafka, {**topology.all_topics(), topology.state_changelog: topology.partitions,
-                                           topology.batches: 1},
-                               configs={topology.batches: COMPACTED, topology.state_changelog: STATE_CHANGELOG},
+                                           topology.batches: 1, topology.fleet: 1},
+                               configs={topology.batches: COMPACTED, topology.state_changelog: STATE_CHANGELOG,
+                                        topology.fleet: FLEET},
                                replication=replication)

@@ -38,6 +38,7 @@ from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.dispatcher import Dispatcher
 from streamproc.app.faust_app import make_faust_app
 from streamproc.app.faust_fixes import watch_skipped_records
+from streamproc.app.fleet import FleetMember, FleetTopic
 from streamproc.app.handler import Disposition, Handler, HandlerOptions, Record, StateWriteFailed
 from streamproc.app.manifest_follower import BatchSizes
 from streamproc.app.metrics import LagSource, serve_worker_metrics, watch_worker
@@ -59,7 +60,7 @@ from streamproc.kafka.clients import kafka_admin
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.kafka.diagnose import KafkaRefused, diagnose
 from streamproc.llm.api_key import check_llm_key
-from streamproc.llm.client import LLMClient
+from streamproc.llm.client import Caller, LLMClient
 from streamproc.llm.guarded import Guards
 from streamproc.settings import Settings
 
@@ -193,7 +194,8 @@ class WorkerRuntime:
     """The app and its parts, built once per process."""
 
     def __init__(self, settings: Settings, kafka: KafkaConnection, replication_factor: int,
-                 observer: Observer | None = None, batch_sizes: BatchSizes | None = None) -> None:
+                 observer: Observer | None = None, batch_sizes: BatchSizes | None = None,
+                 fleet: FleetMember | None = None) -> None:
         self.settings = settings
         self.topology = settings.topology()
         self._tiers = {self.topology.retry(tier): tier for tier in self.topology.tiers}  # topic -> its tier
@@ -213,7 +215,13 @@ class WorkerRuntime:
         self.llm = LLMClient(settings.llm_endpoint, connections=guards.in_flight.ceiling,
                              hedge_ratio=guards.hedge_ratio)
         self.batch_sizes = batch_sizes or BatchSizes()
-        self.guards = Guards.from_settings(guards, self.llm, self._expected_first_attempts)
+        caller: Caller = self.llm
+        if fleet is not None:  # the limiter starts at the fleet's share for a newcomer, and the fleet sets it
+            guards = guards.model_copy(update={"rate": guards.rate.model_copy(update={"share": fleet.shares.default})})
+            caller = fleet.metered(self.llm)
+        self.guards = Guards.from_settings(guards, caller, self._expected_first_attempts)
+        if fleet is not None and self.guards.limiter is not None:
+            fleet.attach(self.guards.limiter, self.guards.estimator.cost)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
                                         kafka, self.topology.results)
         self.configuration_problem: ConfigurationProblem | None = None
@@ -433,15 +441,29 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     replication = loop.run_until_complete(ensure_pipeline_topics(kafka, topology, settings.durability.replication))
     batch_sizes = BatchSizes()
     loop.run_until_complete(batch_sizes.load(kafka, topology.batches))
+    fleet = (FleetMember(FleetTopic(kafka, topology.fleet, settings.app_id, settings.durability.producer_options()))
+             if settings.guards.rate.follows_fleet else None)
+    if fleet is not None:
+        loop.run_until_complete(fleet.load())
     runtime = WorkerRuntime(settings, kafka, observer=metrics, batch_sizes=batch_sizes,
-                            replication_factor=replication.factor)
+                            replication_factor=replication.factor, fleet=fleet)
 
     async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
         await batch_sizes.follow(kafka, topology.batches)
 
     runtime.app.task(follow_batch_sizes)
+    if fleet is not None:  # from the start, before the group is joined: the others make room while this one starts
+        beating = loop.create_task(fleet.run())
+
+        async def stop_beating(*_args: Any, **_kwargs: Any) -> None:  # once its calls are done: then say it stops
+            beating.cancel()
+            await asyncio.gather(beating, return_exceptions=True)
+
+        runtime.app.on_before_shutdown.connect(stop_beating)
     if metrics is not None:
         metrics.track_guards(runtime.guards)
+        if fleet is not None:
+            metrics.track_fleet(lambda: fleet.shares)
         metrics.track_hedges(lambda: runtime.llm.hedged)
         watch_worker(metrics, runtime.app, LagSource(kafka, settings.app_id,
                                                      [topology.requests, *map(topology.retry, topology.tiers)]),
@@ -456,9 +478,11 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
              settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
     guards = settings.guards
     rate, in_flight, routes = guards.rate, guards.in_flight, guards.routes
-    log.info("guards: rate limits %s RPM / %s TPM per model (share %g), in flight %d..%d from %d (latency "
+    log.info("guards: rate limits %s RPM / %s TPM per model (share %s), in flight %d..%d from %d (latency "
              "gradient), breaker %s, retry budget %g %% + %d, context windows %s, fallbacks %s, context fallbacks %s",
-             f"{rate.rpm:g}" if rate.rpm else "learned", f"{rate.tpm:g}" if rate.tpm else "learned", rate.share,
+             f"{rate.rpm:g}" if rate.rpm else "learned", f"{rate.tpm:g}" if rate.tpm else "learned",
+             f"from the fleet, worker {fleet.worker} starting at {fleet.shares.default:g}" if fleet is not None
+             else f"{rate.share:g}, fixed",
              in_flight.floor, in_flight.ceiling, in_flight.start, "on" if guards.breaker else "OFF",
              guards.retry_budget.ratio * 100, guards.retry_budget.minimum, routes.context_windows or "none",
              routes.model_fallbacks or "none", routes.context_fallbacks or "none")

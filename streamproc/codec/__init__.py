@@ -1,8 +1,10 @@
-"""How events look on Kafka: Avro schemas (the top-level ``schemas/``), records, framing, batch manifests.
+"""How events look on Kafka: Avro schemas (the top-level ``schemas/``), records, framing, batch manifests,
+fleet beats.
 
 One concept a module: ``records`` (events as Avro records), ``writer_schemas`` (the schemas, parsed once),
-``framing`` (the bytes on the wire, and the ``Codec``), ``codec_error`` (why a payload does not decode) and
-``manifest`` (batch manifests). The public API is re-exported here, so callers write
+``framing`` (the bytes on the wire, and the ``Codec``), ``codec_error`` (why a payload does not decode),
+``manifest`` (batch manifests) and ``fleet_beat`` (the workers' beats). The public API is re-exported here, so
+callers write
 ``from streamproc import codec`` and ``codec.decode``.
 """
 

@@ -52,6 +52,11 @@ class Topology:
         return f"{self.prefix}.batches"
 
     @property
+    def fleet(self) -> str:
+        """The workers' beats (compacted, one partition): see :mod:`streamproc.codec.fleet_beat`."""
+        return f"{self.prefix}.fleet"
+
+    @property
     def inputs(self) -> list[str]:
         """The topics the workers' group consumes: new requests and every retry tier."""
         return [self.requests, *(self.retry(tier) for tier in self.tiers)]

@@ -66,8 +66,9 @@ class LocalStack:
 
     def _start_worker(self, index: int, count: int) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
-        # the rate limits are the account's: each of the workers started here paces to its part of them
-        env["STREAMPROC_LLM_LIMIT_SHARE"] = str(self.settings.llm_limit_share / count)
+        # the rate limits are the account's: without a fixed share the workers derive theirs from the fleet
+        if self.settings.llm_limit_share is not None:
+            env["STREAMPROC_LLM_LIMIT_SHARE"] = str(self.settings.llm_limit_share / count)
         if self.settings.kafka_bootstrap:
             env["STREAMPROC_KAFKA_BOOTSTRAP"] = self.settings.kafka_bootstrap
         if self.settings.kafka_client_properties:  # --command-config reaches the workers too

@@ -1,0 +1,69 @@
+"""Fleet beats (design §5.8): each worker's demand per model, on the compacted ``<prefix>.fleet`` keyed by worker id.
+
+Small JSON with a version field ``v``, not Avro: like the batch manifests, an operations record no event decoder
+reads, and one that an older worker must still read after a newer one added fields (an Avro reader needs the
+writer's schema; a JSON reader skips what it does not know). So ``v`` stays 1 while fields are only added (the
+spend caps will add spend per batch and per day), and a reader that meets a higher ``v`` (a change it cannot
+read) counts that worker as wanting everything rather than as absent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Final
+
+from streamproc.core.fleet_share import BEAT_S, Beat, ModelDemand
+
+VERSION: Final = 1
+_EVERY_MS = (100, 60_000)  # a beat interval outside this is clamped: staleness is counted in beats
+_AMOUNTS = ("waiting_calls", "waiting_tokens", "sent_rpm", "sent_tpm")
+_LIMITS = ("limit_rpm", "limit_tpm", "share")
+
+
+def encode_beat(beat: Beat) -> bytes:
+    models = {model: _fields(demand) for model, demand in beat.busiest().items()}
+    return json.dumps({"v": VERSION, "every_ms": round(beat.every_s * 1000), "models": models},
+                      separators=(",", ":")).encode()
+
+
+def decode_beat(worker: str, data: bytes) -> Beat:
+    """The beat of ``worker`` (the record's key); raises ValueError for anything that is not a beat."""
+    try:
+        fields: Any = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"a fleet beat is JSON: {exc}") from None
+    version = fields.get("v") if isinstance(fields, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError("a fleet beat is a JSON object with a version v >= 1")
+    every_ms = fields.get("every_ms", BEAT_S * 1000)
+    if isinstance(every_ms, bool) or not isinstance(every_ms, int | float) or not math.isfinite(every_ms):
+        raise ValueError(f"every_ms must be a number, got {every_ms!r}")
+    every_s = min(max(every_ms, _EVERY_MS[0]), _EVERY_MS[1]) / 1000
+    if version > VERSION:
+        return Beat(worker, every_s=every_s, unreadable=True)
+    models = fields.get("models", {})
+    if not isinstance(models, dict):
+        raise ValueError("models must be an object of model name -> demand")
+    return Beat(worker, {str(model): _demand(model, demand) for model, demand in models.items()}, every_s)
+
+
+def _fields(demand: ModelDemand) -> dict[str, float]:
+    """The demand's non-zero, known fields (the rest read back as their defaults)."""
+    values = {name: getattr(demand, name) for name in (*_AMOUNTS, *_LIMITS)}
+    return {name: round(value, 3) for name, value in values.items() if value}
+
+
+def _demand(model: str, fields: Any) -> ModelDemand:
+    if not isinstance(fields, dict):
+        raise ValueError(f"the demand of model {model!r} must be an object")
+    amounts = [_number(model, name, fields.get(name, 0.0)) for name in _AMOUNTS]
+    limits = [_number(model, name, fields[name]) or None if fields.get(name) is not None else None
+              for name in _LIMITS]
+    return ModelDemand(*amounts, *limits)
+
+
+def _number(model: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} of model {model!r} must be a finite number >= 0, got {value!r}")
+    return float(value)

@@ -1,0 +1,67 @@
+"""Fleet beats on the wire: versioned JSON that a reader of an older version still reads (design §5.8)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamproc.codec.fleet_beat import VERSION, decode_beat, encode_beat
+from streamproc.core.fleet_share import Beat, ModelDemand
+
+amounts = st.one_of(st.just(0.0), st.floats(0.001, 1e9).map(lambda x: round(x, 3)))
+limits = st.one_of(st.none(), st.floats(0.001, 1e9).map(lambda x: round(x, 3)))
+active_demands = st.builds(ModelDemand, waiting_calls=st.floats(0.001, 1e6).map(lambda x: round(x, 3)),
+                           waiting_tokens=amounts, sent_rpm=amounts, sent_tpm=amounts, limit_rpm=limits,
+                           limit_tpm=limits, share=st.one_of(st.none(), st.floats(0.001, 1).map(lambda x: round(x, 3))))
+model_names = st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=20)
+
+
+@given(st.dictionaries(model_names, active_demands, max_size=10), st.sampled_from([0.5, 1.0, 2.0]))
+def test_a_beat_reads_back_as_written(models: dict[str, ModelDemand], every_s: float) -> None:
+    beat = Beat("host-1-abc", models, every_s)
+    assert decode_beat("host-1-abc", encode_beat(beat)) == beat
+
+
+def test_idle_models_are_left_out_and_read_back_idle() -> None:
+    beat = Beat("w", {"busy": ModelDemand(waiting_calls=3, limit_rpm=600), "idle": ModelDemand(limit_rpm=600)})
+    decoded = decode_beat("w", encode_beat(beat))
+    assert set(decoded.models) == {"busy"}
+    assert not decoded.demand("idle").active
+
+
+def test_fields_a_reader_does_not_know_are_skipped() -> None:
+    """A newer worker adds fields (spend per batch and per day) without raising the version."""
+    record = {"v": VERSION, "every_ms": 1000, "spend": {"b1": 1.5},
+              "models": {"m": {"waiting_calls": 2, "sent_rpm": 60, "spend_usd": 0.2}}}
+    beat = decode_beat("w", json.dumps(record).encode())
+    assert beat == Beat("w", {"m": ModelDemand(waiting_calls=2, sent_rpm=60)}, 1.0)
+
+
+def test_a_later_incompatible_version_wants_everything() -> None:
+    beat = decode_beat("w", json.dumps({"v": VERSION + 1, "every_ms": 2000, "shares": "elsewhere"}).encode())
+    assert beat.unreadable and beat.every_s == 2.0
+    assert beat.demand("any-model").waits
+
+
+def test_the_beat_interval_is_kept_within_reason() -> None:
+    assert decode_beat("w", b'{"v":1,"every_ms":1}').every_s == 0.1
+    assert decode_beat("w", b'{"v":1,"every_ms":1e12}').every_s == 60.0
+    assert decode_beat("w", b'{"v":1}').every_s == 1.0
+
+
+@pytest.mark.parametrize("value", [
+    b"", b"\xff", b"[]", b'"beat"', b"{}", b'{"v":"1"}', b'{"v":0}', b'{"v":true}', b'{"v":1,"every_ms":"x"}',
+    b'{"v":1,"models":[]}', b'{"v":1,"models":{"m":3}}', b'{"v":1,"models":{"m":{"waiting_calls":-1}}}',
+    b'{"v":1,"models":{"m":{"sent_rpm":"many"}}}', b'{"v":1,"models":{"m":{"limit_rpm":true}}}',
+    b'{"v":1,"models":{"m":{"share":NaN}}}', b'{"v":1,"every_ms":Infinity}',
+])
+def test_anything_that_is_not_a_beat_is_refused(value: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_beat("w", value)
+
+
+def test_a_zero_limit_reads_as_unknown() -> None:
+    assert decode_beat("w", b'{"v":1,"models":{"m":{"sent_rpm":1,"limit_rpm":0}}}').demand("m").limit_rpm is None
