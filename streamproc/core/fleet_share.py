@@ -166,13 +166,13 @@ def shares(mine: Mapping[str, ModelDemand], others: Sequence[Beat],
 
 def allocate(demands: Sequence[ModelDemand], holding: Sequence[bool] = ()) -> list[float]:
     """The max-min fair split of one model's limit over the workers' demands (the account's limits: the lowest
-    any of them knows); a worker ``holding`` its part wants at least an equal part; what nobody wants goes to
-    those with calls waiting, else to all alike."""
+    any of them knows); an idle worker ``holding`` its part wants an equal part (one with calls wants what they
+    say); what nobody wants goes to those with calls waiting, else to all alike."""
     if not demands:
         return []
     limits = (_lowest(d.limit_rpm for d in demands), _lowest(d.limit_tpm for d in demands))
     equal = 1.0 / len(demands)
-    held = [i < len(holding) and holding[i] for i in range(len(demands))]
+    held = [i < len(holding) and holding[i] and not demand.active for i, demand in enumerate(demands)]
     wants = [max(_want(demand, *limits), equal) if held[i] else _want(demand, *limits)
              for i, demand in enumerate(demands)]
     total = math.fsum(wants)

@@ -27,7 +27,7 @@ from tests.integration import pipeline
 pytestmark = pytest.mark.integration
 
 RPM = 2400  # the account's limit: 40 calls a second
-NOISE = 0.005  # calls refused with a 429 whatever the rate (the mock's rate_limit fault; its headers show room)
+NOISE = 0.005  # calls refused with a 429 whatever the rate, saying only "retry-after: 1" (the server's own)
 REQUESTS = 4000  # 100 s at the limit
 MODEL = {"model": "mock-small"}
 
@@ -78,7 +78,7 @@ class Timeline:
 
 
 def mock_profile(path: Path) -> Path:
-    path.write_text(json.dumps({"base": "clean", "faults": {"rate_limit": NOISE},
+    path.write_text(json.dumps({"base": "clean", "faults": {"rate_limit": NOISE}, "injected_429": "retry_after_only",
                                 "latency": {"kind": "lognormal", "p50": 0.3, "p99": 1.5},
                                 "rate_limits": {"rpm": RPM, "burst_seconds": 1.0}}))
     return path

@@ -173,12 +173,18 @@ def test_a_worker_that_holds_its_part_keeps_an_equal_part_and_the_split_stays_wi
     holding = data.draw(st.lists(st.booleans(), min_size=len(fleet), max_size=len(fleet)))
     split = allocate(fleet, holding)
     assert math.fsum(split) <= 1.0 + EPSILON
-    assert all(part >= 1.0 / len(fleet) - EPSILON for part, holds in zip(split, holding, strict=True) if holds)
+    assert all(part >= 1.0 / len(fleet) - EPSILON for part, holds, demand in zip(split, holding, fleet, strict=True)
+               if holds and not demand.active)
 
 
 def test_a_busy_worker_takes_an_idle_one_s_part_only_once_it_no_longer_holds_it() -> None:
     assert allocate([busy(), IDLE], [False, True]) == pytest.approx([0.5, 0.5])
     assert allocate([busy(), IDLE], [False, False]) == pytest.approx([1.0, 0.0])
+
+
+def test_a_worker_with_a_few_calls_holds_no_more_than_they_ask() -> None:
+    """A trickle of calls (retries at a batch's end) is what it says: the busy worker has the rest."""
+    assert allocate([busy(), light(30)], [False, True]) == pytest.approx([0.989, 0.011])
 
 
 # -- this worker's shares -----------------------------------------------------------------------------------
