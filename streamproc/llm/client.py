@@ -237,13 +237,14 @@ class LLMClient:
                 task.add_done_callback(_consume)
 
     def _may_hedge(self, place: Place, now: float) -> bool:
-        """Whether a hedge of the call at ``place`` goes now (core.guards.hedging): one is saved, the calls sent
-        before it were answered (else its answer is due after theirs, and a copy would wait behind them too),
-        and the rate limiter lets it go (and charges it)."""
-        if not (self._hedges.available and self._queue.served_for_s(place, now) is not None):
+        """Whether a hedge of the call at ``place`` goes now (core.guards.hedging): one is saved (or few calls are
+        in flight), the calls sent before it were answered (else its answer is due after theirs, and a copy
+        would wait behind them too), and the rate limiter lets it go (and charges it)."""
+        in_flight = self._queue.in_flight(place.model)
+        if not (self._hedges.available(in_flight) and self._queue.served_for_s(place, now) is not None):
             return False
         permit = hedge_permit.get()
-        return (permit is None or permit()) and self._hedges.take()
+        return (permit is None or permit()) and self._hedges.take(in_flight)
 
     async def aclose(self) -> None:
         await self._http.aclose()

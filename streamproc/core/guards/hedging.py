@@ -9,6 +9,9 @@ is cancelled. A hang then costs about the p99 instead of three times it.
 Hedges are extra load, so they are rationed like gRPC's retry throttling: every call earns ``ratio`` of a
 hedge, up to ``burst`` saved, and a hedge spends one. With ``ratio`` 0.03, hedges are at most ~3 % of
 calls, however slow the server gets: an overloaded server (every call slow) is not sent twice the load.
+With at most ``FREE_IN_FLIGHT`` calls of the model in flight, a hedge spends nothing: a copy of one of them
+cannot double a load, and the last calls of a batch, the ones its end waits for, come when the hedges the
+batch earned were spent on its slow calls (a hang there cost a whole timeout).
 
 A hedge goes only when it can help: once the calls sent before the slow one to its model were answered
 (:mod:`own_queue`: before that its answer is due after theirs, and a copy would wait behind them too). It
@@ -19,6 +22,7 @@ much longer, so the pace holds), though not made to wait, and never while the mo
 from __future__ import annotations
 
 HEDGE_FLOOR_S = 1.0  # never hedge sooner: a call this fast was not in the tail (a loaded client adds that much)
+FREE_IN_FLIGHT = 2  # with this few calls of a model in flight, a hedge costs no saved one
 
 
 class HedgeBudget:
@@ -36,16 +40,17 @@ class HedgeBudget:
     def on_call(self) -> None:
         self._tokens = min(self._burst, self._tokens + self._ratio)
 
-    @property
-    def available(self) -> bool:
-        """Whether a hedge is saved (ask before asking anything else that a hedge costs)."""
-        return self._tokens >= 1
+    def available(self, in_flight: int) -> bool:
+        """Whether a hedge may go with ``in_flight`` calls of its model in flight (ask before asking anything else
+        that a hedge costs): one is saved, or they are few. Never at ratio 0 (hedging off)."""
+        return self._ratio > 0 and (in_flight <= FREE_IN_FLIGHT or self._tokens >= 1)
 
-    def take(self) -> bool:
-        """Spend one hedge if one is saved."""
-        if self._tokens < 1:
+    def take(self, in_flight: int) -> bool:
+        """Spend one hedge if one is saved; none with at most ``FREE_IN_FLIGHT`` calls in flight."""
+        if not self.available(in_flight):
             return False
-        self._tokens -= 1
+        if in_flight > FREE_IN_FLIGHT:
+            self._tokens -= 1
         return True
 
 

@@ -60,6 +60,10 @@ class OwnQueue:
             for counts in (self._in_flight, self._finished, self._last_finished_at):
                 counts.pop(model, None)
 
+    def in_flight(self, model: str) -> int:
+        """Calls of ``model`` in flight now."""
+        return self._in_flight.get(model, 0)
+
     def served_for_s(self, place: Place, now: float) -> float | None:
         """How long the server has had the call to itself (seconds since it reached the front), or None
         while calls sent before it are still out."""
