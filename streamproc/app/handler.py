@@ -50,13 +50,13 @@ from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResu
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.record_size import CARRIED_BYTES, response_too_large, result_record_bytes
 from streamproc.core.request_state import RecordRef, Skip, on_terminal_failure, superseded
-from streamproc.core.retry_policy import Tier
+from streamproc.core.retry_policy import CompletionBudget, Tier
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import Caller, CallResult, UnsupportedUrl, answer_content, request_body
 from streamproc.llm.completion import billed_tokens
 from streamproc.llm.guarded import Guards
 from streamproc.llm.provider_answer import kept_body, provider_request_id
-from streamproc.llm.repair import TRUNCATED, build_repair_request, grown_max_tokens, with_max_tokens
+from streamproc.llm.repair import build_repair_request, completion_budget, with_max_tokens
 from streamproc.llm.routed import Deferred
 
 log = logging.getLogger(__name__)
@@ -131,14 +131,6 @@ class HandlerOptions:
     reuse: Reuse | None = None
 
 
-@dataclass(frozen=True)
-class _Made:
-    """A call that was made: the body sent and what came back (for the failure event and the retry record)."""
-
-    body: dict[str, Any]
-    called: CallResult
-
-
 class Handler:
     """The per-record logic shared by the requests dispatcher and every retry tier: it reads the record, the state
     table and the LLM, asks the core what to do (core.decision), and carries the actions out in one place."""
@@ -180,9 +172,9 @@ class Handler:
         return await self._carry_out(record, attempt, decision)
 
     async def _carry_out(self, record: Record, attempt: Attempt, actions: Iterable[Action],
-                         made: _Made | None = None) -> Disposition:
+                         made: CallResult | None = None) -> Disposition:
         """Carry out a decision's actions in their order: the one place where the handler sends and writes.
-        ``made``: the call the decision followed, if one was made."""
+        ``made``: what came back from the call the decision followed, if one was made."""
         sent: RecordRef | None = None  # where this decision's retry or deferred record went
         for action in actions:
             match action:
@@ -232,8 +224,9 @@ class Handler:
         self._observer.on_llm_call(LlmCall(called.model, outcome_label(called.outcome), called.latency_ms / 1000,
                                            *billed_tokens(called.outcome, called.response_body)))
         end = self._call_end(attempt, called)
-        return await self._carry_out(record, attempt, after_call(attempt, end, self._retries, budget),
-                                     _Made(body, called))
+        completion = self._completion(request, body) if isinstance(end, Failure) else None  # only a failure escalates
+        return await self._carry_out(record, attempt, after_call(attempt, end, self._retries, budget, completion),
+                                     called)
 
     def _precheck(self, attempt: Attempt) -> dict[str, Any] | Failure:
         """The body to send, or why it is never sent. After admission, so that its failure also ends the state (a
@@ -245,6 +238,14 @@ class Handler:
             return exc.failure
         except ValueError as exc:
             return Failure(FailureLayer.BUSINESS, "malformed_body", f"request {request.request_id!r}: {exc}")
+
+    def _completion(self, request: InferenceRequest, sent: dict[str, Any]) -> CompletionBudget:
+        """The completion budget of the call: the request's own, the one ``sent``, and the room its model's context
+        window leaves beside the prompt, so that an escalation never asks for more than the pre-check lets through."""
+        model = sent.get("model")
+        room = (self._guards.routes.completion_room(model, self._guards.estimator.prompt_tokens(sent))
+                if isinstance(model, str) else None)
+        return CompletionBudget(completion_budget(request_body(request)), completion_budget(sent), room)
 
     def _call_end(self, attempt: Attempt, called: CallResult) -> CallEnd:
         """The call's outcome, a success with the result event it makes (and whether that event can be sent)."""
@@ -264,29 +265,22 @@ class Handler:
             log.warning("request %s: %s", request.request_id, too_large.message)
         return Answered(outcome, result, too_large)
 
-    async def _schedule_retry(self, retry: ScheduleRetry, made: _Made | None) -> RecordRef | None:
-        """Send the retry record, shaped by the call's answer: the repair turns after a rejected answer, and more
-        room after a cut one (the same budget would be cut again)."""
-        request, hop = retry.request, retry.hop
-        if made is not None:
-            if retry.repair:
-                request = build_repair_request(request, answer_content(made.called.response_body),
-                                               retry.failure.message)
-            if retry.failure.code == TRUNCATED:
-                hop = replace(hop, max_tokens=grown_max_tokens(request_body(retry.request), made.body)
-                              or hop.max_tokens)
-        sent = await self._sink.retry(retry.tier, request, hop.headers(request.request_id, retry.failure))
+    async def _schedule_retry(self, retry: ScheduleRetry, made: CallResult | None) -> RecordRef | None:
+        """Send the retry record, with the repair turns from the call's answer when it is a repair request."""
+        request = retry.request
+        if made is not None and retry.repair:
+            request = build_repair_request(request, answer_content(made.response_body), retry.failure.message)
+        sent = await self._sink.retry(retry.tier, request, retry.hop.headers(request.request_id, retry.failure))
         self._observer.on_retry(retry.tier.name)
         return sent
 
-    async def _emit_failure(self, emission: EmitFailure, made: _Made | None = None) -> None:
+    async def _emit_failure(self, emission: EmitFailure, made: CallResult | None = None) -> None:
         """Send a failure event, with what the provider answered when the call got an HTTP answer (not an
         exception)."""
         event = emission.event
         if made is not None and event.http_status is not None:
-            answer = made.called
-            event = replace(event, response_body=kept_body(answer.response_body),
-                            provider_request_id=provider_request_id(answer.headers))
+            event = replace(event, response_body=kept_body(made.response_body),
+                            provider_request_id=provider_request_id(made.headers))
         await self._sink.failure(event, emission.headers)
         self._observer.on_failure(event.layer.value, event.error_code, event.terminal)
 

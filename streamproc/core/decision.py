@@ -39,7 +39,7 @@ from streamproc.core.request_state import (
     on_success,
     on_terminal_failure,
 )
-from streamproc.core.retry_policy import RetryPolicy, Stop, Terminal, Tier, spends_budget
+from streamproc.core.retry_policy import CompletionBudget, RetryPolicy, Stop, Terminal, Tier
 from streamproc.core.reuse import on_reused
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
@@ -124,9 +124,8 @@ class EmitFailure:
 
 @dataclass(frozen=True)
 class ScheduleRetry:
-    """Send ``request`` to ``tier`` for its next attempt (``hop``) after ``failure``, as a repair request when
-    ``repair``. The handler shapes the record from the call's answer (the repair turns, more room after a cut
-    answer: llm.repair)."""
+    """Send ``request`` to ``tier`` for its next attempt (``hop``, with its completion budget) after ``failure``, as
+    a repair request when ``repair``: the handler then adds the repair turns from the call's answer (llm.repair)."""
 
     tier: Tier
     request: InferenceRequest
@@ -230,9 +229,11 @@ def reused(attempt: Attempt, result: InferenceResult) -> list[Action]:
     return [EmitResult(result), WriteState(on_reused(attempt.started, result, attempt.now_ms))]
 
 
-def after_call(attempt: Attempt, end: CallEnd, retries: Retries, budget: Stop | None = None) -> list[Action]:
+def after_call(attempt: Attempt, end: CallEnd, retries: Retries, budget: Stop | None = None,
+               completion: CompletionBudget | None = None) -> list[Action]:
     """What the admitted ``attempt`` does with what its call came to, decided at ``attempt.now_ms``; ``budget``:
-    the batch's retry budget, asked last since asking spends a retry (core.retry_policy)."""
+    the batch's retry budget, asked last since asking spends a retry; ``completion``: the call's completion
+    budget, which a cut answer's escalation raises (core.retry_policy)."""
     state = attempt.started
     if isinstance(end, Answered):
         if end.too_large is not None:  # the answer was paid for: its usage counts although it cannot be sent
@@ -246,7 +247,7 @@ def after_call(attempt: Attempt, end: CallEnd, retries: Retries, budget: Stop | 
         end = Failure(FailureLayer.BUSINESS, end.code, end.message, end.http_status)
     if isinstance(end, ConfigurationProblem):  # the account's (key, quota, endpoint): stop everything
         return [Hold(end)]
-    return _after_failure(attempt, end, retries, budget)
+    return _after_failure(attempt, end, retries, budget, completion)
 
 
 def terminal_failure(attempt: Attempt, failure: Failure, paid: Success | None = None) -> list[Action]:
@@ -281,10 +282,11 @@ def failure_emission(attempt: Attempt, failure: Failure, *, terminal: bool, firs
     return EmitFailure(event, hop.headers(request.request_id, failure))
 
 
-def _after_failure(attempt: Attempt, failure: Failure, retries: Retries, budget: Stop | None) -> list[Action]:
+def _after_failure(attempt: Attempt, failure: Failure, retries: Retries, budget: Stop | None,
+                   completion: CompletionBudget | None) -> list[Action]:
     """A retry record, the attempt's failure event, then the state ``retrying``; or the end of the request."""
     request, state = attempt.request, attempt.started
-    decision = retries.policy.decide(failure, attempt.hop.attempt, retries.rng, budget)
+    decision = retries.policy.decide(failure, attempt.hop.attempt, retries.rng, budget, completion)
     if isinstance(decision, Terminal):  # a spent retry budget restates the failure as retry_budget_exhausted
         return terminal_failure(attempt, decision.failure or failure)
     if too_large_to_carry(request):  # its retry record would be refused
@@ -292,9 +294,9 @@ def _after_failure(attempt: Attempt, failure: Failure, retries: Retries, budget:
             failure.layer, REQUEST_TOO_LARGE, f"{failure.code}, not retried: the request's {request_bytes(request)} "
             f"bytes are more than a retry record carries ({CARRIED_BYTES}): {failure.message}"[:1000],
             failure.http_status))
-    hop = attempt.hop.retried(attempt.now_ms + decision.due_in_ms, attempt.first_failure_ms, attempt.run)
-    waiting = on_retry_scheduled(state, failure.layer, failure.code, attempt.now_ms,
-                                 spent_budget=spends_budget(failure))
+    hop = attempt.hop.retried(attempt.now_ms + decision.due_in_ms, attempt.first_failure_ms, attempt.run,
+                              decision.max_tokens)
+    waiting = on_retry_scheduled(state, failure.layer, failure.code, attempt.now_ms, spent_budget=decision.charged)
     return [ScheduleRetry(decision.tier, request, hop, failure, decision.repair),
             failure_emission(attempt, failure, terminal=False), EndAttempt(state, waiting)]
 

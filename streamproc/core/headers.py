@@ -24,7 +24,7 @@ ORIG_PARTITION = "x-orig-partition"
 ORIG_OFFSET = "x-orig-offset"
 REPLAY = "x-replay"
 DEFERRED = "x-deferred"  # parked by an open circuit breaker: the attempt it carries has not been made yet
-MAX_TOKENS = "x-max-tokens"  # the completion budget of the next attempt, raised after a truncated answer
+MAX_TOKENS = "x-max-tokens"  # the completion budget of the next attempt, raised by escalations after cut answers
 RUN = "x-run"  # the run of the request the record continues (core.request_state: a replay starts the next)
 REDRIVEN = "x-redriven"  # sent again by the reconciler, and why (core.reconcile.StrandedBy)
 
@@ -56,10 +56,11 @@ class Hop:
     max_tokens: int | None = None
     run: int = 0  # 0: not written by the handler (a submission, a backfill replay) or before runs existed
 
-    def retried(self, due_ms: int, first_failure_ms: int, run: int) -> Hop:
+    def retried(self, due_ms: int, first_failure_ms: int, run: int, max_tokens: int | None = None) -> Hop:
         """The hop of the retry record: the next attempt, due at ``due_ms``. A retry is neither a replay nor
-        deferred; the completion budget is carried on."""
-        return Hop(self.attempt + 1, due_ms, first_failure_ms, self.origin, max_tokens=self.max_tokens, run=run)
+        deferred; the completion budget is carried on, or raised to ``max_tokens`` (an escalation)."""
+        budget = self.max_tokens if max_tokens is None else max_tokens
+        return Hop(self.attempt + 1, due_ms, first_failure_ms, self.origin, max_tokens=budget, run=run)
 
     def parked(self, due_ms: int, run: int) -> Hop:
         """The hop of the deferred record: this attempt, not made yet, due at ``due_ms``; the rest carried on."""

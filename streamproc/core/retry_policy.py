@@ -23,6 +23,11 @@ reads (and is tested) alone: *stop conditions* (:func:`never_for_business`, :fun
 the batch's retry budget, :func:`within_budget`) and *waits* (:func:`full_jitter` on top of
 :func:`server_hint`), the wanted delay then choosing the tier. The budget is asked last, once the retry is
 decided in every other respect, because asking spends one retry of the batch.
+
+A cut answer that more room may complete is not such a retry but an *escalation* (:class:`Escalation`): the
+same request with twice the completion budget, bounded by its own rule (a few doublings per request, never
+past a cap). The server answered and the request asked for too little, so neither the batch's retry budget
+nor the semantic layer's attempts pay for it; the budget stays for the failures that a storm is made of.
 """
 
 from __future__ import annotations
@@ -53,14 +58,20 @@ DEFAULT_MAX_ATTEMPTS: Final[Mapping[FailureLayer, int]] = MappingProxyType(
     {FailureLayer.TRANSPORT: 6, FailureLayer.SERVICE: 6, FailureLayer.SEMANTIC: 3, FailureLayer.BUSINESS: 1}
 )
 
+TRUNCATED: Final = "truncated"  # a cut answer (design §2): finish_reason=length, or JSON that ends mid-value
+
 
 @dataclass(frozen=True)
 class Retry:
-    """Send the request to ``tier`` with ``x-due-ts = now + due_in_ms``; as a repair request if ``repair``."""
+    """Send the request to ``tier`` with ``x-due-ts = now + due_in_ms``; as a repair request if ``repair``; with the
+    completion budget ``max_tokens`` when it is an escalation (None: the budget is carried on as it was).
+    ``charged``: whether it took one retry of the batch's retry budget (the state counts it, ``retries_spent``)."""
 
     tier: Tier
     due_in_ms: int
     repair: bool
+    max_tokens: int | None = None
+    charged: bool = True
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,46 @@ def within_budget(batch_id: str | None, spend: Callable[[], bool]) -> Stop:
     return stop
 
 
+# -- escalations -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CompletionBudget:
+    """The completion budget of a call and how far the next may raise it: ``own``, the request's (None when its body
+    sets none: the server's default is unknown, so there is nothing to raise); ``sent``, the call's (``own`` raised
+    by earlier escalations); ``room``, what the model's context window leaves beside the prompt (None when no window
+    is known)."""
+
+    own: int | None
+    sent: int | None
+    room: int | None = None
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """More room after a cut answer, bounded by its own rule: the next attempt gets twice the budget the cut call
+    was sent with, only after one of the request's first ``doublings`` attempts (so at most that many times, and a
+    request makes at most ``doublings + 1`` calls by them), never past ``2 ** doublings`` times the request's own
+    budget nor past the room the model's window leaves."""
+
+    doublings: int = 3
+
+    def __post_init__(self) -> None:
+        if self.doublings < 0:
+            raise ValueError(f"doublings must be >= 0, got {self.doublings}")
+
+    def grown(self, failure: Failure, attempt: int, budget: CompletionBudget | None) -> int | None:
+        """The completion budget of the attempt after ``attempt`` failed with ``failure``, when that attempt is an
+        escalation; None when it is not: another failure, no budget to raise, the cap or the room reached, or the
+        request's escalations used up."""
+        if (failure.layer is not FailureLayer.SEMANTIC or failure.code != TRUNCATED or attempt > self.doublings
+                or budget is None or budget.own is None or budget.sent is None):
+            return None
+        cap = budget.own * 2 ** self.doublings
+        if budget.room is not None:
+            cap = min(cap, budget.room)
+        grown = min(budget.sent * 2, cap)
+        return grown if grown > budget.sent else None
+
+
 # -- waits -------------------------------------------------------------------------------------------------
 def server_hint() -> Wait:
     """The server's ``retry-after`` hint, 0 when it gave none."""
@@ -148,6 +199,7 @@ class RetryPolicy:
     max_attempts: Mapping[FailureLayer, int] = field(default_factory=lambda: DEFAULT_MAX_ATTEMPTS)
     base_delay_ms: int = 5_000
     repair_from_attempt: int = 2  # the first attempt sent as a repair: every semantic retry is one (design §5.4)
+    escalation: Escalation = Escalation()
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -163,6 +215,9 @@ class RetryPolicy:
             raise ValueError("business failures are never retried as is (design §2)")
         if self.base_delay_ms < 0:
             raise ValueError("base_delay_ms must be >= 0")
+        if self.escalation.doublings >= max(self.max_attempts.values()):
+            raise ValueError(f"{self.escalation.doublings} escalations would let a request make more calls than the "
+                             f"largest maximum of attempts ({max(self.max_attempts.values())})")
 
     @property
     def stops(self) -> tuple[Stop, ...]:
@@ -174,11 +229,16 @@ class RetryPolicy:
         """Full jitter on top of the server's hint, capped at the largest tier."""
         return plus(server_hint(), full_jitter(self.base_delay_ms, self.tiers[-1].delay_ms))
 
-    def decide(self, failure: Failure, attempt: int, rng: random.Random, budget: Stop | None = None) -> RetryDecision:
-        """What to do after ``attempt`` (1 = the first call) failed with ``failure``; ``budget`` (the batch's, see
+    def decide(self, failure: Failure, attempt: int, rng: random.Random, budget: Stop | None = None,
+               completion: CompletionBudget | None = None) -> RetryDecision:
+        """What to do after ``attempt`` (1 = the first call) failed with ``failure``. A cut answer whose completion
+        budget (``completion``, the call's) may still grow is escalated: the same request, due at once in the
+        shortest tier, neither stopped nor charged by anything else. Otherwise ``budget`` (the batch's, see
         :func:`within_budget`) is asked last, once the retry is decided in every other respect: it spends."""
         if attempt < 1:
             raise ValueError(f"attempt numbers start at 1, got {attempt}")
+        if (grown := self.escalation.grown(failure, attempt, completion)) is not None:
+            return Retry(self.tiers[0], 0, repair=False, max_tokens=grown, charged=False)
         for stop in self.stops:
             if (stopped := stop(failure, attempt)) is not None:
                 return stopped
@@ -187,7 +247,7 @@ class RetryPolicy:
             return stopped
         tier = self.tier_for(wanted)
         repair = failure.layer is FailureLayer.SEMANTIC and attempt + 1 >= self.repair_from_attempt
-        return Retry(tier, min(wanted, tier.delay_ms), repair)
+        return Retry(tier, min(wanted, tier.delay_ms), repair, charged=spends_budget(failure))
 
     def tier_for(self, delay_ms: int) -> Tier:
         """The smallest tier that waits at least ``delay_ms``; the largest when none does."""

@@ -9,21 +9,6 @@ from typing import Any
 
 from streamproc.core.events import InferenceRequest, RepairContext
 
-TRUNCATED = "truncated"
-MAX_TOKENS_GROWTH = 2  # each truncated answer doubles the completion budget of the next attempt
-MAX_TOKENS_CEILING = 8  # up to this many times the request's own budget
-
-
-def grown_max_tokens(body: Mapping[str, Any], sent: Mapping[str, Any]) -> int | None:
-    """The completion budget for the attempt after a truncated answer: double what was ``sent``, at most
-    ``MAX_TOKENS_CEILING`` times the request's own ``body`` budget; None when the body sets none (the
-    server's default is unknown, so there is nothing to raise) or it cannot grow any further."""
-    own, current = completion_budget(body), completion_budget(sent)
-    if own is None or current is None:
-        return None
-    grown = min(current * MAX_TOKENS_GROWTH, own * MAX_TOKENS_CEILING)
-    return grown if grown > current else None
-
 
 def with_max_tokens(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
     """The body with its completion budget set to ``max_tokens`` (``max_completion_tokens`` when the body

@@ -3,7 +3,9 @@
 Per-request attempt limits bound each request, not the batch: when a whole batch fails (a bad prompt
 template, a provider outage that the breaker does not see) every request would use all its attempts and
 multiply the load. The budget allows ``minimum + ratio x first attempts`` retries per batch; beyond that a
-retryable failure is made terminal (``retry_budget_exhausted``), and backfill can replay it later.
+retryable failure is made terminal (``retry_budget_exhausted``), and backfill can replay it later. Two kinds of
+retry are no part of a storm and spend nothing (core.retry_policy): a 429's, which the rate limiter paces,
+and an escalation, a cut answer sent again with more room, which its own rule bounds.
 
 The counts are per worker and in memory: each worker sees its partitions' share of a batch's first
 attempts and retries, so the ratio holds across workers too. Counted alone, first attempts *so far* make

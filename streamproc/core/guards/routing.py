@@ -50,6 +50,13 @@ class Routes:
                        f"pre-check: about {prompt_tokens} prompt tokens + max_tokens {max_tokens} = {needed} exceed "
                        f"the {window}-token context window of {model!r}{tail}; no call was made")
 
+    def completion_room(self, model: str, prompt_tokens: int) -> int | None:
+        """The largest ``max_tokens`` the pre-check lets a prompt of ``prompt_tokens`` ask of ``model`` (sent to it or
+        to its context fallback); None when no window bounds it."""
+        windows = [self.context_windows.get(candidate) for candidate in (model, self.context_fallbacks.get(model))
+                   if candidate is not None]
+        return None if None in windows else max(window for window in windows if window is not None) - prompt_tokens
+
     def context_fallback(self, model: str) -> str | None:
         """The larger-context model to try after the provider itself said the input was too long."""
         return self.context_fallbacks.get(model)

@@ -471,23 +471,56 @@ def cut_off(content: str) -> Reply:
     return lambda body: CallResult(check_completion(raw, body), raw, 12)
 
 
-async def test_a_truncated_answer_is_retried_with_twice_the_room_up_to_eight_times_the_request_s() -> None:
+async def test_a_cut_answer_is_escalated_the_same_request_with_twice_the_room_up_to_eight_times_its_own() -> None:
+    """Escalations are bounded by their own rule (core.retry_policy.Escalation), not by the semantic layer's 3
+    attempts: each is the same request, due at once, with only its completion budget raised."""
     request = make_request(body={**BODY, "max_tokens": 64})
-    rig = Rig([cut_off("The message is spam because"), cut_off("It is spam: it"), cut_off("Spam."),
-               answer("Spam: it promises money.")], policy=RetryPolicy(max_attempts={
-                   FailureLayer.TRANSPORT: 6, FailureLayer.SERVICE: 6, FailureLayer.SEMANTIC: 6,
-                   FailureLayer.BUSINESS: 1}))
+    rig = Rig([cut_off("The message is spam because"), cut_off("It is spam: it"), cut_off("Spam. It"),
+               answer("Spam: it promises money.")])
     await rig.handle(submission(request))
     for hop in range(3):
+        rig.clock.now += 1_000
         await rig.handle(next_hop(rig.sink.retries[hop], offset=10 + hop))
 
     sent = [body["max_tokens"] for _, body in rig.caller.calls]
     assert sent == [64, 128, 256, 512]  # doubled after each cut, never above 8 x 64
     assert [text(retry.headers, headers.MAX_TOKENS) for retry in rig.sink.retries] == ["128", "256", "512"]
+    assert [int(text(retry.headers, headers.DUE_TS)) for retry in rig.sink.retries] == [NOW, NOW + 1_000,
+                                                                                        NOW + 2_000]  # at once
     assert [event.error_code for event, _ in rig.sink.failures] == ["truncated"] * 3
-    assert rig.caller.calls[1][1]["messages"][-2] == {"role": "assistant", "content": "The message is spam because"}
+    assert all(body["messages"] == BODY["messages"] for _, body in rig.caller.calls)  # no repair turns
+    assert all(retry.request == request for retry in rig.sink.retries)
     [result] = rig.sink.results
     assert result.attempts == 4 and result.input_hash == input_hash(request)  # the body itself never changed
+    assert rig.state().retries_spent == 0  # none of the batch's retry budget
+
+
+async def test_a_cut_answer_past_its_escalations_is_a_semantic_failure_like_any_other() -> None:
+    request = make_request(body={**BODY, "max_tokens": 64})
+    rig = Rig([cut_off("The message"), cut_off("The message is"), cut_off("The message is spam"),
+               cut_off("The message is spam, since")])
+    await rig.handle(submission(request))
+    for hop in range(3):
+        await rig.handle(next_hop(rig.sink.retries[hop], offset=10 + hop))
+
+    assert [body["max_tokens"] for _, body in rig.caller.calls] == [64, 128, 256, 512]
+    assert len(rig.sink.retries) == 3  # the 4th cut ends it: past the semantic layer's 3 attempts
+    event, _ = rig.sink.failures[-1]
+    assert (event.terminal, event.layer, event.error_code, event.attempt) == (True, FailureLayer.SEMANTIC,
+                                                                             "truncated", 4)
+
+
+async def test_a_cut_answer_without_a_budget_of_its_own_is_repaired_not_escalated() -> None:
+    """The server's default budget is unknown, so there is nothing to raise: a repair request, which the batch's
+    retry budget pays for."""
+    rig = Rig([cut_off("The message is spam because"), answer("Spam.")])
+    await rig.handle(submission(make_request()))
+    [retry] = rig.sink.retries
+    assert headers.MAX_TOKENS not in retry.headers and retry.request.repair is not None
+    assert rig.state().retries_spent == 1
+    await rig.handle(next_hop(retry, offset=11))
+    assert "max_tokens" not in rig.caller.calls[1][1]
+    assert rig.caller.calls[1][1]["messages"][-2] == {"role": "assistant", "content": "The message is spam because"}
 
 
 async def test_the_raised_room_is_kept_through_other_failures_and_the_newer_field_name_used() -> None:

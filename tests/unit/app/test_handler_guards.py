@@ -31,6 +31,7 @@ from tests.unit.app.test_handler import (
     Reply,
     Rig,
     answer,
+    cut_off,
     make_request,
     next_hop,
     submission,
@@ -160,6 +161,49 @@ async def test_spent_retry_budget_makes_a_retryable_failure_terminal() -> None:
     assert event.message.startswith("server_error, not retried") and "HTTP 503" in event.message, event.message
     assert rig.state("second").status is RequestStatus.FAILED
     assert rig.guards.budget_exhausted == 1
+
+
+async def test_escalations_spend_nothing_of_the_batch_s_retry_budget_which_stays_for_real_failures() -> None:
+    rig = GuardedRig([cut_off("The message is"), cut_off("The message is spam"), UNAVAILABLE],
+                     budget=RetryBudget(ratio=0.0, minimum=1))
+    await rig.handle(submission(make_request("cut", {**BODY, "max_tokens": 16}), offset=0))
+    await rig.handle(next_hop(rig.sink.retries[0], offset=1))
+    await rig.handle(next_hop(rig.sink.retries[1], offset=2))  # a 503: the one retry the budget allows
+    assert [body["max_tokens"] for _, body in rig.caller.calls] == [16, 32, 64]
+    assert [text(sent.headers, headers.MAX_TOKENS) for sent in rig.sink.retries] == ["32", "64", "64"]
+    assert rig.guards.budget_exhausted == 0 and rig.state("cut").retries_spent == 1
+    assert rig.guards.budget is not None and rig.guards.budget.counts("batch-1") == (1, 1)
+
+
+async def test_an_escalation_never_asks_for_more_than_the_model_s_window_leaves() -> None:
+    body = {**BODY, "max_tokens": 64}
+    prompt = Guards(Rig().caller).estimator.prompt_tokens(body)
+    rig = GuardedRig([cut_off("The message is"), cut_off("The message is spam"), answer("Spam.")],
+                     routes=Routes(context_windows={"gpt-test": prompt + 100}))
+    await rig.handle(submission(make_request("near", body), offset=0))
+    await rig.handle(next_hop(rig.sink.retries[0], offset=1))
+    assert [sent["max_tokens"] for _, sent in rig.caller.calls] == [64, 100]  # not 128: the window is full
+    second = rig.sink.retries[1]  # no room left to give: a repair, with the budget it had
+    assert text(second.headers, headers.MAX_TOKENS) == "100" and second.request.repair is not None
+    assert rig.state("near").retries_spent == 1
+
+
+async def test_an_escalation_past_the_window_goes_to_the_context_fallback() -> None:
+    body = {**BODY, "max_tokens": 64}
+    prompt = Guards(Rig().caller).estimator.prompt_tokens(body)
+    routes = Routes(context_windows={"gpt-test": prompt + 100, "gpt-big": prompt + 1_000},
+                    context_fallbacks={"gpt-test": "gpt-big"})
+    assert routes.completion_room("gpt-test", prompt) == 1_000
+    assert routes.completion_room("gpt-big", prompt) == 1_000
+    assert Routes(context_windows={"gpt-test": 10}, context_fallbacks={"gpt-test": "unknown"}).completion_room(
+        "gpt-test", 5) is None  # a fallback whose window is unknown takes any budget
+    assert Routes().completion_room("gpt-test", 5) is None
+    rig = GuardedRig([cut_off("The message is"), answer("Spam.")], routes=routes)
+    await rig.handle(submission(make_request("grows", body), offset=0))
+    await rig.handle(next_hop(rig.sink.retries[0], offset=1))
+    assert [(sent["model"], sent["max_tokens"]) for _, sent in rig.caller.calls] == [("gpt-test", 64),
+                                                                                   ("gpt-big", 128)]
+    assert [result.request_id for result in rig.sink.results] == ["grows"]
 
 
 async def test_precheck_fails_an_input_over_the_window_before_any_call() -> None:

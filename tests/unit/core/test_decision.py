@@ -3,7 +3,8 @@ ends in the one outcome the rules give, its sends before its state write, its re
 §4, §5.2).
 
 The expected outcome is stated here from the rules themselves (the layers' attempt budgets, business never
-retried, a spent budget, a closed batch), not from the retry policy's code, so a wrong decision fails.
+retried, a spent budget, a closed batch, a cut answer's escalation), not from the retry policy's code, so a wrong
+decision fails.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from streamproc.core.headers import Hop, Origin, read_hop
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.record_size import CARRIED_BYTES, REQUEST_TOO_LARGE, RESPONSE_TOO_LARGE
 from streamproc.core.request_state import CIRCUIT_OPEN, MODEL_PAUSED, RecordRef, Skip, input_hash
-from streamproc.core.retry_policy import RetryPolicy, Stop, Terminal, Tier
+from streamproc.core.retry_policy import TRUNCATED, CompletionBudget, RetryPolicy, Stop, Terminal, Tier
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 NOW = 1_700_000_000_000
@@ -67,6 +68,7 @@ ENDS: dict[str, CallEnd] = {
     "account problem": ConfigurationProblem("invalid_api_key", "bad key", 401),
     "model problem": ConfigurationProblem("model_not_found", "no such model", 404),
     **{layer.value: Failure(layer, "some_code", "why", 503, retry_after_ms=1_000) for layer in FailureLayer},
+    "cut": Failure(FailureLayer.SEMANTIC, TRUNCATED, "finish_reason=length: the answer was cut off", 200),
 }
 CLOSED = (None, "batch_cancelled", "batch_expired")
 
@@ -104,17 +106,29 @@ class Decided:
 
 
 def decide(end_kind: str, attempt: int, replay: bool, deferred: bool, closed: str | None,
-           budget: Stop | None = None, seed: int = 7) -> Decided:
+           budget: Stop | None = None, seed: int = 7, completion: CompletionBudget | None = None) -> Decided:
     record = Attempt(REQUEST, record_hop(attempt, replay, deferred), SOURCE, NOW)
     admitted = on_record(record, prior_state(attempt, replay, deferred), closed)
     if not isinstance(admitted[-1], Call):
         return Decided(admitted, None)
     started = admitted[-1].attempt.at(AFTER_CALL)
-    return Decided(admitted, after_call(started, ENDS[end_kind], Retries(POLICY, random.Random(seed)), budget))
+    return Decided(admitted, after_call(started, ENDS[end_kind], Retries(POLICY, random.Random(seed)), budget,
+                                        completion))
 
 
 # -- what the rules say --------------------------------------------------------------------------------------------
-def expected_outcome(end_kind: str, attempt: int, replay: bool, closed: str | None, budget_spent: bool) -> str:
+def escalated_budget(end_kind: str, attempt: int, completion: CompletionBudget | None) -> int | None:
+    """A cut answer after one of the first 3 attempts, its budget doubled within 8 times the request's own and the
+    room (design §5.4); None when the retry is no escalation."""
+    if end_kind != "cut" or attempt > 3 or completion is None or completion.own is None or completion.sent is None:
+        return None
+    room = completion.room if completion.room is not None else completion.own * 8
+    grown = min(completion.sent * 2, completion.own * 8, room)
+    return grown if grown > completion.sent else None
+
+
+def expected_outcome(end_kind: str, attempt: int, replay: bool, closed: str | None, budget_spent: bool,
+                     completion: CompletionBudget | None = None) -> str:
     if closed is not None and not replay:
         return "terminal"  # never called
     if end_kind == "success":
@@ -125,7 +139,11 @@ def expected_outcome(end_kind: str, attempt: int, replay: bool, closed: str | No
         return "hold"
     if end_kind in ("success too large", "model problem"):
         return "terminal"
-    layer = FailureLayer(end_kind)
+    if escalated_budget(end_kind, attempt, completion) is not None:  # neither the layer's attempts nor the budget
+        return "retry"
+    failure = ENDS[end_kind]
+    assert isinstance(failure, Failure)
+    layer = failure.layer
     if layer is FailureLayer.BUSINESS or attempt >= BUDGETS[layer] or budget_spent:
         return "terminal"
     return "retry"
@@ -154,14 +172,15 @@ def outcome_of(actions: list[Action]) -> str:
 
 
 def check(end_kind: str, attempt: int, replay: bool, deferred: bool, closed: str | None,
-          budget_spent: bool = False, seed: int = 7) -> None:
-    decided = decide(end_kind, attempt, replay, deferred, closed, spent if budget_spent else None, seed)
+          budget_spent: bool = False, seed: int = 7, completion: CompletionBudget | None = None) -> None:
+    decided = decide(end_kind, attempt, replay, deferred, closed, spent if budget_spent else None, seed, completion)
     first = decided.admitted[0]
     assert isinstance(first, WriteState) and first.state.status is RequestStatus.IN_FLIGHT  # every record starts
     assert first.state.attempts == attempt and first.state.run >= 1
     actions = decided.admitted[1:] if decided.called is None else decided.called
     outcome = outcome_of(actions)
-    assert outcome == expected_outcome(end_kind, attempt, replay, closed, budget_spent), actions
+    assert outcome == expected_outcome(end_kind, attempt, replay, closed, budget_spent, completion), actions
+    escalated = escalated_budget(end_kind, attempt, completion)
     writes = [index for index, action in enumerate(actions) if isinstance(action, WRITES)]
     sends = [index for index, action in enumerate(actions) if isinstance(action, SENDS)]
     assert not writes or not sends or max(sends) < min(writes), actions  # every send before the state write
@@ -178,10 +197,16 @@ def check(end_kind: str, attempt: int, replay: bool, deferred: bool, closed: str
             case ScheduleRetry(tier, request, next_hop, failure, repair):
                 assert request == REQUEST and failure == ENDS[end_kind]
                 assert (next_hop.attempt, next_hop.replay, next_hop.deferred) == (attempt + 1, False, False)
-                assert (next_hop.origin, next_hop.run, next_hop.max_tokens) == (ORIGIN, started.run, hop.max_tokens)
                 assert next_hop.first_failure_ms == (hop.first_failure_ms or now)
-                assert next_hop.due_ms is not None and now + 1_000 <= next_hop.due_ms <= now + tier.delay_ms
-                assert repair is (failure.layer is FailureLayer.SEMANTIC)
+                if escalated is not None:  # the same request, due at once, with more room
+                    assert (next_hop.origin, next_hop.run, next_hop.max_tokens) == (ORIGIN, started.run, escalated)
+                    assert (tier, next_hop.due_ms, repair) == (POLICY.tiers[0], now, False)
+                else:
+                    assert (next_hop.origin, next_hop.run, next_hop.max_tokens) == (ORIGIN, started.run,
+                                                                                    hop.max_tokens)
+                    hint = failure.retry_after_ms or 0
+                    assert next_hop.due_ms is not None and now + hint <= next_hop.due_ms <= now + tier.delay_ms
+                    assert repair is (failure.layer is FailureLayer.SEMANTIC)
             case Defer(tier, request, hdrs):
                 parked, end = read_hop(hdrs), ENDS[end_kind]
                 assert tier == POLICY.tiers[0] and request == REQUEST and isinstance(end, Parked)
@@ -193,6 +218,8 @@ def check(end_kind: str, attempt: int, replay: bool, deferred: bool, closed: str
                 assert state.status is {"retry": RequestStatus.RETRYING, "deferral": RequestStatus.RETRYING,
                                         "terminal": RequestStatus.FAILED}[outcome]
                 assert (state.updated_ms, state.attempts, state.run) == (now, attempt, started.run)
+                charged = outcome == "retry" and escalated is None  # an escalation spends no retry of the batch
+                assert state.retries_spent == started.retries_spent + charged
             case WriteState(state):
                 assert outcome == "result" and state.status is RequestStatus.SUCCEEDED
                 assert (state.updated_ms, state.prompt_tokens, state.completion_tokens) == (now, 9, 3)
@@ -216,13 +243,27 @@ def test_every_attempt_replay_deferral_and_closed_batch_ends_as_the_rules_say(en
         check(end_kind, attempt, replay, deferred, closed)
 
 
-@settings(max_examples=400, deadline=None)
+_completions = st.none() | st.builds(CompletionBudget, own=st.none() | st.sampled_from([1, 16, 64, 100, 1_000]),
+                                     sent=st.none() | st.sampled_from([1, 16, 64, 128, 512, 800, 10**9]),
+                                     room=st.none() | st.integers(-10, 2_000))
+
+
+@settings(max_examples=600, deadline=None)
 @given(st.sampled_from(list(ENDS)), st.integers(1, 12), st.booleans(), st.booleans(), st.sampled_from(CLOSED),
-       st.booleans(), st.integers(0, 2**32))
-def test_any_combination_with_a_spent_budget_and_any_jitter(end_kind: str, attempt: int, replay: bool,
-                                                          deferred: bool, closed: str | None, budget_spent: bool,
-                                                          seed: int) -> None:
-    check(end_kind, attempt, replay, deferred, closed, budget_spent, seed)
+       st.booleans(), st.integers(0, 2**32), _completions)
+def test_any_combination_with_a_spent_budget_any_jitter_and_any_completion_budget(
+        end_kind: str, attempt: int, replay: bool, deferred: bool, closed: str | None, budget_spent: bool, seed: int,
+        completion: CompletionBudget | None) -> None:
+    check(end_kind, attempt, replay, deferred, closed, budget_spent, seed, completion)
+
+
+@pytest.mark.parametrize("budget_spent", [False, True])
+def test_a_cut_answer_is_escalated_after_its_first_three_attempts_whatever_the_budget(budget_spent: bool) -> None:
+    for attempt, replay, deferred, closed in itertools.product(range(1, 8), (False, True), (False, True), CLOSED):
+        check("cut", attempt, replay, deferred, closed, budget_spent, completion=CompletionBudget(64, 64))
+        check("cut", attempt, replay, deferred, closed, budget_spent, completion=CompletionBudget(None, None))
+    assert outcome_of(decide("cut", 3, False, False, None, spent, completion=CompletionBudget(64, 256)).called
+                      or []) == "retry"  # past the semantic layer's attempts, with the budget spent
 
 
 # -- admission over any table state --------------------------------------------------------------------------------

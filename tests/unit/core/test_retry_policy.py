@@ -7,11 +7,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streamproc.core.outcome import Failure
 from streamproc.core.retry_policy import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_TIERS,
+    TRUNCATED,
+    CompletionBudget,
+    Escalation,
     Retry,
     RetryPolicy,
     Terminal,
@@ -176,11 +181,93 @@ def test_custom_tiers() -> None:
         pytest.param({"max_attempts": {T: 6, S: 6, B: 1}}, id="missing-layer"),
         pytest.param({"max_attempts": {T: 0, S: 6, M: 3, B: 1}}, id="zero-budget"),
         pytest.param({"base_delay_ms": -1}, id="negative-base"),
+        pytest.param({"escalation": Escalation(doublings=6)}, id="escalations-past-the-largest-maximum"),
     ],
 )
 def test_invalid_policies_are_rejected(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         RetryPolicy(**kwargs)
+
+
+# -- escalations: more room after a cut answer ----------------------------------------------------------------
+CUT = Failure(M, TRUNCATED, "finish_reason=length: the answer was cut off after 64 completion tokens", 200)
+
+
+def test_an_escalation_doubles_the_budget_sent_up_to_eight_times_the_request_s_own() -> None:
+    escalation = Escalation()
+    assert [escalation.grown(CUT, attempt, CompletionBudget(64, sent))
+            for attempt, sent in [(1, 64), (2, 128), (3, 256)]] == [128, 256, 512]
+    assert escalation.grown(CUT, 2, CompletionBudget(64, 512)) is None  # at the cap
+    assert escalation.grown(CUT, 1, CompletionBudget(64, 10**9)) is None  # a budget past the cap is not raised
+    assert escalation.grown(CUT, 2, CompletionBudget(100, 300)) == 600
+
+
+def test_an_escalation_stops_at_the_room_the_window_leaves() -> None:
+    escalation = Escalation()
+    assert escalation.grown(CUT, 1, CompletionBudget(64, 64, room=100)) == 100
+    assert escalation.grown(CUT, 2, CompletionBudget(64, 100, room=100)) is None
+    assert escalation.grown(CUT, 1, CompletionBudget(64, 64, room=0)) is None
+
+
+def test_only_a_cut_answer_with_a_budget_of_its_own_is_escalated_and_only_after_the_first_attempts() -> None:
+    escalation = Escalation()
+    assert escalation.grown(CUT, 4, CompletionBudget(64, 64)) is None  # after the 3rd attempt: used up
+    assert escalation.grown(CUT, 1, CompletionBudget(None, None)) is None  # the server's default is unknown
+    assert escalation.grown(CUT, 1, None) is None
+    assert escalation.grown(Failure(M, "invalid_json", "not JSON"), 1, CompletionBudget(64, 64)) is None
+    assert escalation.grown(Failure(T, TRUNCATED, "a body cut off"), 1, CompletionBudget(64, 64)) is None
+    assert Escalation(doublings=0).grown(CUT, 1, CompletionBudget(64, 64)) is None
+    with pytest.raises(ValueError, match="doublings"):
+        Escalation(doublings=-1)
+
+
+def test_an_escalation_is_due_at_once_not_a_repair_and_neither_stopped_nor_charged() -> None:
+    asked, spend = budget(0)
+    rng = random.Random(3)
+    decision = POLICY.decide(CUT, 3, rng, within_budget("b", spend), CompletionBudget(64, 256))
+    assert decision == Retry(DEFAULT_TIERS[0], 0, repair=False, max_tokens=512, charged=False)
+    assert asked == []  # the batch's budget was not asked; the semantic layer's 3 attempts did not stop it
+    assert rng.random() == random.Random(3).random()  # and no jitter was drawn
+
+
+def test_a_cut_answer_that_cannot_grow_is_a_semantic_failure_like_any_other() -> None:
+    asked, spend = budget(1)
+    decision = retry_of(POLICY.decide(CUT, 1, random.Random(0), within_budget("b", spend), CompletionBudget(None,
+                                                                                                          None)))
+    assert (decision.repair, decision.max_tokens, decision.charged) == (True, None, True)
+    assert asked == [True]
+    assert POLICY.decide(CUT, 4, random.Random(0), None, CompletionBudget(64, 512)) == Terminal("max_attempts")
+
+
+def test_a_retry_says_whether_it_was_charged() -> None:
+    assert retry_of(POLICY.decide(failure(S), 1, random.Random(0))).charged is True
+    assert retry_of(POLICY.decide(Failure(S, "rate_limit_exceeded", "HTTP 429", 429), 1, random.Random(0))
+                    ).charged is False
+
+
+@given(st.integers(0, 5), st.integers(1, 4096), st.integers(1, 10**6), st.none() | st.integers(-100, 10**5),
+       st.integers(1, 6), st.data())
+def test_a_request_cut_again_and_again_is_escalated_at_most_doublings_times_never_past_its_bounds(
+        doublings: int, own: int, first_sent: int, room: int | None, first_attempt: int, data: st.DataObject) -> None:
+    """Whatever the request's own budget, the budget its first record carries (a header anyone may write), the room
+    and the attempt the cuts start at: at most ``doublings`` escalations, each a strict raise within the cap and
+    the room, and no more calls than the largest maximum of attempts."""
+    policy = RetryPolicy(escalation=Escalation(doublings))
+    asked, spend = budget(1)
+    sent, attempt, escalations = first_sent, first_attempt, 0
+    while True:
+        decision = policy.decide(CUT, attempt, random.Random(0), within_budget("b", spend),
+                                 CompletionBudget(own, sent, room))
+        if not (isinstance(decision, Retry) and decision.max_tokens is not None):
+            break
+        grown = decision.max_tokens
+        assert sent < grown <= min(2 * sent, own * 2 ** doublings, room if room is not None else grown)
+        assert decision == Retry(policy.tiers[0], 0, repair=False, max_tokens=grown, charged=False)
+        assert asked == [] and attempt + 1 <= max(DEFAULT_MAX_ATTEMPTS.values())  # the call it makes
+        sent, attempt, escalations = grown, attempt + 1, escalations + 1
+        if data.draw(st.booleans()):  # a transport failure between two cuts carries the budget on
+            attempt += 1
+    assert escalations <= doublings
 
 
 # -- the pieces the decision is made of ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamproc.core.events import InferenceRequest, RepairContext
-from streamproc.llm.repair import build_repair_request, grown_max_tokens, repair_messages, with_max_tokens
+from streamproc.llm.repair import build_repair_request, completion_budget, repair_messages, with_max_tokens
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
 BODY: dict[str, Any] = {
@@ -72,18 +72,12 @@ def test_repair_needs_chat_messages() -> None:
         repair_messages({"model": "m", "prompt": "hi"}, RepairContext("x", "y"))
 
 
-def test_the_room_after_a_truncation_doubles_up_to_eight_times_the_request_s_own() -> None:
-    own = {"model": "m", "messages": [], "max_tokens": 100}
-    assert grown_max_tokens(own, own) == 200
-    assert grown_max_tokens(own, {**own, "max_tokens": 600}) == 800
-    assert grown_max_tokens(own, {**own, "max_tokens": 800}) is None  # at the ceiling: nothing more to give
-
-
-def test_no_room_is_invented_when_the_request_sets_none() -> None:
-    """The server's default budget is unknown: the retry goes as it was, with the repair turn."""
+def test_the_budget_is_set_under_the_name_the_body_uses_and_read_only_when_positive() -> None:
     body = {"model": "m", "messages": []}
-    assert grown_max_tokens(body, body) is None
-    assert grown_max_tokens({**body, "max_tokens": True}, {**body, "max_tokens": True}) is None
+    assert completion_budget(body) is None  # the server's default is unknown: nothing to raise
+    assert completion_budget({**body, "max_tokens": True}) is None
+    assert completion_budget({**body, "max_tokens": 0}) is None
+    assert completion_budget({**body, "max_completion_tokens": 32, "max_tokens": 8}) == 32
     assert with_max_tokens(body, None) is body
     assert with_max_tokens(body, 64) == {**body, "max_tokens": 64}
     assert with_max_tokens({**body, "max_completion_tokens": 8}, 64) == {**body, "max_completion_tokens": 64}
