@@ -53,6 +53,7 @@ from benchmarks.pipeline import (
     BenchError,
     Sampler,
     Stack,
+    open_bench,
     produce_requests,
     spawn_mock,
     suite_main,
@@ -724,9 +725,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 async def run(args: argparse.Namespace, stack: Stack) -> None:
     started = time.monotonic()
-    bootstrap, broker_pid = (args.bootstrap, None) if args.bootstrap else stack.start_broker()
-    print(f"broker {bootstrap}; work dir {stack.workdir}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    bench = Bench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, broker_pid)
+    bench = open_bench(args, stack)
     limits = Limits(args.rpm, args.tpm)
     guards = GuardBench(bench, args, limits)
     runs = []

@@ -665,6 +665,12 @@ def start_broker(args: argparse.Namespace, stack: Stack) -> tuple[str, int | Non
     return bootstrap, broker_pid
 
 
+def open_bench(args: argparse.Namespace, stack: Stack) -> Bench:
+    """The suite's cluster (:func:`start_broker`) and a bench on it, its runs named by the time it started."""
+    bootstrap, broker_pid = start_broker(args, stack)
+    return Bench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, broker_pid)
+
+
 async def run(args: argparse.Namespace, stack: Stack) -> None:
     started = time.monotonic()
     bootstrap, broker_pid = start_broker(args, stack)

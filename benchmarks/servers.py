@@ -62,6 +62,7 @@ from benchmarks.pipeline import (
     BenchError,
     Sampler,
     Stack,
+    open_bench,
     produce_requests,
     spawn_mock,
     suite_main,
@@ -87,6 +88,7 @@ MODEL = "mock-small"
 CLIENT_TIMEOUT_S = 60.0
 RETRIES = 5  # LiteLLM's num_retries; tenacity's stop_after_attempt(RETRIES + 1)
 IN_FLIGHT_METRIC = "streamproc_adaptive_in_flight_limit"
+HEDGED_METRIC = "streamproc_hedged_calls_total"
 RECOVERABLE_LAYERS = frozenset({FailureLayer.TRANSPORT.value, FailureLayer.SERVICE.value})
 
 
@@ -162,6 +164,13 @@ class StrictRun:
     repeated_business: int = 0  # calls for a request that had already failed on the business layer
     cores: Mapping[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    hedged: int | None = None  # the worker's hedged calls (its metric); None for the plain clients
+
+    @property
+    def hedged_business(self) -> int:
+        """Business failures the server answered more than once for one request: never retried, so hedges."""
+        return sum(max(0, sum(outcome_layer(o) == FailureLayer.BUSINESS.value for o in outcomes) - 1)
+                   for outcomes in self.outcomes_by_id.values())
 
     @property
     def finished(self) -> int:
@@ -479,12 +488,13 @@ def mock_has_slots() -> bool:
     return "--slots" in help_text
 
 
-def strict_options(seed: int) -> tuple[list[str], int, str]:
-    """The mock's options of the strict runs, the RPM they enforce, and what they stand for."""
-    strict = BUILTIN_PROFILES.get("strict")
+def strict_options(seed: int, profile: str = "strict") -> tuple[list[str], int, str]:
+    """The mock's options of the strict runs against ``profile``, the RPM they are measured against (the
+    profile's, else the strict profile's), and what they stand for."""
+    strict = BUILTIN_PROFILES.get(profile)
     if strict is not None:
         rpm = strict.rate_limits.rpm or FALLBACK_RPM
-        return ["--profile", "strict", "--seed", str(seed)], rpm, "strict"
+        return ["--profile", profile, "--seed", str(seed)], rpm, profile
     return (["--profile", "realistic", "--rpm", str(FALLBACK_RPM), "--burst-seconds", "1.0", "--seed", str(seed)],
             FALLBACK_RPM, f"realistic --rpm {FALLBACK_RPM} --burst-seconds 1 (NO strict profile in this mock)")
 
@@ -517,8 +527,10 @@ class ServersBench:
         return self.bench.stack
 
     async def worker(self, name: str, requests: int, mock_options: list[str], timeout_s: float,
-                     metrics_port: int | None = None) -> tuple[Outcomes, dict[str, Any], dict[str, float], str]:
-        """One default-settings worker over ``requests`` records of the guards mix against a fresh mock.
+                     metrics_port: int | None = None, settings: Mapping[str, str] | None = None,
+                     ) -> tuple[Outcomes, dict[str, Any], dict[str, float], str]:
+        """One default-settings worker (but ``settings``, STREAMPROC_* variables) over ``requests`` records of the
+        guards mix against a fresh mock.
 
         Returns the outcomes (partial when the run did not finish in ``timeout_s``), the mock's
         ``/stats?detail=1``, the cores used, and the worker's ``/metrics`` at the end ('' without a port).
@@ -532,6 +544,7 @@ class ServersBench:
         env = default_worker_env(self.bench, topology.prefix, mock.url, self.stack.workdir / f"{worker_name}-data")
         if metrics_port is not None:
             env["STREAMPROC_WORKER_METRICS_PORT"] = str(metrics_port)
+        env.update(settings or {})
         workers: list[subprocess.Popen[bytes]] = []
 
         def spawn() -> subprocess.Popen[bytes]:
@@ -570,10 +583,13 @@ class ServersBench:
         cores = sampled[0].cores(outcomes.first_call, outcomes.last_outcome) if sampled and outcomes.done else {}
         return outcomes, stats, cores, metrics
 
-    async def strict_worker(self, seed: int) -> StrictRun:
-        options, self.rpm, _ = strict_options(seed)
-        outcomes, stats, cores, _ = await self.worker("strict-worker", self.args.strict_requests, options,
-                                                      self.args.servers_deadline_s)
+    async def strict_worker(self, seed: int, profile: str = "strict", name: str = "strict-worker",
+                            label: str = "strict, worker", settings: Mapping[str, str] | None = None) -> StrictRun:
+        """The worker against a fresh mock of ``profile``; ``name`` names its topics and batch (unique on one
+        broker), ``label`` its rows; the worker's hedges are read from its /metrics at the end."""
+        options, self.rpm, _ = strict_options(seed, profile)
+        outcomes, stats, cores, metrics = await self.worker(name, self.args.strict_requests, options,
+                                                            self.args.servers_deadline_s, free_port(), settings)
         first = outcomes.first_call if outcomes.done else None
         finished = outcomes.finished_s()
 
@@ -585,12 +601,13 @@ class ServersBench:
         if first is not None:
             notes += ("the last to finish: " + " | ".join(
                 outcomes.timeline(rid, first) for rid in sorted(finished, key=finished.__getitem__)[-3:]),)
-        return self.strict_run("strict, worker", outcomes.expected, frozenset(outcomes.results), first,
-                               finished, stats, cores, notes)
+        hedged = metric_value(metrics, HEDGED_METRIC)
+        return self.strict_run(label, outcomes.expected, frozenset(outcomes.results), first,
+                               finished, stats, cores, notes, None if hedged is None else int(hedged))
 
     def strict_run(self, name: str, ids: Collection[str], results: frozenset[str], first: float | None,
                    finished: Mapping[str, float], stats: Mapping[str, Any], cores: Mapping[str, float],
-                   notes: tuple[str, ...]) -> StrictRun:
+                   notes: tuple[str, ...], hedged: int | None = None) -> StrictRun:
         by_outcome = {str(k): int(v) for k, v in stats.get("by_outcome", {}).items()}
         per_id = per_request_outcomes(stats)
         if first is not None:
@@ -599,7 +616,7 @@ class ServersBench:
         run = StrictRun(name, frozenset(ids), results, first, tuple(sorted(finished.values())), int(stats["calls"]),
                         int(stats.get("by_status", {}).get("429", 0)), by_outcome, per_id,
                         self.rpm, int(stats.get("request_ids", {}).get("repeated_after_business_failure", 0)),
-                        cores, notes)
+                        cores, notes, hedged)
         outcome_counts = ", ".join(f"{k} {v}" for k, v in sorted(by_outcome.items(), key=lambda kv: -kv[1]))
         wall = run.wall_s
         print(f"  {name}: {len(results)} results of {len(ids)} in "
@@ -609,21 +626,23 @@ class ServersBench:
             print(f"  {note}", flush=True)
         return run
 
-    async def strict_client(self, kind: str, label: str, seed: int) -> StrictRun | None:
-        """A plain client (a child process) over the same requests, against a fresh strict mock."""
+    async def strict_client(self, kind: str, label: str, seed: int, profile: str = "strict",
+                            worker_name: str = "strict-worker") -> StrictRun | None:
+        """A plain client (a child process) over the requests of the worker run ``worker_name``, against a fresh
+        mock of ``profile``."""
         if kind == "litellm" and importlib.util.find_spec("litellm") is None:
             self.notes.append("the LiteLLM run was skipped: litellm is not installed (pip install -e '.[bench]')")
             print(f"strict-{kind}: skipped, litellm is not installed", flush=True)
             return None
-        name = f"strict-{kind}"
-        options, self.rpm, _ = strict_options(seed)
+        name = worker_name.replace("worker", kind)
+        options, self.rpm, _ = strict_options(seed, profile)
         mock = spawn_mock(self.stack, f"mock-{name}", options)
         out = self.stack.workdir / f"{name}.json"
         deadline = float(self.args.servers_deadline_s)
         env = {key: value for key, value in os.environ.items() if not key.startswith("STREAMPROC_")}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-        batch_id = f"strict-worker-{self.bench.run_id}"  # the worker run's ids: the same requests
+        batch_id = f"{worker_name}-{self.bench.run_id}"  # the worker run's ids: the same requests
         command = [sys.executable, "-m", "benchmarks.servers", "client", kind, "--url", mock.url, "--batch-id",
                    batch_id, "--requests", str(self.args.strict_requests), "--concurrency",
                    str(self.args.client_concurrency), "--deadline-s", f"{deadline:g}", "--out", str(out)]
@@ -654,7 +673,7 @@ class ServersBench:
         cores = sampler.cores(first, finish_times[-1]) if first is not None and finish_times else {}
         finished = {r.request_id: r.end for r in records if r.end is not None}
         notes = (f"errors: {', '.join(f'{e} {n}' for e, n in errors.most_common(6)) or 'none'}",)
-        return self.strict_run(f"strict, {label}", [r.request_id for r in records], results, first, finished,
+        return self.strict_run(f"{profile}, {label}", [r.request_id for r in records], results, first, finished,
                                stats, cores, notes)
 
     async def one_slot(self) -> SlotRun | None:
@@ -733,27 +752,40 @@ def report(args: argparse.Namespace, strict: list[StrictRun], slot: SlotRun | No
 RUNS = ("worker", "tenacity", "litellm", "slot")
 
 
-def add_arguments(parser: argparse._ActionsContainer) -> None:
-    """The servers suite's own options (the task's numbers are the defaults)."""
+def add_strict_arguments(parser: argparse._ActionsContainer) -> None:
+    """The options of the strict runs (the fleet suite's too)."""
     parser.add_argument("--strict-requests", type=int, default=1500, help="requests of each strict run [1500]")
     parser.add_argument("--strict-seed", type=int, default=1, help="the strict mock's seed, every strict run [1]")
     parser.add_argument("--client-concurrency", type=int, default=64,
                         help="semaphore of the tenacity and LiteLLM clients [64]")
+    parser.add_argument("--servers-deadline-s", type=float, default=240.0,
+                        help="give up on a run after this long and report what it did [240]")
+
+
+def add_arguments(parser: argparse._ActionsContainer) -> None:
+    """The servers suite's own options (the task's numbers are the defaults)."""
+    add_strict_arguments(parser)
     parser.add_argument("--slot-requests", type=int, default=200, help="requests of the one-slot run [200]")
     parser.add_argument("--slot-latency", type=float, default=0.2,
                         help="the one-slot mock's fixed latency = service time, seconds [0.2]")
-    parser.add_argument("--servers-deadline-s", type=float, default=240.0,
-                        help="give up on a run after this long and report what it did [240]")
     parser.add_argument("--servers-runs", default=",".join(RUNS),
                         help=f"comma-separated runs of the servers suite [{','.join(RUNS)}]")
 
 
-def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name in ("strict_requests", "client_concurrency", "slot_requests", "partitions"):
+def check_strict_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name in ("strict_requests", "client_concurrency", "partitions"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.slot_latency <= 0 or args.servers_deadline_s <= 0:
-        parser.error("--slot-latency and --servers-deadline-s must be positive")
+    if args.servers_deadline_s <= 0:
+        parser.error("--servers-deadline-s must be positive")
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    check_strict_arguments(parser, args)
+    if args.slot_requests < 1:
+        parser.error("--slot-requests must be at least 1")
+    if args.slot_latency <= 0:
+        parser.error("--slot-latency must be positive")
     unknown = set(args.servers_runs.split(",")) - set(RUNS)
     if unknown:
         parser.error(f"--servers-runs: unknown run(s) {', '.join(sorted(unknown))}; choose from {', '.join(RUNS)}")
@@ -762,9 +794,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 async def run(args: argparse.Namespace, stack: Stack) -> None:
     started = time.monotonic()
     selected = set(args.servers_runs.split(","))
-    bootstrap, broker_pid = (args.bootstrap, None) if args.bootstrap else stack.start_broker()
-    print(f"broker {bootstrap}; work dir {stack.workdir}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    bench = Bench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, broker_pid)
+    bench = open_bench(args, stack)
     servers = ServersBench(bench, args)
     _, _, strict_label = strict_options(args.strict_seed)
     if "strict" not in BUILTIN_PROFILES:
