@@ -5,9 +5,8 @@ pace, the one calls were sent at before the cut (x``RECOVERY_PER_S`` per second:
 a second), and only then probes above it *slowly* (``PROBE_PER_S`` of the limit per second). A pace that met
 congestion once after a stretch of calm was good and the 429 was jitter (our clock against the server's, a
 burst the event loop let out at once); congestion again within ``GOOD_FOR_S`` of the last cut says the good
-pace was not good, and it falls to ``REPEAT_BACKOFF`` of itself. Climbing back 1 % of the limit per second,
-a pace cut three times took 30 s to return, and a server that refuses a share of calls whatever the rate held
-it near a fifth of its limit.
+pace was not good, and it falls to ``REPEAT_BACKOFF`` of itself. Climbing back 1 % of the limit a second
+instead, a pace cut three times takes 30 s to return.
 
 A cut made on the share of 429s is a test (:mod:`loss`): when the share falls with the pace, the pace it cut to
 is the good one (:meth:`Pace.keep`), and the pace probes slowly above it; when it does not, the 429s were not
