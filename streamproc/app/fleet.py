@@ -2,11 +2,12 @@
 
 The shares come from :mod:`streamproc.core.fleet_share` (design §5.8). Each beat carries, per model, what waits
 at this worker's pace (the limiter's debt), what it sent over the last beat (counted by :class:`SentMeter` below
-the pace) and the account's limits as it knows them. The topic ``<prefix>.fleet`` is read from the start with no
-consumer group, like the batch manifests. A worker beats every second, and at once when calls come for a model
-that was idle (the others then give way within their next read, a fifth of a second), and it writes a tombstone
-when it stops cleanly. When it cannot read the topic or write its beat for three beats, its shares fall back to
-an equal part per member of the workers' consumer group.
+the pace) and the account's limits as it knows them, and whether its group holds its records (a rebalance, no
+input partition). The topic ``<prefix>.fleet`` is read from the start with no consumer group, like the batch
+manifests. A worker beats from its start, every second, and at once when calls come for a model that was idle
+or its partitions come or go (the others then give way within their next read, a fifth of a second), and it
+writes a tombstone when it stops cleanly. When it cannot read the topic or write its beat for three beats, its
+shares fall back to an equal part per member of the workers' consumer group.
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ class FleetMember:
         self._sent = SentCounter(clock())
         self._limiter: RateLimiter | None = None
         self._cost: Callable[[dict[str, Any]], int] = lambda _body: 0
+        self._paused: Callable[[], bool] = lambda: True
+        self._said_paused = True  # what the last beat said of it
         self._mine: dict[str, ModelDemand] = {}  # this worker's demand as its last beat said
         self.shares = FleetShares({}, 1.0, 1)  # what the limiter paces at now
         self._heard_at = -math.inf  # the last time the topic was read to its end
@@ -131,10 +134,12 @@ class FleetMember:
     def metered(self, caller: Caller) -> Caller:
         return SentMeter(caller, self._on_sent)
 
-    def attach(self, limiter: RateLimiter, cost: Callable[[dict[str, Any]], int]) -> None:
-        """The limiter whose shares this sets, and the tokens a call costs at its pace."""
+    def attach(self, limiter: RateLimiter, cost: Callable[[dict[str, Any]], int], paused: Callable[[], bool]) -> None:
+        """The limiter whose shares this sets, the tokens a call costs at its pace, and whether the worker's group
+        holds its records now (a rebalance, no input partition)."""
         self._limiter = limiter
         self._cost = cost
+        self._paused = paused
 
     # -- running -----------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -171,9 +176,10 @@ class FleetMember:
     async def _beat(self, producer: Any) -> None:
         now = self._clock()
         self._mine = self._demand(now)
+        self._said_paused = self._paused()
         try:  # a full buffer or missing metadata must not hold the shares up
             delivery = await asyncio.wait_for(
-                producer.send(self._where.topic, encode_beat(Beat(self.worker, self._mine, BEAT_S)),
+                producer.send(self._where.topic, encode_beat(Beat(self.worker, self._mine, BEAT_S, self._said_paused)),
                               key=self.worker.encode()), BEAT_S)
             delivery.add_done_callback(self._on_delivered)
         except Exception as exc:
@@ -225,6 +231,8 @@ class FleetMember:
                 if records:
                     self._apply(records)
                     self._reshare(self._heard_at)
+                if self._paused() != self._said_paused:  # partitions came or went: the others hold by it
+                    self._wake.set()
                 await asyncio.sleep(FOLLOW_S)
 
     def _apply(self, records: Iterable[ConsumerRecord[Any, Any]]) -> None:

@@ -23,8 +23,10 @@ _LIMITS = ("limit_rpm", "limit_tpm", "share")
 
 def encode_beat(beat: Beat) -> bytes:
     models = {model: _fields(demand) for model, demand in beat.busiest().items()}
-    return json.dumps({"v": VERSION, "every_ms": round(beat.every_s * 1000), "models": models},
-                      separators=(",", ":")).encode()
+    fields = {"v": VERSION, "every_ms": round(beat.every_s * 1000), "models": models}
+    if beat.paused:
+        fields["paused"] = True
+    return json.dumps(fields, separators=(",", ":")).encode()
 
 
 def decode_beat(worker: str, data: bytes) -> Beat:
@@ -42,10 +44,12 @@ def decode_beat(worker: str, data: bytes) -> Beat:
     every_s = min(max(every_ms, _EVERY_MS[0]), _EVERY_MS[1]) / 1000
     if version > VERSION:
         return Beat(worker, every_s=every_s, unreadable=True)
-    models = fields.get("models", {})
+    models, paused = fields.get("models", {}), fields.get("paused", False)
     if not isinstance(models, dict):
         raise ValueError("models must be an object of model name -> demand")
-    return Beat(worker, {str(model): _demand(model, demand) for model, demand in models.items()}, every_s)
+    if not isinstance(paused, bool):
+        raise ValueError(f"paused must be true or false, got {paused!r}")
+    return Beat(worker, {str(model): _demand(model, demand) for model, demand in models.items()}, every_s, paused)
 
 
 def _fields(demand: ModelDemand) -> dict[str, float]:

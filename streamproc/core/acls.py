@@ -7,7 +7,8 @@ command touches:
 * every command that ensures the topics (submit, worker, sink) creates the missing ones and describes all of
   them, the state changelog included: Create + Describe on ``<prefix>.`` and on the changelog;
 * the worker consumes ``<prefix>.requests``, the retry tiers and the manifests, writes results, failures, retries
-  and dead letters, and faust creates, writes and reads its own topics, all named ``<app_id>-...`` (the table's
+  and dead letters, reads and writes the workers' beats (``<prefix>.fleet``) and describes its group (the beats'
+  fallback), and faust creates, writes and reads its own topics, all named ``<app_id>-...`` (the table's
   changelog, its leader topic); its group is the app id;
 * idempotent producers (submit, cancel, backfill, the worker) need IdempotentWrite on the cluster;
 * status and lag read the workers' group's offsets (Describe on the group; lag also the sink's), status, batches

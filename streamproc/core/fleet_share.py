@@ -14,9 +14,9 @@ the same function, so they agree without a coordinator:
 * **In reserve.** A worker with nothing waiting keeps at least ``1/n`` of n live workers in its limiter: it
   sends no more than it wants with it, and when calls come, they leave at an ordinary pace at once (a call is
   told its wait when it arrives; a share near zero would schedule the first calls minutes out).
-* **Held.** The others leave a worker its ``1/n`` while it starts (until its first calls, a minute at most) and
-  for three beats after its calls stop (a rebalance's pause, a gap between batches): a share given back a
-  moment later is given back late, since the calls a worker already told to wait keep their times.
+* **Held.** The others leave an idle worker its ``1/n`` from its partitions to its first calls and while a
+  rebalance holds its records, a minute at most, and for three beats after its calls stop otherwise: a share
+  given back a moment later is given back late, since the calls a worker already told to wait keep their times.
 * **Gone**: a worker not heard from for three of its beats (SIGKILLed, cut off); a clean stop says so at once.
 
 The bound. In a view every worker has read, the live workers' shares in use sum to at most 1. Views differ by
@@ -40,8 +40,8 @@ DRAIN_S: Final = 1.0  # what waits at a worker's pace asks for the rate that sen
 HEADROOM: Final = 0.1  # a worker wants this much more than it sent, room to grow before calls wait
 MIN_SHARE: Final = 0.001  # a limiter's share must be above 0
 MAX_BEAT_MODELS: Final = 64  # models in one beat at most (the ones wanting most): a beat stays small
-HOLD_NEW_S: Final = 60.0  # a worker first heard keeps its part this long at most before it has calls
-HOLD_IDLE_S: Final = STALE_BEATS * BEAT_S  # a worker keeps its part this long after its calls stopped
+HOLD_PAUSED_S: Final = 60.0  # a worker starting or paused keeps its part this long at most after its last calls
+HOLD_IDLE_S: Final = STALE_BEATS * BEAT_S  # a worker with work of its own keeps its part this long after its calls
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class Beat:
     worker: str
     models: Mapping[str, ModelDemand] = field(default_factory=dict)
     every_s: float = BEAT_S
+    paused: bool = False  # its group holds its records (a rebalance, or no input partition): its calls come back
     unreadable: bool = False  # a record of a later, incompatible version
 
     def demand(self, model: str) -> ModelDemand:
@@ -124,15 +125,21 @@ class FleetView:
         return [beat for beat, _ in self._beats.values()]
 
     def holds(self, worker: str, model: str, now: float) -> bool:
-        """Whether ``worker`` keeps its part of ``model``'s limit though it asks for nothing now: it was first
-        heard lately and has had no calls yet (a worker starting takes seconds to join its group and get
-        records), or it had calls within three beats (a rebalance's pause, a gap between two batches). The
-        others take that part only after: it would come back while their calls are already scheduled."""
+        """Whether ``worker`` keeps its part of ``model``'s limit though it asks for nothing now: its calls are
+        about to come, and the others' calls scheduled meanwhile at a larger share would keep their times. So
+        a worker keeps it once it has its partitions and before its first calls (the workers of one rebalance
+        start within moments of each other), while its group holds its records after it had calls (a
+        rebalance: every worker resumes at once), both for a minute at most, and for three beats after its
+        last calls otherwise (the gap between two batches). A worker still joining its group keeps nothing:
+        the rebalance its joining starts lets every scheduled call leave before it gets records."""
+        heard = self._beats.get(worker)
         active_at = self._active_at.get((worker, model))
-        if active_at is not None:
-            return now - active_at <= HOLD_IDLE_S
-        first_heard = self._first_heard.get(worker)
-        return first_heard is not None and now - first_heard < HOLD_NEW_S
+        if heard is None:
+            return False
+        paused = heard[0].paused
+        if active_at is None:
+            return not paused and now - self._first_heard[worker] < HOLD_PAUSED_S
+        return now - active_at < (HOLD_PAUSED_S if paused else HOLD_IDLE_S)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,11 @@ def test_a_beat_reads_back_as_written(models: dict[str, ModelDemand], every_s: f
     assert decode_beat("host-1-abc", encode_beat(beat)) == beat
 
 
+def test_a_paused_worker_reads_back_paused() -> None:
+    assert decode_beat("w", encode_beat(Beat("w", {}, 2.0, paused=True))) == Beat("w", {}, 2.0, paused=True)
+    assert b"paused" not in encode_beat(Beat("w", {}))
+
+
 def test_idle_models_are_left_out_and_read_back_idle() -> None:
     beat = Beat("w", {"busy": ModelDemand(waiting_calls=3, limit_rpm=600), "idle": ModelDemand(limit_rpm=600)})
     decoded = decode_beat("w", encode_beat(beat))
@@ -56,7 +61,7 @@ def test_the_beat_interval_is_kept_within_reason() -> None:
     b"", b"\xff", b"[]", b'"beat"', b"{}", b'{"v":"1"}', b'{"v":0}', b'{"v":true}', b'{"v":1,"every_ms":"x"}',
     b'{"v":1,"models":[]}', b'{"v":1,"models":{"m":3}}', b'{"v":1,"models":{"m":{"waiting_calls":-1}}}',
     b'{"v":1,"models":{"m":{"sent_rpm":"many"}}}', b'{"v":1,"models":{"m":{"limit_rpm":true}}}',
-    b'{"v":1,"models":{"m":{"share":NaN}}}', b'{"v":1,"every_ms":Infinity}',
+    b'{"v":1,"models":{"m":{"share":NaN}}}', b'{"v":1,"every_ms":Infinity}', b'{"v":1,"paused":1}',
 ])
 def test_anything_that_is_not_a_beat_is_refused(value: bytes) -> None:
     with pytest.raises(ValueError):

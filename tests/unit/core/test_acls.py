@@ -32,7 +32,7 @@ def topology(prefix: str = "llm", app_id: str | None = None) -> Topology:
 
 
 def pipeline_topics(t: Topology) -> list[str]:
-    return [*t.all_topics(), t.batches, t.state_changelog]
+    return [*t.all_topics(), t.batches, t.fleet, t.state_changelog]
 
 
 @pytest.mark.parametrize("t", [topology(), topology("acme"), topology("llm", "team-a")])

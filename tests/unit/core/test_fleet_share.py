@@ -262,20 +262,36 @@ def test_a_worker_not_heard_from_for_three_beats_is_gone() -> None:
     assert [beat.worker for beat in view.live(15.01)] == ["a"]
 
 
-def test_a_worker_holds_its_part_while_it_starts_and_for_three_beats_after_its_calls() -> None:
+def test_a_worker_holds_its_part_from_its_partitions_to_its_first_calls_and_three_beats_after_them() -> None:
     view = FleetView("me")
-    view.heard(Beat("new", {}), at=0.0)
-    assert view.holds("new", "m", 59.9) and not view.holds("new", "m", 60.0)  # no calls within a minute: released
-    view.heard(Beat("new", {"m": light(60)}), at=10.0)
-    view.heard(Beat("new", {"m": IDLE}), at=11.0)
-    assert view.holds("new", "m", 13.0) and not view.holds("new", "m", 13.01)  # three beats after its calls
-    assert view.holds("new", "n", 20.0)  # no calls for n yet
+    view.heard(Beat("new", {}, paused=True), at=0.0)
+    assert not view.holds("new", "m", 1.0)  # joining its group: the rebalance lets every scheduled call leave
+    view.heard(Beat("new", {}), at=2.0)
+    assert view.holds("new", "m", 59.9)  # its partitions, no calls yet
+    view.heard(Beat("new", {}), at=58.0)
+    assert not view.holds("new", "m", 60.0)  # no calls within a minute: released
+    view.heard(Beat("new", {"m": light(60)}), at=70.0)
+    view.heard(Beat("new", {"m": IDLE}), at=71.0)
+    assert view.holds("new", "m", 72.9) and not view.holds("new", "m", 73.0)  # three beats after its calls
+    assert not view.holds("new", "n", 73.0)  # a minute since its first beat, still no calls for n
     assert not view.holds("never-heard", "m", 0.0)
     view.gone("new")
-    assert not view.holds("new", "m", 12.0)
+    assert not view.holds("new", "m", 72.0)
 
 
-def test_a_worker_starting_keeps_its_part_from_the_busy_ones() -> None:
+def test_a_worker_whose_rebalance_holds_its_records_holds_its_part_up_to_a_minute() -> None:
+    """A rebalance stops every worker until the slowest has drained its calls, then all resume at once: the
+    first back must not take the others' parts."""
+    view = FleetView("me")
+    view.heard(Beat("w", {"m": busy()}), at=0.0)
+    view.heard(Beat("w", {}, paused=True), at=1.0)
+    view.heard(Beat("w", {}, paused=True), at=50.0)
+    assert view.holds("w", "m", 50.0) and not view.holds("w", "m", 60.0)
+    view.heard(Beat("w", {}), at=51.0)  # its partitions back, and nothing to do: idle
+    assert not view.holds("w", "m", 51.0)
+
+
+def test_a_worker_with_partitions_and_no_calls_yet_keeps_its_part_from_the_busy_ones() -> None:
     view = FleetView("me")
     view.heard(Beat("starting", {}), at=0.0)
     computed = shares({"m": busy()}, view.live(1.0), lambda worker, model: view.holds(worker, model, 1.0))
