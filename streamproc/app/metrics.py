@@ -25,7 +25,8 @@ are in seconds, a state is a label):
   ``closed``, ``half_open``, ``open``), ``model_paused{model}``, ``adaptive_in_flight_limit``,
   ``rate_limit_requests_per_second{model}`` / ``rate_limit_tokens_per_second{model}`` (the pace, from the
   per-minute limits), ``fallbacks_total{model,fallback,reason}``,
-  ``retry_budget_exhausted_total``, ``token_estimate_ratio``; ``hedged_calls_total`` (the client's hedges);
+  ``retry_budget_exhausted_total``, ``token_estimate_ratio``; ``hedged_calls_total`` (the client's hedges),
+  ``rate_limited_resends_total`` (calls the pace sent again in place after a 429);
 * the fleet (workers that derive their share, design §5.8): ``rate_limit_share{model}`` (this worker's share of
   each model's limits), ``fleet_workers`` (the live workers it counts, itself included).
 
@@ -168,6 +169,12 @@ class WorkerMetrics:
         self.registry.register(_ReadCounter("hedged_calls", "Calls sent a second time because they ran longer "
                                             "than their model's p99 (hedged requests; the first answer wins).",
                                             count))
+
+    def track_resends(self, count: Callable[[], int]) -> None:
+        """``rate_limited_resends_total`` reads ``count()`` at every scrape."""
+        self.registry.register(_ReadCounter("rate_limited_resends", "Calls sent again in place after a 429 "
+                                            "refused them, within the pace's wait (no failure event records "
+                                            "them).", count))
 
     def set_lag(self, rows: Iterable[PartitionLag], now: float) -> None:
         """Replace the ``consumer_lag`` series: partitions no longer listed (revoked) disappear."""

@@ -78,6 +78,7 @@ class Guards:
         self.pauses = ModelPauses(on_change=_log_pause)  # models whose first calls all failed alike
         self.fallbacks: dict[tuple[str, str, str], int] = {}  # (from, to, reason) -> calls
         self.budget_exhausted = 0  # read by the metrics collector, like fallbacks
+        self._paced: RateLimitedLayer | None = None
         self._stack = self._compose(clock, sleep, wait)
 
     def _compose(self, clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
@@ -87,7 +88,7 @@ class Guards:
                                                           self._breakers, clock)
         if self.limiter is not None:
             on_congestion = self.adaptive.on_congestion if self.adaptive is not None else None
-            stack = RateLimitedLayer(stack, self.limiter, self.estimator, clock, sleep, on_congestion)
+            stack = self._paced = RateLimitedLayer(stack, self.limiter, self.estimator, clock, sleep, on_congestion)
         if self.adaptive is not None:
             stack = GatedLayer(stack, AdaptiveGate(self.adaptive), clock)
         routing = RoutingLayer(stack, self.routes, self._breakers, self._count_fallback, clock, wait, self.pauses)
@@ -171,6 +172,11 @@ class Guards:
 
     def breaker_states(self) -> dict[str, BreakerState]:
         return {model: breaker.state for model, breaker in self.breakers.items()}
+
+    @property
+    def resent_after_429(self) -> int:
+        """Calls the pace sent again after a 429 refused them (no failure event records these)."""
+        return self._paced.resent if self._paced is not None else 0
 
     def rate_limits(self) -> dict[str, RateLimits]:
         """The per-minute limits each model is paced to (configured or learned, after the share)."""

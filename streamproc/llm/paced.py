@@ -40,6 +40,7 @@ class RateLimitedLayer:
         self._clock = clock
         self._sleep = sleep
         self._on_congestion = on_congestion
+        self.resent = 0  # calls sent again after a 429 (read by the metrics: each is a call no event records)
 
     async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
         model: str = body["model"]
@@ -63,6 +64,7 @@ class RateLimitedLayer:
             again = self._learn(self._limiter.for_model(model, self._clock()), cost, called, started)
             if again is None or sends >= MAX_SENDS or again > LONGEST_WAIT_S:
                 return called
+            self.resent += 1
             if again > 0:
                 await self._sleep(again)
 

@@ -70,6 +70,7 @@ async def test_realistic_batch_converges_exactly_once(settings: Settings, tmp_pa
             outcomes = await reader.wait_until_ended(ids, 300, worker)
         stats = mock.stats(detail=True)
         hedged = scrape_gauge(port, "streamproc_hedged_calls_total")
+        resent = scrape_gauge(port, "streamproc_rate_limited_resends_total")
     finally:
         worker.stop()
         mock.stop()
@@ -97,13 +98,15 @@ async def test_realistic_batch_converges_exactly_once(settings: Settings, tmp_pa
             terminal_layers[layer.value] += 1
             if layer is FailureLayer.BUSINESS:  # never called again after a business failure
                 assert calls.get(request_id, 0) - extra <= terminal[0].attempt, (request_id, calls.get(request_id))
-        assert sum(1 for f in events if f.layer is FailureLayer.SEMANTIC) <= 3, request_id
+        # three semantic attempts, or three cut answers given more room and then a fourth failure (design §5.4)
+        assert sum(1 for f in events if f.layer is FailureLayer.SEMANTIC) <= 4, request_id
         # every attempt before the last was recorded as a non-terminal failure on its layer
         assert all(not f.terminal for f in outcomes.failures.get(request_id, []) if f not in terminal)
     # every call the server saw is accounted for by exactly one result or failure event, or is a hedge (a hedge
-    # cancelled because the first copy answered meanwhile may never reach the server)
-    assert hedged is not None and extra_calls <= hedged, (extra_calls, hedged)
-    assert extra_calls <= 0.03 * len(ids) + 5  # hedges are rationed (STREAMPROC_LLM_HEDGE_RATIO)
+    # cancelled because the first copy answered meanwhile may never reach the server), or was sent again in place
+    # after a 429 (design §5.5)
+    assert hedged is not None and resent is not None and extra_calls <= hedged + resent, (extra_calls, hedged, resent)
+    assert hedged <= 0.03 * len(ids) + 5  # hedges are rationed (STREAMPROC_LLM_HEDGE_RATIO)
     succeeded = sum(1 for i in ids if outcomes.results.get(i))
     assert succeeded >= 0.95 * len(ids), (succeeded, terminal_layers)
     assert terminal_layers["business"] > 0  # the profile's business faults really reached the pipeline

@@ -266,6 +266,14 @@ def test_hedged_calls_are_read_from_the_client_at_scrape() -> None:
     assert metrics.registry.get_sample_value("streamproc_hedged_calls_total") == 3
 
 
+def test_resends_after_a_429_are_read_from_the_guards_at_scrape() -> None:
+    metrics = WorkerMetrics(CollectorRegistry())
+    resent = [0]
+    metrics.track_resends(lambda: resent[0])
+    resent[0] = 2
+    assert metrics.registry.get_sample_value("streamproc_rate_limited_resends_total") == 2
+
+
 
 def breaker_in(state: BreakerState) -> CircuitBreaker:
     """A real breaker driven into ``state``: one failure opens it, asking after ``open_s`` half-opens it."""

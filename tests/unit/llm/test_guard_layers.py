@@ -245,6 +245,7 @@ async def test_a_429_that_names_no_bucket_pauses_its_call_not_the_model() -> Non
     assert clock.now == pytest.approx(started + 1)  # its own retry-after
     assert congestion == [] and limiter.for_model("big", clock()).paused_until == float("-inf")
     assert limiter.for_model("big", clock()).pace == 1.0
+    assert layer.resent == 1
 
 
 async def test_a_call_refused_at_every_send_goes_back_to_the_handler() -> None:
@@ -253,6 +254,7 @@ async def test_a_call_refused_at_every_send_goes_back_to_the_handler() -> None:
     layer = RateLimitedLayer(inner, RateLimiter(RateLimits(), share=1.0), TokenEstimator(), clock, clock.sleep)
     assert await layer.call(REQUEST, BODY, True) == BUSY
     assert len(inner.calls) == MAX_SENDS
+    assert layer.resent == MAX_SENDS - 1  # the sends after the first: no failure event records them
 
 
 async def test_a_refused_call_told_to_wait_long_goes_back_to_the_handler_at_once() -> None:
