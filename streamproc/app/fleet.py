@@ -37,6 +37,7 @@ from streamproc.core.fleet_share import (
     FleetShares,
     FleetView,
     ModelDemand,
+    Round,
     SentCounter,
     shares,
     starting_share,
@@ -106,8 +107,9 @@ class FleetMember:
         self._sent = SentCounter(clock())
         self._limiter: RateLimiter | None = None
         self._cost: Callable[[dict[str, Any]], int] = lambda _body: 0
-        self._paused: Callable[[], bool] = lambda: True
-        self._said_paused = True  # what the last beat said of it
+        self._membership: Callable[[], tuple[bool, int]] = lambda: (True, 0)
+        self._said = (True, 0)  # what the last beat said of its membership: paused, generation
+        self._round = Round(0, clock())  # its group generation, and since when
         self._mine: dict[str, ModelDemand] = {}  # this worker's demand as its last beat said
         self.shares = FleetShares({}, 1.0, 1)  # what the limiter paces at now
         self._heard_at = -math.inf  # the last time the topic was read to its end
@@ -134,12 +136,14 @@ class FleetMember:
     def metered(self, caller: Caller) -> Caller:
         return SentMeter(caller, self._on_sent)
 
-    def attach(self, limiter: RateLimiter, cost: Callable[[dict[str, Any]], int], paused: Callable[[], bool]) -> None:
-        """The limiter whose shares this sets, the tokens a call costs at its pace, and whether the worker's group
-        holds its records now (a rebalance, no input partition)."""
+    def attach(self, limiter: RateLimiter, cost: Callable[[dict[str, Any]], int],
+               membership: Callable[[], tuple[bool, int]]) -> None:
+        """The limiter whose shares this sets, the tokens a call costs at its pace, and the worker's place in its
+        consumer group: whether the group holds its records now (a rebalance, no input partition), and the
+        generation it was last given partitions in."""
         self._limiter = limiter
         self._cost = cost
-        self._paused = paused
+        self._membership = membership
 
     # -- running -----------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -176,11 +180,13 @@ class FleetMember:
     async def _beat(self, producer: Any) -> None:
         now = self._clock()
         self._mine = self._demand(now)
-        self._said_paused = self._paused()
+        self._said = self._membership()
+        if self._said[1] != self._round.generation:
+            self._round = Round(self._said[1], now)
+        beat = Beat(self.worker, self._mine, BEAT_S, *self._said)
         try:  # a full buffer or missing metadata must not hold the shares up
             delivery = await asyncio.wait_for(
-                producer.send(self._where.topic, encode_beat(Beat(self.worker, self._mine, BEAT_S, self._said_paused)),
-                              key=self.worker.encode()), BEAT_S)
+                producer.send(self._where.topic, encode_beat(beat), key=self.worker.encode()), BEAT_S)
             delivery.add_done_callback(self._on_delivered)
         except Exception as exc:
             log.debug("a fleet beat was not sent: %s", exc)
@@ -231,7 +237,7 @@ class FleetMember:
                 if records:
                     self._apply(records)
                     self._reshare(self._heard_at)
-                if self._paused() != self._said_paused:  # partitions came or went: the others hold by it
+                if self._membership() != self._said:  # partitions came or went: the others hold by it
                     self._wake.set()
                 await asyncio.sleep(FOLLOW_S)
 
@@ -262,7 +268,8 @@ class FleetMember:
             workers = self._members or self.shares.workers
             computed = FleetShares(dict.fromkeys(self._mine, 1.0 / workers), 1.0 / workers, workers)
         else:
-            computed = shares(self._mine, others, lambda worker, model: self._view.holds(worker, model, now))
+            mine = self._round
+            computed = shares(self._mine, others, lambda worker, model: self._view.holds(worker, model, now, mine))
         self._limiter.set_shares(computed.by_model, computed.default, now)
         self.shares = computed
         self._log_membership(others)

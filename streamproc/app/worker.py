@@ -221,7 +221,7 @@ class WorkerRuntime:
             caller = fleet.metered(self.llm)
         self.guards = Guards.from_settings(guards, caller, self._expected_first_attempts)
         if fleet is not None and self.guards.limiter is not None:
-            fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._paused)
+            fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
                                         kafka, self.topology.results)
         self.configuration_problem: ConfigurationProblem | None = None
@@ -235,15 +235,17 @@ class WorkerRuntime:
                                    reuse=ResultReuse(self.result_index, self.batch_sizes.reuses)))
         self._register_agents()
 
-    def _paused(self) -> bool:
-        """Whether the group holds this worker's records: a rebalance, or no input partition (yet)."""
+    def _membership(self) -> tuple[bool, int]:
+        """Whether the group holds this worker's records (a rebalance, or no input partition yet), and the group
+        generation it was last given partitions in."""
+        generation = self.app.consumer_generation_id
         if getattr(self.app, "rebalancing", False):
-            return True
+            return True, generation
         try:
             assignment = self.app.consumer.assignment()
         except Exception:  # the consumer is not started yet
-            return True
-        return not any(tp.topic in self.topology.inputs for tp in assignment)
+            return True, generation
+        return not any(tp.topic in self.topology.inputs for tp in assignment), generation
 
     def _expected_first_attempts(self, batch_id: str) -> float:
         """This worker's share of the batch's submitted requests (its share of the requests partitions)."""

@@ -26,6 +26,8 @@ def encode_beat(beat: Beat) -> bytes:
     fields = {"v": VERSION, "every_ms": round(beat.every_s * 1000), "models": models}
     if beat.paused:
         fields["paused"] = True
+    if beat.generation:
+        fields["generation"] = beat.generation
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
@@ -44,12 +46,15 @@ def decode_beat(worker: str, data: bytes) -> Beat:
     every_s = min(max(every_ms, _EVERY_MS[0]), _EVERY_MS[1]) / 1000
     if version > VERSION:
         return Beat(worker, every_s=every_s, unreadable=True)
-    models, paused = fields.get("models", {}), fields.get("paused", False)
+    models, paused, generation = fields.get("models", {}), fields.get("paused", False), fields.get("generation", 0)
     if not isinstance(models, dict):
         raise ValueError("models must be an object of model name -> demand")
     if not isinstance(paused, bool):
         raise ValueError(f"paused must be true or false, got {paused!r}")
-    return Beat(worker, {str(model): _demand(model, demand) for model, demand in models.items()}, every_s, paused)
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise ValueError(f"generation must be an integer >= 0, got {generation!r}")
+    return Beat(worker, {str(model): _demand(model, demand) for model, demand in models.items()}, every_s, paused,
+                generation)
 
 
 def _fields(demand: ModelDemand) -> dict[str, float]:

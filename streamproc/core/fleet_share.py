@@ -15,8 +15,9 @@ the same function, so they agree without a coordinator:
   sends no more than it wants with it, and when calls come, they leave at an ordinary pace at once (a call is
   told its wait when it arrives; a share near zero would schedule the first calls minutes out).
 * **Held.** The others leave an idle worker its ``1/n`` from its partitions to its first calls and while a
-  rebalance holds its records, a minute at most, and for three beats after its calls stop otherwise: a share
-  given back a moment later is given back late, since the calls a worker already told to wait keep their times.
+  rebalance of their generation holds its records, a minute at most, and for three beats after its calls stop
+  otherwise: a share given back a moment later is given back late, since the calls a worker already told to
+  wait keep their times.
 * **Gone**: a worker not heard from for three of its beats (SIGKILLed, cut off); a clean stop says so at once.
 
 The bound. In a view every worker has read, the live workers' shares in use sum to at most 1. Views differ by
@@ -32,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 BEAT_S: Final = 1.0  # how often a worker publishes its beat
 STALE_BEATS: Final = 3  # a worker not heard from for this many of its beats is gone
@@ -78,6 +79,7 @@ class Beat:
     models: Mapping[str, ModelDemand] = field(default_factory=dict)
     every_s: float = BEAT_S
     paused: bool = False  # its group holds its records (a rebalance, or no input partition): its calls come back
+    generation: int = 0  # the consumer group generation it was last given partitions in
     unreadable: bool = False  # a record of a later, incompatible version
 
     def demand(self, model: str) -> ModelDemand:
@@ -89,6 +91,13 @@ class Beat:
         active = [(model, demand) for model, demand in self.models.items() if demand.active]
         active.sort(key=lambda item: (-item[1].waiting_calls, -item[1].sent_rpm, -item[1].sent_tpm))
         return dict(active[:MAX_BEAT_MODELS])
+
+
+class Round(NamedTuple):
+    """The consumer group generation a worker was last given partitions in, and when it got there (its clock)."""
+
+    generation: int
+    since: float
 
 
 class FleetView:
@@ -124,22 +133,27 @@ class FleetView:
                 self.gone(worker)
         return [beat for beat, _ in self._beats.values()]
 
-    def holds(self, worker: str, model: str, now: float) -> bool:
-        """Whether ``worker`` keeps its part of ``model``'s limit though it asks for nothing now: its calls are
-        about to come, and the others' calls scheduled meanwhile at a larger share would keep their times. So
-        a worker keeps it once it has its partitions and before its first calls (the workers of one rebalance
-        start within moments of each other), while its group holds its records after it had calls (a
-        rebalance: every worker resumes at once), both for a minute at most, and for three beats after its
-        last calls otherwise (the gap between two batches). A worker still joining its group keeps nothing:
-        the rebalance its joining starts lets every scheduled call leave before it gets records."""
+    def holds(self, worker: str, model: str, now: float, mine: Round) -> bool:
+        """Whether ``worker`` keeps its part of ``model``'s limit though it asks for nothing now, for a reader in
+        the group round ``mine``: its calls are about to come, and the reader's calls scheduled meanwhile at a
+        larger share would keep their times. So a worker keeps it once it has its partitions and before its
+        first calls (the workers of one rebalance start within moments of each other), while a rebalance of
+        the reader's round (or a later one) holds its records after it had calls (every worker resumes at
+        once), both for a minute at most, and for three beats after its last calls otherwise (the gap between
+        two batches). A worker still joining, or left out of the reader's round (three beats after the reader
+        got there: the others' beats say their new generation within moments), keeps nothing: it gets records
+        only through a rebalance, which lets every scheduled call leave first."""
         heard = self._beats.get(worker)
         active_at = self._active_at.get((worker, model))
         if heard is None:
             return False
-        paused = heard[0].paused
+        beat = heard[0]
         if active_at is None:
-            return not paused and now - self._first_heard[worker] < HOLD_PAUSED_S
-        return now - active_at < (HOLD_PAUSED_S if paused else HOLD_IDLE_S)
+            return not beat.paused and now - self._first_heard[worker] < HOLD_PAUSED_S
+        if beat.paused:
+            in_round = beat.generation >= mine.generation or now - mine.since <= HOLD_IDLE_S
+            return in_round and now - active_at < HOLD_PAUSED_S
+        return now - active_at < HOLD_IDLE_S
 
 
 @dataclass(frozen=True)

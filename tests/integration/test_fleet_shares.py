@@ -156,7 +156,7 @@ async def test_the_workers_split_the_account_as_they_join_and_die(settings: Sett
         kill = await wait_for(lambda s: took_over(s, ["w2", "w3"]), 30, "the two left take w1's share", sample)
         events["two split again"] = time.monotonic()
         async with pipeline.OutcomeReader(settings.kafka_bootstrap, settings) as reader:
-            while reader.outcomes.unfinished(ids) and time.monotonic() - start < 240:
+            while reader.outcomes.unfinished(ids) and time.monotonic() - start < 360:
                 await reader.poll()
                 sample()
         outcomes = reader.outcomes

@@ -25,9 +25,10 @@ def test_a_beat_reads_back_as_written(models: dict[str, ModelDemand], every_s: f
     assert decode_beat("host-1-abc", encode_beat(beat)) == beat
 
 
-def test_a_paused_worker_reads_back_paused() -> None:
-    assert decode_beat("w", encode_beat(Beat("w", {}, 2.0, paused=True))) == Beat("w", {}, 2.0, paused=True)
-    assert b"paused" not in encode_beat(Beat("w", {}))
+def test_a_worker_s_place_in_its_group_reads_back() -> None:
+    beat = Beat("w", {}, 2.0, paused=True, generation=7)
+    assert decode_beat("w", encode_beat(beat)) == beat
+    assert b"paused" not in encode_beat(Beat("w", {})) and b"generation" not in encode_beat(Beat("w", {}))
 
 
 def test_idle_models_are_left_out_and_read_back_idle() -> None:
@@ -62,6 +63,7 @@ def test_the_beat_interval_is_kept_within_reason() -> None:
     b'{"v":1,"models":[]}', b'{"v":1,"models":{"m":3}}', b'{"v":1,"models":{"m":{"waiting_calls":-1}}}',
     b'{"v":1,"models":{"m":{"sent_rpm":"many"}}}', b'{"v":1,"models":{"m":{"limit_rpm":true}}}',
     b'{"v":1,"models":{"m":{"share":NaN}}}', b'{"v":1,"every_ms":Infinity}', b'{"v":1,"paused":1}',
+    b'{"v":1,"generation":-1}', b'{"v":1,"generation":1.5}',
 ])
 def test_anything_that_is_not_a_beat_is_refused(value: bytes) -> None:
     with pytest.raises(ValueError):

@@ -19,6 +19,7 @@ from streamproc.core.fleet_share import (
     Beat,
     FleetView,
     ModelDemand,
+    Round,
     SentCounter,
     allocate,
     shares,
@@ -26,6 +27,7 @@ from streamproc.core.fleet_share import (
 )
 
 LIMIT = 3000.0
+FIRST = Round(0, 0.0)  # the reader's group round, in tests that do not turn on it
 EPSILON = 1e-9
 
 
@@ -265,36 +267,48 @@ def test_a_worker_not_heard_from_for_three_beats_is_gone() -> None:
 def test_a_worker_holds_its_part_from_its_partitions_to_its_first_calls_and_three_beats_after_them() -> None:
     view = FleetView("me")
     view.heard(Beat("new", {}, paused=True), at=0.0)
-    assert not view.holds("new", "m", 1.0)  # joining its group: the rebalance lets every scheduled call leave
+    assert not view.holds("new", "m", 1.0, FIRST)  # joining its group: the rebalance lets every scheduled call leave
     view.heard(Beat("new", {}), at=2.0)
-    assert view.holds("new", "m", 59.9)  # its partitions, no calls yet
+    assert view.holds("new", "m", 59.9, FIRST)  # its partitions, no calls yet
     view.heard(Beat("new", {}), at=58.0)
-    assert not view.holds("new", "m", 60.0)  # no calls within a minute: released
+    assert not view.holds("new", "m", 60.0, FIRST)  # no calls within a minute: released
     view.heard(Beat("new", {"m": light(60)}), at=70.0)
     view.heard(Beat("new", {"m": IDLE}), at=71.0)
-    assert view.holds("new", "m", 72.9) and not view.holds("new", "m", 73.0)  # three beats after its calls
-    assert not view.holds("new", "n", 73.0)  # a minute since its first beat, still no calls for n
-    assert not view.holds("never-heard", "m", 0.0)
+    assert view.holds("new", "m", 72.9, FIRST) and not view.holds("new", "m", 73.0, FIRST)  # three beats after
+    assert not view.holds("new", "n", 73.0, FIRST)  # a minute since its first beat, still no calls for n
+    assert not view.holds("never-heard", "m", 0.0, FIRST)
     view.gone("new")
-    assert not view.holds("new", "m", 72.0)
+    assert not view.holds("new", "m", 72.0, FIRST)
 
 
 def test_a_worker_whose_rebalance_holds_its_records_holds_its_part_up_to_a_minute() -> None:
     """A rebalance stops every worker until the slowest has drained its calls, then all resume at once: the
     first back must not take the others' parts."""
     view = FleetView("me")
-    view.heard(Beat("w", {"m": busy()}), at=0.0)
-    view.heard(Beat("w", {}, paused=True), at=1.0)
-    view.heard(Beat("w", {}, paused=True), at=50.0)
-    assert view.holds("w", "m", 50.0) and not view.holds("w", "m", 60.0)
-    view.heard(Beat("w", {}), at=51.0)  # its partitions back, and nothing to do: idle
-    assert not view.holds("w", "m", 51.0)
+    view.heard(Beat("w", {"m": busy()}, generation=4), at=0.0)
+    view.heard(Beat("w", {}, paused=True, generation=5), at=1.0)
+    view.heard(Beat("w", {}, paused=True, generation=5), at=50.0)
+    assert view.holds("w", "m", 50.0, Round(5, 1.0)) and not view.holds("w", "m", 60.0, Round(5, 1.0))
+    view.heard(Beat("w", {}, generation=5), at=51.0)  # its partitions back, and nothing to do: idle
+    assert not view.holds("w", "m", 51.0, Round(5, 1.0))
+
+
+def test_a_worker_out_of_the_reader_s_round_holds_nothing() -> None:
+    """Left out of the group (its session expired while it drained its calls): it comes back only through a
+    rebalance, which lets the reader's scheduled calls leave first. Just after the reader got its round, the
+    others' beats may not say theirs yet: for three beats they hold as if in it."""
+    view = FleetView("me")
+    view.heard(Beat("w", {"m": busy()}, generation=4), at=0.0)
+    view.heard(Beat("w", {}, paused=True, generation=4), at=1.0)
+    assert view.holds("w", "m", 2.0, Round(4, 0.0))
+    assert view.holds("w", "m", 2.0, Round(5, 1.5))  # the reader got generation 5 half a second ago
+    assert not view.holds("w", "m", 5.0, Round(5, 1.5))
 
 
 def test_a_worker_with_partitions_and_no_calls_yet_keeps_its_part_from_the_busy_ones() -> None:
     view = FleetView("me")
     view.heard(Beat("starting", {}), at=0.0)
-    computed = shares({"m": busy()}, view.live(1.0), lambda worker, model: view.holds(worker, model, 1.0))
+    computed = shares({"m": busy()}, view.live(1.0), lambda worker, model: view.holds(worker, model, 1.0, FIRST))
     assert computed.by_model == {"m": pytest.approx(0.5)}
     released = shares({"m": busy()}, view.live(1.0), lambda worker, model: False)
     assert released.by_model == {"m": pytest.approx(1.0)}
