@@ -48,7 +48,7 @@ class RateLimitSettings(SettingsValue):
 
     rpm: float | None
     tpm: float | None
-    share: float  # this worker's share of them; where it starts when it follows the fleet
+    share: float  # this worker's fixed share of them (1 when it follows the fleet, which sets its share at run time)
     follows_fleet: bool  # the share is derived from the fleet's beats at run time (design §5.8), not fixed
 
 

@@ -144,6 +144,7 @@ class FleetMember:
         self._limiter = limiter
         self._cost = cost
         self._membership = membership
+        limiter.set_shares(self.shares.by_model, self.shares.default, self._clock())  # a model called first paces so
 
     # -- running -----------------------------------------------------------------------------------------
     async def run(self) -> None:

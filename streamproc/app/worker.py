@@ -60,7 +60,7 @@ from streamproc.kafka.clients import kafka_admin
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.kafka.diagnose import KafkaRefused, diagnose
 from streamproc.llm.api_key import check_llm_key
-from streamproc.llm.client import Caller, LLMClient
+from streamproc.llm.client import LLMClient
 from streamproc.llm.guarded import Guards
 from streamproc.settings import Settings
 
@@ -215,12 +215,9 @@ class WorkerRuntime:
         self.llm = LLMClient(settings.llm_endpoint, connections=guards.in_flight.ceiling,
                              hedge_ratio=guards.hedge_ratio)
         self.batch_sizes = batch_sizes or BatchSizes()
-        caller: Caller = self.llm
-        if fleet is not None:  # the limiter starts at the fleet's share for a newcomer, and the fleet sets it
-            guards = guards.model_copy(update={"rate": guards.rate.model_copy(update={"share": fleet.shares.default})})
-            caller = fleet.metered(self.llm)
-        self.guards = Guards.from_settings(guards, caller, self._expected_first_attempts)
-        if fleet is not None and self.guards.limiter is not None:
+        self.guards = Guards.from_settings(guards, fleet.metered(self.llm) if fleet is not None else self.llm,
+                                           self._expected_first_attempts)
+        if fleet is not None and self.guards.limiter is not None:  # the fleet sets its shares from now on
             fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
                                         kafka, self.topology.results)
