@@ -248,6 +248,7 @@ class Outcomes:
     earliest_failure_ms: int | None = None  # any failure event: its call started at or before this
     strangers: int = 0  # outcomes for ids not in this run (none expected)
     converged_at: float | None = None  # wall time the reader had an outcome for every request
+    milestones: list[tuple[int, asyncio.Event]] = field(default_factory=list)  # (outcomes, set once reached)
 
     def add(self, topic_is_results: bool, value: bytes) -> None:
         if topic_is_results:
@@ -269,6 +270,20 @@ class Outcomes:
         else:
             self.retried[(event.layer.value, event.error_code)] += 1
             self.failed_at.setdefault(request_id, []).append((event.last_failure_ms / 1000, event.error_code))
+
+    def reached(self, count: int) -> asyncio.Event:
+        """An event set once ``count`` requests have an outcome (by :func:`follow`, as it reads them)."""
+        event = asyncio.Event()
+        self.milestones.append((count, event))
+        self.signal_milestones()
+        return event
+
+    def signal_milestones(self) -> None:
+        done = self.done
+        for count, event in self.milestones:
+            if done >= count:
+                event.set()
+        self.milestones = [(count, event) for count, event in self.milestones if not event.is_set()]
 
     def timeline(self, request_id: str, since: float) -> str:
         """When each attempt of a request failed and when its result came, seconds after ``since``: where a
@@ -326,7 +341,7 @@ class Outcomes:
 
 
 async def follow(bootstrap: str, topology: Topology, outcomes: Outcomes, spawn: Callable[[], subprocess.Popen[bytes]],
-                 timeout_s: float, sampler: Callable[[int], Sampler], first_outcome: asyncio.Event) -> Sampler:
+                 timeout_s: float, sampler: Callable[[int], Sampler]) -> Sampler:
     """Start the reader, then the worker; read until every request has an outcome, and ``SETTLE_S`` more."""
     failure_topics = [topology.failed(layer) for layer in FailureLayer]
     consumer = AIOKafkaConsumer(topology.results, *failure_topics, bootstrap_servers=bootstrap, group_id=None,
@@ -346,8 +361,8 @@ async def follow(bootstrap: str, topology: Topology, outcomes: Outcomes, spawn: 
                 for message in messages:
                     if message.value is not None:
                         outcomes.add(tp.topic == topology.results, message.value)
-            if outcomes.done and not first_outcome.is_set():
-                first_outcome.set()
+            if outcomes.milestones:
+                outcomes.signal_milestones()
             if outcomes.converged_at is None and outcomes.done >= expected:
                 outcomes.converged_at = now
             if now >= next_sample:
@@ -549,13 +564,13 @@ class GuardBench:
         print(f"{name}: {requests} requests, breaker {'on' if breaker else 'off'}"
               + (f", outage {outage_s:g}s after {self.args.outage_after_s:g}s" if outage_s else ""), flush=True)
         outcomes = Outcomes(batch.ids, time.time())
-        first_outcome = asyncio.Event()
+        first_outcome = outcomes.reached(1)
         window: list[OutageWindow] = []
         injector = (asyncio.create_task(inject_outage(mock, first_outcome, self.args.outage_after_s, outage_s,
                                                       window)) if outage_s else None)
         try:
             watch = await follow(self.bench.bootstrap, topology, outcomes, spawn, self.timeout_s(batch),
-                                 self.bench.sampler("worker", mock.process.pid), first_outcome)
+                                 self.bench.sampler("worker", mock.process.pid))
             if injector is not None:
                 if not injector.done():
                     raise BenchError("the run converged before the outage ended: give it more --outage-requests")

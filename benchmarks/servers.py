@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -46,13 +47,13 @@ import platform
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.fleet_workers import ONE, Scenario, WorkerGroup, play
 from benchmarks.guards import NOT_ADMITTED, Batch, Outcomes, follow
 from benchmarks.pipeline import (
     OTHER_LOAD_WARNING,
@@ -72,7 +73,6 @@ from benchmarks.pipeline import (
 from streamproc.app.topics import ensure_topics
 from streamproc.core.events import InferenceRequest
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.devstack.broker import free_port
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.mockllm import BUILTIN_PROFILES, FaultKind
 from streamproc.mockllm.engine import OUTAGE, RATE_LIMITED
@@ -164,7 +164,8 @@ class StrictRun:
     repeated_business: int = 0  # calls for a request that had already failed on the business layer
     cores: Mapping[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
-    hedged: int | None = None  # the worker's hedged calls (its metric); None for the plain clients
+    hedged: int | None = None  # the workers' hedged calls (their metric); None for the plain clients
+    repeated_outcomes: int = 0  # requests that ended more than once (two results, a result and a failure, ...)
 
     @property
     def hedged_business(self) -> int:
@@ -500,12 +501,6 @@ def strict_options(seed: int, profile: str = "strict") -> tuple[list[str], int, 
 
 
 
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text: str = response.read().decode()
-        return text
-
-
 def default_worker_env(bench: Bench, prefix: str, llm_url: str, data_dir: Path) -> dict[str, str]:
     """The benchmarks' worker environment, but the worker's own defaults for every setting of the LLM calls:
     only the broker, the topics, the data dir and the LLM's URL are set."""
@@ -527,31 +522,30 @@ class ServersBench:
         return self.bench.stack
 
     async def worker(self, name: str, requests: int, mock_options: list[str], timeout_s: float,
-                     metrics_port: int | None = None, settings: Mapping[str, str] | None = None,
-                     ) -> tuple[Outcomes, dict[str, Any], dict[str, float], str]:
-        """One default-settings worker (but ``settings``, STREAMPROC_* variables) over ``requests`` records of the
-        guards mix against a fresh mock.
+                     settings: Mapping[str, str] | None = None, scenario: Scenario = ONE,
+                     ) -> tuple[Outcomes, dict[str, Any], dict[str, float], list[str]]:
+        """Default-settings workers (but ``settings``, STREAMPROC_* variables) over ``requests`` records of the
+        guards mix against a fresh mock: ``scenario``'s workers, and its change mid-batch.
 
         Returns the outcomes (partial when the run did not finish in ``timeout_s``), the mock's
-        ``/stats?detail=1``, the cores used, and the worker's ``/metrics`` at the end ('' without a port).
+        ``/stats?detail=1``, the cores used (of the mock and the first worker), and each worker's ``/metrics``
+        at the end (a killed one's just before it was killed).
         """
         topology = self.bench.topology(name)
         await ensure_topics(KafkaConnection(bootstrap=self.bench.bootstrap), topology.all_topics())
         batch = Batch.make(f"{name}-{self.bench.run_id}", requests)
         await produce_requests(self.bench.bootstrap, topology.requests, batch.requests)
         mock = spawn_mock(self.stack, f"mock-{name}", mock_options)
-        worker_name = f"worker-{name}"
-        env = default_worker_env(self.bench, topology.prefix, mock.url, self.stack.workdir / f"{worker_name}-data")
-        if metrics_port is not None:
-            env["STREAMPROC_WORKER_METRICS_PORT"] = str(metrics_port)
+        env = default_worker_env(self.bench, topology.prefix, mock.url, self.stack.workdir / f"worker-{name}-data")
         env.update(settings or {})
-        workers: list[subprocess.Popen[bytes]] = []
+        group = WorkerGroup(self.stack, f"worker-{name}", env)
 
         def spawn() -> subprocess.Popen[bytes]:
-            workers.append(self.stack.spawn(worker_name, [sys.executable, "-m", "streamproc", "worker"], env))
-            return workers[0]
+            for _ in range(scenario.start):
+                group.start()
+            return group.processes[0]
 
-        print(f"{name}: {requests} requests, worker with default settings, mock {' '.join(mock_options)}",
+        print(f"{name}: {requests} requests, {scenario.label} with default settings, mock {' '.join(mock_options)}",
               flush=True)
         outcomes = Outcomes(batch.ids, time.time())
         sampled: list[Sampler] = []
@@ -560,36 +554,40 @@ class ServersBench:
             sampled.append(self.bench.sampler("worker", mock.process.pid)(pid))
             return sampled[-1]
 
-        metrics = ""
+        changed: list[str] = []
+        change = asyncio.create_task(play(scenario, outcomes, group, changed))
         try:
             try:
-                await follow(self.bench.bootstrap, topology, outcomes, spawn, timeout_s, sampler, asyncio.Event())
+                await follow(self.bench.bootstrap, topology, outcomes, spawn, timeout_s, sampler)
             except BenchError as exc:  # not finished in time, or the worker died: report what it did
                 self.notes.append(f"{name}: {exc}")
                 print(f"  {exc}", flush=True)
-            if metrics_port is not None and workers and workers[0].poll() is None:
-                try:
-                    metrics = await asyncio.to_thread(scrape, metrics_port)
-                except OSError as exc:
-                    self.notes.append(f"{name}: could not read the worker's /metrics: {exc}")
+            finally:
+                change.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await change
+            for line in changed:
+                print(f"  {line}", flush=True)
+            metrics, unread = await group.metrics()
+            self.notes.extend(f"{name}: {note}" for note in unread)
             try:
                 stats = mock.stats(detail=True)
             except (OSError, ValueError) as exc:
                 raise BenchError(f"{name}: could not read the mock's /stats: {exc}") from exc
         finally:
-            for process in workers:
-                self.stack.stop(process)
+            group.stop()
             self.stack.stop(mock.process)
         cores = sampled[0].cores(outcomes.first_call, outcomes.last_outcome) if sampled and outcomes.done else {}
         return outcomes, stats, cores, metrics
 
     async def strict_worker(self, seed: int, profile: str = "strict", name: str = "strict-worker",
-                            label: str = "strict, worker", settings: Mapping[str, str] | None = None) -> StrictRun:
-        """The worker against a fresh mock of ``profile``; ``name`` names its topics and batch (unique on one
-        broker), ``label`` its rows; the worker's hedges are read from its /metrics at the end."""
+                            label: str = "strict, worker", settings: Mapping[str, str] | None = None,
+                            scenario: Scenario = ONE) -> StrictRun:
+        """``scenario``'s workers against a fresh mock of ``profile``; ``name`` names their topics and batch
+        (unique on one broker), ``label`` its rows; the workers' hedges are read from their /metrics."""
         options, self.rpm, _ = strict_options(seed, profile)
         outcomes, stats, cores, metrics = await self.worker(name, self.args.strict_requests, options,
-                                                            self.args.servers_deadline_s, free_port(), settings)
+                                                            self.args.servers_deadline_s, settings, scenario)
         first = outcomes.first_call if outcomes.done else None
         finished = outcomes.finished_s()
 
@@ -601,13 +599,13 @@ class ServersBench:
         if first is not None:
             notes += ("the last to finish: " + " | ".join(
                 outcomes.timeline(rid, first) for rid in sorted(finished, key=finished.__getitem__)[-3:]),)
-        hedged = metric_value(metrics, HEDGED_METRIC)
-        return self.strict_run(label, outcomes.expected, frozenset(outcomes.results), first,
-                               finished, stats, cores, notes, None if hedged is None else int(hedged))
+        hedges = [value for text in metrics if (value := metric_value(text, HEDGED_METRIC)) is not None]
+        return self.strict_run(label, outcomes.expected, frozenset(outcomes.results), first, finished, stats, cores,
+                               notes, int(sum(hedges)) if hedges else None, len(outcomes.multiple))
 
     def strict_run(self, name: str, ids: Collection[str], results: frozenset[str], first: float | None,
                    finished: Mapping[str, float], stats: Mapping[str, Any], cores: Mapping[str, float],
-                   notes: tuple[str, ...], hedged: int | None = None) -> StrictRun:
+                   notes: tuple[str, ...], hedged: int | None = None, repeated_outcomes: int = 0) -> StrictRun:
         by_outcome = {str(k): int(v) for k, v in stats.get("by_outcome", {}).items()}
         per_id = per_request_outcomes(stats)
         if first is not None:
@@ -616,7 +614,7 @@ class ServersBench:
         run = StrictRun(name, frozenset(ids), results, first, tuple(sorted(finished.values())), int(stats["calls"]),
                         int(stats.get("by_status", {}).get("429", 0)), by_outcome, per_id,
                         self.rpm, int(stats.get("request_ids", {}).get("repeated_after_business_failure", 0)),
-                        cores, notes, hedged)
+                        cores, notes, hedged, repeated_outcomes)
         outcome_counts = ", ".join(f"{k} {v}" for k, v in sorted(by_outcome.items(), key=lambda kv: -kv[1]))
         wall = run.wall_s
         print(f"  {name}: {len(results)} results of {len(ids)} in "
@@ -682,18 +680,18 @@ class ServersBench:
             print("one-slot: skipped, mock-llm has no --slots", flush=True)
             return None
         latency = float(self.args.slot_latency)
-        port = free_port()
         options = ["--profile", "clean", "--slots", "1", "--latency", f"{latency:g}"]
         requests = self.args.slot_requests
         timeout_s = min(float(self.args.servers_deadline_s), 120 + 5 * requests * latency)
-        outcomes, stats, cores, metrics = await self.worker("one-slot", requests, options, timeout_s, port)
+        outcomes, stats, cores, metrics = await self.worker("one-slot", requests, options, timeout_s)
         failures = Counter(outcomes.retried)
         failures.update(outcomes.terminal_by_code())
         queue = stats.get("queue") or {}
         abandoned = queue.get("abandoned") if isinstance(queue, dict) else None
+        in_flight_limit = metric_value(metrics[0], IN_FLIGHT_METRIC) if metrics else None
         run = SlotRun(requests, len(outcomes.results), outcomes.seconds if outcomes.done else None, latency,
-                      timeout_count(failures), outcomes.done >= requests,
-                      metric_value(metrics, IN_FLIGHT_METRIC), None if abandoned is None else int(abandoned), cores)
+                      timeout_count(failures), outcomes.done >= requests, in_flight_limit,
+                      None if abandoned is None else int(abandoned), cores)
         print(f"  one-slot: {run.results} results in {run.seconds or 0:.1f}s = {run.throughput:.2f} req/s; "
               f"{int(stats['calls'])} calls; failures {dict(failures) or 'none'}; queue {queue or 'n/a'}", flush=True)
         return run
