@@ -362,9 +362,15 @@ _REUSE_HELP = ("Answer a request whose model and body got an answer before (any 
 @click.option("--completion-window", "window", callback=_duration, metavar="DURATION",
               help="e.g. 24h (OpenAI's), 90m: requests not called by then end as batch_expired. Default: none.")
 @click.option("--reuse-results", is_flag=True, help=_REUSE_HELP)
+@click.option("--max-cost-usd", type=click.FloatRange(min=0), metavar="USD",
+              help="Spend cap of the batch in US dollars, at STREAMPROC_MODEL_PRICES, for all workers: at the cap "
+              "no new call starts and the rest wait (status: stalled, budget_exhausted) until `raise-cap`, or end "
+              "budget_exceeded on `cancel`. Default: none.")
+@click.option("--max-tokens", type=click.IntRange(min=0), metavar="N",
+              help="Spend cap of the batch in tokens (prompt and completion), like --max-cost-usd. Default: none.")
 @json_option("batch_id, submitted, skipped_invalid and seconds")
 def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, reuse_results: bool,
-           as_json: bool) -> None:
+           max_cost_usd: float | None, max_tokens: int | None, as_json: bool) -> None:
     """Validate FILE (OpenAI Batch JSONL, or {"id", "prompt", ...} lines) and send its requests.
 
     The whole file is checked first; an invalid line (with its number and reason) means nothing is sent,
@@ -375,14 +381,16 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
       streamproc submit requests.jsonl --batch-id labels-2026-11 --completion-window 24h
     """
     from streamproc.app.bootstrap import resolve_connection
+    from streamproc.core.spend_cap import Cap
     from streamproc.ops.progress import Progress
     from streamproc.ops.submit import submit_file
 
     settings = _settings()
+    cap = Cap(max_cost_usd, max_tokens) if max_cost_usd is not None or max_tokens is not None else None
     with Progress(f"sending {file.name}") as bar:
         report = _run(submit_file(lambda: resolve_connection(settings), settings.topology(), settings.durability,
                                   settings.input_limits, file, batch_id, skip_invalid=skip_invalid, progress=bar,
-                                  completion_window_s=window, reuse_results=reuse_results))
+                                  completion_window_s=window, reuse_results=reuse_results, cap=cap))
     if as_json:
         _echo_json(report.as_json())
         return
@@ -395,10 +403,12 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
 @click.option("--batch-id", required=True)
 @json_option("the counts")
 def status(batch_id: str, as_json: bool) -> None:
-    """Counts of a batch: submitted, succeeded, failed per layer, retrying, in flight, pending, converged.
+    """Counts of a batch: submitted, succeeded, failed per layer, retrying, in flight, pending, converged, and
+    what its results cost (spend) beside its spend cap.
 
     When no request of the batch ended for STREAMPROC_STALL_AFTER_S (120 s) although some have not, it also
-    says how many wait and why (no worker consuming, an open breaker, a paused model, skipped duplicates...).
+    says how many wait and why (no worker consuming, an open breaker, a paused model, its spend cap (budget_exhausted),
+    skipped duplicates...).
 
     \b
     Example:
@@ -409,7 +419,7 @@ def status(batch_id: str, as_json: bool) -> None:
 
     settings = _settings()
     current = _run(read_status(resolve_connection(settings), settings.topology(), batch_id,
-                               stall_after_s=settings.stall_after_s))
+                               stall_after_s=settings.stall_after_s, prices=settings.model_prices))
     if as_json:
         _echo_json(current.as_json())
         return
@@ -443,6 +453,37 @@ def cancel(batch_id: str, as_json: bool) -> None:
                "flight finish")
 
 
+@cli.command("raise-cap")
+@kafka_options
+@click.option("--batch-id", required=True)
+@click.option("--max-cost-usd", type=click.FloatRange(min=0), metavar="USD", help="The new cap in US dollars.")
+@click.option("--max-tokens", type=click.IntRange(min=0), metavar="N", help="The new cap in tokens.")
+@json_option("batch_id, max_cost_usd and max_tokens")
+def raise_cap(batch_id: str, max_cost_usd: float | None, max_tokens: int | None, as_json: bool) -> None:
+    """Raise the spend cap of a batch submitted with --max-cost-usd or --max-tokens; its waiting requests go on.
+
+    A limit not given stays as it was; a lower one is refused. The workers read the new cap within a few
+    seconds, and the requests parked at the old one are called as they come back from the shortest retry tier.
+
+    \b
+    Example:
+      streamproc raise-cap --batch-id labels-2026-11 --max-cost-usd 40
+    """
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.ops.raise_cap import raise_cap as write_cap
+
+    if max_cost_usd is None and max_tokens is None:
+        raise click.UsageError("give --max-cost-usd, --max-tokens or both")
+    settings = _settings()
+    raised = _run(write_cap(resolve_connection(settings), settings.topology(), settings.durability, batch_id,
+                            max_cost_usd, max_tokens))
+    if as_json:
+        _echo_json({"batch_id": batch_id, "max_cost_usd": raised.cap.max_cost_usd,
+                    "max_tokens": raised.cap.max_tokens})
+        return
+    click.echo(f"batch {batch_id}: spend cap now {raised.cap.describe()}")
+
+
 @cli.command("batches")
 @kafka_options
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=0),
@@ -462,7 +503,7 @@ def batches(limit: int, as_json: bool) -> None:
     from streamproc.ops.batches import format_batches, list_batches
 
     settings = _settings()
-    entries = _run(list_batches(resolve_connection(settings), settings.topology()))
+    entries = _run(list_batches(resolve_connection(settings), settings.topology(), settings.model_prices))
     shown = entries[:limit] if limit else entries
     if as_json:
         _echo_json({"object": "list", "data": [entry.as_json() for entry in shown],
@@ -504,7 +545,8 @@ def results(batch_id: str, output: Path, errors: Path | None, format_name: str, 
     kafka, topology = resolve_connection(settings), settings.topology()
     report = export_results(kafka, topology, batch_id, output, errors, format_name)
     if summary is not None:
-        batch = _run(batch_object(kafka, topology, batch_id, stall_after_s=settings.stall_after_s))
+        batch = _run(batch_object(kafka, topology, batch_id, stall_after_s=settings.stall_after_s,
+                                  prices=settings.model_prices))
         summary.write_text(json.dumps(batch, indent=2) + "\n", encoding="utf-8")
     if as_json:
         _echo_json({"batch_id": batch_id, "format": format_name, **report.as_json(),

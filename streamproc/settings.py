@@ -297,7 +297,12 @@ class Settings(BaseSettings):
         'e.g. {"mock-small": 4096}; a model not listed is not pre-checked.')
     model_prices: dict[str, tuple[NonNegativeFloat, NonNegativeFloat]] = Field(
         default_factory=dict, description='JSON: US dollars per million input and output tokens per model, e.g. '
-        '{"gpt-4o-mini": [0.15, 0.6]}, for the metrics\' estimated cost; a model not listed has none.')
+        '{"gpt-4o-mini": [0.15, 0.6]}, for the metrics\' estimated cost and the spend caps; a model not listed '
+        'has none (a cap counts its tokens only).')
+    max_cost_usd_per_day: NonNegativeFloat | None = Field(
+        default=None, description="US dollars the deployment's workers may spend per UTC day, at the prices of "
+        "STREAMPROC_MODEL_PRICES; at the cap no new call starts and requests wait (budget_exhausted). Unset: no "
+        "cap.")
     worker_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off.")
     worker_metrics_host: str = Field(default="127.0.0.1", min_length=1,
                                      description="Address /metrics listens on (0.0.0.0 in a container).")

@@ -6,8 +6,9 @@ the pace) and the account's limits as it knows them, and whether its group holds
 input partition). The topic ``<prefix>.fleet`` is read from the start with no consumer group, like the batch
 manifests. A worker beats from its start, every second, and at once when calls come for a model that was idle
 or its partitions come or go (the others then give way within their next read, a fifth of a second), and it
-writes a tombstone when it stops cleanly. When it cannot read the topic or write its beat for three beats, its
-shares fall back to an equal part per member of the workers' consumer group.
+writes a tombstone when it stops cleanly. Its beat also carries its spend on each capped batch and day (design
+§5.9), which the others' spend ledgers keep, even once it is gone. When it cannot read the topic or write its
+beat for three beats, its shares fall back to an equal part per member of the workers' consumer group.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from streamproc.core.fleet_share import (
     starting_share,
 )
 from streamproc.core.guards.rate_limits import RateLimiter
+from streamproc.core.spend_cap import SpendLedger
 from streamproc.kafka.clients import kafka_admin, kafka_producer
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.client import Caller, CallResult
@@ -100,9 +102,11 @@ class FleetMember:
     starting share), :meth:`attach` gives it the limiter, :meth:`run` beats and follows until cancelled."""
 
     def __init__(self, where: FleetTopic, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, spend: SpendLedger | None = None) -> None:
+        """``spend``: this worker's spend ledger, published in its beats and told the others'."""
         self.worker = worker_id()
         self._where, self._clock, self._wall = where, clock, wall
+        self._spend = spend or SpendLedger()
         self._view = FleetView(self.worker)
         self._sent = SentCounter(clock())
         self._limiter: RateLimiter | None = None
@@ -184,7 +188,7 @@ class FleetMember:
         self._said = self._membership()
         if self._said[1] != self._round.generation:
             self._round = Round(self._said[1], now)
-        beat = Beat(self.worker, self._mine, BEAT_S, *self._said)
+        beat = Beat(self.worker, self._mine, BEAT_S, *self._said, spend=self._spend.own())
         try:  # a full buffer or missing metadata must not hold the shares up
             delivery = await asyncio.wait_for(
                 producer.send(self._where.topic, encode_beat(beat), key=self.worker.encode()), BEAT_S)
@@ -250,11 +254,16 @@ class FleetMember:
             worker = bytes(record.key).decode(errors="replace")
             if record.value is None:
                 self._view.gone(worker)
-            elif wall_ms - record.timestamp <= FORGOTTEN_AFTER_S * 1000:
-                try:
-                    self._view.heard(decode_beat(worker, record.value), now)
-                except ValueError as exc:
-                    log.debug("ignoring a record of the fleet topic: %s", exc)
+                continue
+            try:
+                beat = decode_beat(worker, record.value)
+            except ValueError as exc:
+                log.debug("ignoring a record of the fleet topic: %s", exc)
+                continue
+            if worker != self.worker:  # what a worker spent counts however long ago it beat
+                self._spend.heard(worker, beat.spend)
+            if wall_ms - record.timestamp <= FORGOTTEN_AFTER_S * 1000:
+                self._view.heard(beat, now)
 
     # -- the shares ---------------------------------------------------------------------------------------
     def _degraded(self, now: float) -> bool:

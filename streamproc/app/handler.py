@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from streamproc import codec
 from streamproc.app.observe import LlmCall, Observer, guarded, outcome_label
+from streamproc.app.spend import HeldByCap, SpendGate
 from streamproc.core import headers
 from streamproc.core.decision import (
     Action,
@@ -51,6 +52,7 @@ from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.record_size import CARRIED_BYTES, response_too_large, result_record_bytes
 from streamproc.core.request_state import RecordRef, Skip, on_terminal_failure, superseded
 from streamproc.core.retry_policy import CompletionBudget, Tier
+from streamproc.core.spend_cap import Charge
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import Caller, CallResult, UnsupportedUrl, answer_content, request_body
 from streamproc.llm.completion import billed_tokens
@@ -123,12 +125,13 @@ def _never(batch_id: str | None) -> str | None:
 class HandlerOptions:
     """What a handler may be given besides its seams, each with a default: the clock, the metrics, why a batch no
     longer has its requests called (``closed``: batch id -> ``batch_cancelled``, ``batch_expired``, or None), and
-    the earlier answers for the batches that reuse them."""
+    the earlier answers for the batches that reuse them, and the spend caps (none: no call is capped)."""
 
     clock_ms: Callable[[], int] = _now_ms
     observer: Observer | None = None
     closed: Callable[[str | None], str | None] = _never
     reuse: Reuse | None = None
+    spend: SpendGate | None = None
 
 
 class Handler:
@@ -148,6 +151,7 @@ class Handler:
         self._observer = guarded(options.observer)  # metrics; never raises into the handler
         self._closed = options.closed
         self._reuse = options.reuse
+        self._spend = options.spend
 
     async def handle(self, record: Record) -> Disposition:
         """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
@@ -215,7 +219,11 @@ class Handler:
         body = self._precheck(attempt)
         if isinstance(body, Failure):  # malformed, or over the model's context window: no call
             return await self._carry_out(record, attempt, terminal_failure(attempt, body))
-        called = await self._guards.call(request, body, attempt.hop.attempt)
+        charge = None if self._spend is None else self._spend.begin(request, body, record.headers, attempt.now_ms)
+        if isinstance(charge, HeldByCap):  # at its batch's or the day's spend cap: it waits, parked like a breaker's
+            held = Parked(charge.delay_ms, charge.reason)
+            return await self._carry_out(record, attempt, after_call(attempt, held, self._retries))
+        called = await self._charged_call(request, body, attempt.hop.attempt, charge)
         attempt = attempt.at(self._clock_ms())
         budget = self._guards.budget_stop(request.batch_id)
         if isinstance(called, Deferred):
@@ -227,6 +235,23 @@ class Handler:
         completion = self._completion(request, body) if isinstance(end, Failure) else None  # only a failure escalates
         return await self._carry_out(record, attempt, after_call(attempt, end, self._retries, budget, completion),
                                      called)
+
+    async def _charged_call(self, request: InferenceRequest, body: dict[str, Any], attempt: int,
+                            charge: Charge | None) -> CallResult | Deferred:
+        """The guarded call, its spend settled against its caps from what the provider counted."""
+        if charge is None or self._spend is None:
+            return await self._guards.call(request, body, attempt)
+        try:
+            called = await self._guards.call(request, body, attempt)
+        except BaseException:
+            self._spend.abandon(charge)
+            raise
+        if isinstance(called, Deferred):
+            self._spend.release(charge)
+        else:
+            model = called.model or str(body.get("model", ""))  # the model routed to, which prices the call
+            self._spend.settle(charge, model, *billed_tokens(called.outcome, called.response_body))
+        return called
 
     def _precheck(self, attempt: Attempt) -> dict[str, Any] | Failure:
         """The body to send, or why it is never sent. After admission, so that its failure also ends the state (a

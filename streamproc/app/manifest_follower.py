@@ -19,7 +19,9 @@ from collections.abc import Callable
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_fixed
 
 from streamproc.app.topic_reader import TopicReader
+from streamproc.codec.batch_cap import decode_batch_cap
 from streamproc.codec.manifest import decode_manifest
+from streamproc.core.spend_cap import Cap
 from streamproc.kafka.connection import KafkaConnection
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ class BatchSizes:
         self._cancelled: set[str] = set()
         self._expires: dict[str, int] = {}
         self._reusing: set[str] = set()
+        self._caps: dict[str, Cap] = {}
         self._clock_ms = clock_ms
 
     def submitted(self, batch_id: str) -> int | None:
@@ -46,6 +49,10 @@ class BatchSizes:
     def reuses(self, batch_id: str | None) -> bool:
         """Whether the batch was submitted with ``--reuse-results`` (as far as its manifest is known yet)."""
         return batch_id in self._reusing
+
+    def cap(self, batch_id: str) -> Cap | None:
+        """The batch's spend cap as last written (``submit``, ``raise-cap``); None: none read."""
+        return self._caps.get(batch_id)
 
     def closed(self, batch_id: str | None) -> str | None:
         """Why a request of the batch must not be called any more (OpenAI's error codes): ``batch_cancelled``
@@ -58,8 +65,15 @@ class BatchSizes:
         return BATCH_EXPIRED if expires is not None and self._clock_ms() >= expires else None
 
     def apply(self, value: bytes | None) -> None:
-        """Take one record of the manifests topic; anything that is not a manifest is ignored."""
+        """Take one record of the manifests topic; anything that is not a manifest or a cap is ignored."""
         if not value:
+            return
+        try:
+            batch_cap = decode_batch_cap(value)
+        except ValueError:
+            pass
+        else:
+            self._caps[batch_cap.batch_id] = batch_cap.cap
             return
         try:
             manifest = decode_manifest(value)

@@ -28,7 +28,11 @@ are in seconds, a state is a label):
   ``retry_budget_exhausted_total``, ``token_estimate_ratio``; ``hedged_calls_total`` (the client's hedges),
   ``rate_limited_resends_total`` (calls the pace sent again in place after a 429);
 * the fleet (workers that derive their share, design §5.8): ``rate_limit_share{model}`` (this worker's share of
-  each model's limits), ``fleet_workers`` (the live workers it counts, itself included).
+  each model's limits), ``fleet_workers`` (the live workers it counts, itself included);
+* spend caps (design §5.9): ``budget_left_usd{cap}`` and ``budget_left_tokens{cap}`` (what is left under each
+  cap this worker charged a call to, as it sees the fleet's spend; ``cap`` is ``day`` or ``batch:<id>``; a kind
+  the cap does not bound has no series), ``calls_held_by_cap_total{cap}`` (calls parked at a cap, ``cap``
+  ``batch`` or ``day``).
 
 A ``model`` label is bounded (:class:`~streamproc.core.model_labels.ModelLabels`): the models the settings
 name keep their names, so do the first 50 others seen, and any later one is ``other`` (a gauge of ``other``
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -59,10 +64,12 @@ from prometheus_client.registry import Collector
 
 from streamproc.app.lag_reader import LagError, LagReader
 from streamproc.app.observe import LlmCall
+from streamproc.app.spend import SpendGate
 from streamproc.core.fleet_share import FleetShares
 from streamproc.core.guards.breaker import BreakerState
 from streamproc.core.lag import PartitionLag
 from streamproc.core.model_labels import OTHER, ModelLabels
+from streamproc.core.spend_cap import BATCH, DAY
 from streamproc.core.stalls import StallWatch
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.guarded import Guards
@@ -163,6 +170,10 @@ class WorkerMetrics:
     def track_fleet(self, shares: Callable[[], FleetShares]) -> None:
         """``rate_limit_share`` and ``fleet_workers`` read ``shares()`` at every scrape."""
         self.registry.register(FleetCollector(shares, self.models))
+
+    def track_spend(self, gate: SpendGate) -> None:
+        """``budget_left_*`` and ``calls_held_by_cap_total`` read the spend gate at every scrape."""
+        self.registry.register(SpendCollector(gate))
 
     def track_hedges(self, count: Callable[[], int]) -> None:
         """``hedged_calls_total`` reads ``count()`` at every scrape."""
@@ -296,6 +307,33 @@ class FleetCollector(Collector):
         yield share
         yield GaugeMetricFamily(f"{NAMESPACE}_fleet_workers", "Live workers this worker counts in its fleet, "
                                 "itself included.", value=current.workers)
+
+
+class SpendCollector(Collector):
+    """What is left under the spend caps and the calls they held, read from the worker's spend gate."""
+
+    def __init__(self, gate: SpendGate) -> None:
+        self._gate = gate
+
+    def collect(self) -> Iterable[Metric]:
+        usd = GaugeMetricFamily(f"{NAMESPACE}_budget_left_usd", "US dollars left under each spend cap this worker "
+                                "charged calls to, as it sees the fleet's spend.", labels=["cap"])
+        tokens = GaugeMetricFamily(f"{NAMESPACE}_budget_left_tokens", "Tokens left under each spend cap this worker "
+                                   "charged calls to, as it sees the fleet's spend.", labels=["cap"])
+        for scope, (cost, count) in self._gate.left().items():
+            cap = scope.kind if scope.kind == DAY else f"{scope.kind}:{scope.name}"
+            if math.isfinite(cost):
+                usd.add_metric([cap], cost)
+            if math.isfinite(count):
+                tokens.add_metric([cap], count)
+        yield usd
+        yield tokens
+        held = CounterMetricFamily(f"{NAMESPACE}_calls_held_by_cap", "Calls not started because their batch or "
+                                   "the day reached its spend cap (their requests wait), by the kind of cap.",
+                                   labels=["cap"])
+        for kind in (BATCH, DAY):
+            held.add_metric([kind], self._gate.held[kind])
+        yield held
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from streamproc.app.metrics import LagSource, serve_worker_metrics, watch_worker
 from streamproc.app.observe import Observer
 from streamproc.app.reconciler import ConsumerGroup, Reconciler, ReconcilerLinks
 from streamproc.app.result_index import ResultIndex, ResultReuse
+from streamproc.app.spend import SpendGate
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core import headers
 from streamproc.core.decision import Retries
@@ -52,6 +53,7 @@ from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResu
 from streamproc.core.outcome import ConfigurationProblem
 from streamproc.core.request_state import RecordRef
 from streamproc.core.retry_policy import Tier, due_within_tier
+from streamproc.core.spend_cap import Cap, SpendLedger
 from streamproc.core.sweep_scope import SweepScope
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode
@@ -195,7 +197,7 @@ class WorkerRuntime:
 
     def __init__(self, settings: Settings, kafka: KafkaConnection, replication_factor: int,
                  observer: Observer | None = None, batch_sizes: BatchSizes | None = None,
-                 fleet: FleetMember | None = None) -> None:
+                 fleet: FleetMember | None = None, spend: SpendLedger | None = None) -> None:
         self.settings = settings
         self.topology = settings.topology()
         self._tiers = {self.topology.retry(tier): tier for tier in self.topology.tiers}  # topic -> its tier
@@ -226,10 +228,12 @@ class WorkerRuntime:
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
         self.sweep_scope = SweepScope()  # the table's writes, for the reconciler
         store = TableStore(self.table, self.app.producer, self.sweep_scope)
+        day_cap = None if settings.max_cost_usd_per_day is None else Cap(settings.max_cost_usd_per_day)
+        self.spend = SpendGate(self.batch_sizes.cap, settings.model_prices, self.guards.estimator, day_cap, spend)
         self.handler = Handler(self.guards, self.sink, store, Retries(settings.retry_policy()),
                                self._on_configuration_problem, HandlerOptions(
                                    observer=observer, closed=self.batch_sizes.closed,
-                                   reuse=ResultReuse(self.result_index, self.batch_sizes.reuses)))
+                                   reuse=ResultReuse(self.result_index, self.batch_sizes.reuses), spend=self.spend))
         self._register_agents()
 
     def _membership(self) -> tuple[bool, int]:
@@ -450,12 +454,13 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     replication = loop.run_until_complete(ensure_pipeline_topics(kafka, topology, settings.durability.replication))
     batch_sizes = BatchSizes()
     loop.run_until_complete(batch_sizes.load(kafka, topology.batches))
-    fleet = (FleetMember(FleetTopic(kafka, topology.fleet, settings.app_id, settings.durability.producer_options()))
-             if settings.guards.rate.follows_fleet else None)
+    spend = SpendLedger()  # the fleet tells it the others' spend, the handler charges it this worker's
+    fleet = (FleetMember(FleetTopic(kafka, topology.fleet, settings.app_id, settings.durability.producer_options()),
+                         spend=spend) if settings.guards.rate.follows_fleet else None)
     if fleet is not None:
         loop.run_until_complete(fleet.load())
     runtime = WorkerRuntime(settings, kafka, observer=metrics, batch_sizes=batch_sizes,
-                            replication_factor=replication.factor, fleet=fleet)
+                            replication_factor=replication.factor, fleet=fleet, spend=spend)
 
     async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
         await batch_sizes.follow(kafka, topology.batches)
@@ -475,6 +480,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
             metrics.track_fleet(lambda: fleet.shares)
         metrics.track_hedges(lambda: runtime.llm.hedged)
         metrics.track_resends(lambda: runtime.guards.resent_after_429)
+        metrics.track_spend(runtime.spend)
         watch_worker(metrics, runtime.app, LagSource(kafka, settings.app_id,
                                                      [topology.requests, *map(topology.retry, topology.tiers)]),
                      in_flight=lambda: runtime.dispatcher.in_flight,

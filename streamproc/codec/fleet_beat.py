@@ -2,9 +2,10 @@
 
 Small JSON with a version field ``v``, not Avro: like the batch manifests, an operations record no event decoder
 reads, and one that an older worker must still read after a newer one added fields (an Avro reader needs the
-writer's schema; a JSON reader skips what it does not know). So ``v`` stays 1 while fields are only added (the
-spend caps will add spend per batch and per day), and a reader that meets a higher ``v`` (a change it cannot
-read) counts that worker as wanting everything rather than as absent.
+writer's schema; a JSON reader skips what it does not know). So ``v`` stays 1 while fields are only added
+(``spend``: per capped batch and per day, US dollars and tokens, as
+``{"batch": {id: [usd, tokens]}, "day": {date: [usd, tokens]}}``), and a reader that meets a higher ``v`` (a
+change it cannot read) counts that worker as wanting everything rather than as absent.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 from typing import Any, Final
 
 from streamproc.core.fleet_share import BEAT_S, Beat, ModelDemand
+from streamproc.core.spend_cap import Scope, Spend
 
 VERSION: Final = 1
 _EVERY_MS = (100, 60_000)  # a beat interval outside this is clamped: staleness is counted in beats
@@ -28,6 +30,11 @@ def encode_beat(beat: Beat) -> bytes:
         fields["paused"] = True
     if beat.generation:
         fields["generation"] = beat.generation
+    if beat.spend:
+        spend: dict[str, dict[str, list[float]]] = {}
+        for scope, spent in beat.spend.items():
+            spend.setdefault(scope.kind, {})[scope.name] = [round(spent.cost_usd, 9), spent.tokens]
+        fields["spend"] = spend
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
@@ -54,7 +61,21 @@ def decode_beat(worker: str, data: bytes) -> Beat:
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
         raise ValueError(f"generation must be an integer >= 0, got {generation!r}")
     return Beat(worker, {str(model): _demand(model, demand) for model, demand in models.items()}, every_s, paused,
-                generation)
+                generation, spend=_spend(fields.get("spend", {})))
+
+
+def _spend(fields: Any) -> dict[Scope, Spend]:
+    """The spend per scope; a kind of scope this reader does not know is skipped (it caps nothing here)."""
+    if not isinstance(fields, dict) or not all(isinstance(scopes, dict) for scopes in fields.values()):
+        raise ValueError("spend must be an object of scope kind -> name -> [usd, tokens]")
+    spend = {}
+    for kind, scopes in fields.items():
+        for name, amounts in scopes.items():
+            if not isinstance(amounts, list) or len(amounts) < 2:
+                raise ValueError(f"the spend of {kind} {name!r} must be [usd, tokens], got {amounts!r}")
+            cost, tokens = (_number(f"{kind} {name}", "spend", amount) for amount in amounts[:2])
+            spend[Scope(str(kind), str(name))] = Spend(cost, round(tokens))
+    return spend
 
 
 def _fields(demand: ModelDemand) -> dict[str, float]:
@@ -66,13 +87,13 @@ def _fields(demand: ModelDemand) -> dict[str, float]:
 def _demand(model: str, fields: Any) -> ModelDemand:
     if not isinstance(fields, dict):
         raise ValueError(f"the demand of model {model!r} must be an object")
-    amounts = [_number(model, name, fields.get(name, 0.0)) for name in _AMOUNTS]
-    limits = [_number(model, name, fields[name]) or None if fields.get(name) is not None else None
+    amounts = [_number(f"model {model}", name, fields.get(name, 0.0)) for name in _AMOUNTS]
+    limits = [_number(f"model {model}", name, fields[name]) or None if fields.get(name) is not None else None
               for name in _LIMITS]
     return ModelDemand(*amounts, *limits)
 
 
-def _number(model: str, name: str, value: Any) -> float:
+def _number(owner: str, name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} of model {model!r} must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"{name} of {owner!r} must be a finite number >= 0, got {value!r}")
     return float(value)

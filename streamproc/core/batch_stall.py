@@ -7,6 +7,7 @@ members, and the lag of its input topics):
 
 * ``no_worker``: the group has no member, so nothing reads the batch's requests at all;
 * ``circuit_open`` / ``model_paused``: parked by an open circuit breaker or a paused model;
+* ``budget_exhausted``: parked at the batch's or the day's spend cap (core.spend_cap);
 * ``duplicate``: read by a worker (nothing left to read) but never recorded under this batch: skipped as a
   duplicate, because another batch's request holds the id (ids produced without batch scope, core.identity);
 * ``queued``: not read yet, behind the records waiting on the input topics;
@@ -27,6 +28,7 @@ from streamproc.core.durations import format_duration
 NO_WORKER: Final = "no_worker"
 CIRCUIT_OPEN: Final = "circuit_open"
 MODEL_PAUSED: Final = "model_paused"
+BUDGET_EXHAUSTED: Final = "budget_exhausted"
 DUPLICATE: Final = "duplicate"
 QUEUED: Final = "queued"
 RETRY_WAIT: Final = "retry_wait"
@@ -77,6 +79,8 @@ class BatchStall:
             NO_WORKER: f"with no worker consuming (the consumer group {name} has no member: start `streamproc worker`)",
             CIRCUIT_OPEN: "waiting on an open circuit breaker (the LLM endpoint fails; see the worker log)",
             MODEL_PAUSED: "waiting on a paused model (its first calls all failed alike; see the worker log)",
+            BUDGET_EXHAUSTED: "waiting at the spend cap of the batch or of the day (`streamproc raise-cap` lets them "
+                              "go on; `cancel` ends them budget_exceeded)",
             DUPLICATE: "skipped as duplicates (read by a worker, but their request ids belong to another batch's "
                        "requests)",
             QUEUED: f"queued, not read yet ({lag} records wait on the input topics of {name})",

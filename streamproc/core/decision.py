@@ -28,6 +28,7 @@ from streamproc.core.record_size import (
     without_body,
 )
 from streamproc.core.request_state import (
+    BUDGET_EXHAUSTED,
     Conflict,
     RecordRef,
     Skip,
@@ -220,7 +221,8 @@ def on_record(attempt: Attempt, current: RequestState | None, closed: str | None
         return [failure_emission(attempt, admission.failure, terminal=True, first_failure_ms=attempt.now_ms)]
     started = replace(attempt, state=admission.state)
     if closed is not None and not hop.replay:
-        return [WriteState(admission.state), *terminal_failure(started, _closed_batch(attempt.request, closed))]
+        ended = _closed_batch(attempt.request, closed, current)
+        return [WriteState(admission.state), *terminal_failure(started, ended)]
     return [WriteState(admission.state), Call(started)]
 
 
@@ -312,7 +314,13 @@ def _parked(attempt: Attempt, parked: Parked, retries: Retries) -> list[Action]:
             EndAttempt(state, on_deferred(state, attempt.now_ms, parked.reason.code))]
 
 
-def _closed_batch(request: InferenceRequest, closed: str) -> Failure:
+BUDGET_EXCEEDED = "budget_exceeded"  # a request that waited at its spend cap when its batch was cancelled
+
+
+def _closed_batch(request: InferenceRequest, closed: str, waited: RequestState | None) -> Failure:
+    if closed == "batch_cancelled" and waited is not None and waited.last_error_code == BUDGET_EXHAUSTED:
+        return Failure(FailureLayer.BUSINESS, BUDGET_EXCEEDED, f"batch {request.batch_id!r} was cancelled while "
+                       f"request {request.request_id!r} waited at its spend cap")
     why = "was cancelled" if closed == "batch_cancelled" else "passed its completion window"
     return Failure(FailureLayer.BUSINESS, closed, f"batch {request.batch_id!r} {why} before request "
                    f"{request.request_id!r} was called")

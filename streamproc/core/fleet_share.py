@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
+from streamproc.core.spend_cap import Scope, Spend
+
 BEAT_S: Final = 1.0  # how often a worker publishes its beat
 STALE_BEATS: Final = 3  # a worker not heard from for this many of its beats is gone
 DRAIN_S: Final = 1.0  # what waits at a worker's pace asks for the rate that sends it within this time
@@ -72,8 +74,8 @@ WANTS_ALL: Final = ModelDemand(waiting_calls=math.inf, waiting_tokens=math.inf)
 
 @dataclass(frozen=True)
 class Beat:
-    """One worker's beat: its demand per model (a model it does not name is idle for it). Later fields (spend
-    caps: spend per batch and per day) join it; a beat this reader cannot read wants everything."""
+    """One worker's beat: its demand per model (a model it does not name is idle for it) and its spend on each
+    capped scope (core.spend_cap); a beat this reader cannot read wants everything."""
 
     worker: str
     models: Mapping[str, ModelDemand] = field(default_factory=dict)
@@ -81,6 +83,7 @@ class Beat:
     paused: bool = False  # its group holds its records (a rebalance, or no input partition): its calls come back
     generation: int = 0  # the consumer group generation it was last given partitions in
     unreadable: bool = False  # a record of a later, incompatible version
+    spend: Mapping[Scope, Spend] = field(default_factory=dict)  # per capped batch and day: settled and in flight
 
     def demand(self, model: str) -> ModelDemand:
         return WANTS_ALL if self.unreadable else self.models.get(model, IDLE)

@@ -45,7 +45,9 @@ from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 CIRCUIT_OPEN = "circuit_open"
 MODEL_PAUSED = "model_paused"  # parked: the model's first calls all failed alike (core.guards.pauses)
-DEFERRAL_CODES = frozenset({CIRCUIT_OPEN, MODEL_PAUSED})  # parked records: their attempt is still to be made
+BUDGET_EXHAUSTED = "budget_exhausted"  # parked: its batch or the day reached its spend cap (core.spend_cap)
+# parked records: their attempt is still to be made
+DEFERRAL_CODES = frozenset({CIRCUIT_OPEN, MODEL_PAUSED, BUDGET_EXHAUSTED})
 
 
 @dataclass(frozen=True)

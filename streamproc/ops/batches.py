@@ -6,7 +6,8 @@ produced without ``submit`` has none); counts are folded from the state changelo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,9 +15,10 @@ from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest
 from streamproc.core.batch_lifecycle import Lifecycle
 from streamproc.core.batch_status import BatchesFold, BatchStatus
+from streamproc.core.spend_cap import Cap, spend_json, spend_of
 from streamproc.core.topology import Topology
 from streamproc.kafka.connection import KafkaConnection
-from streamproc.ops.status import decode_records, lifecycle_of, read_status
+from streamproc.ops.status import decode_caps, decode_records, lifecycle_of, read_status
 
 COLUMNS = ("BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING")
 
@@ -28,6 +30,7 @@ class BatchEntry:
     status: BatchStatus
     created_ms: int
     manifest: BatchManifest | None
+    spend: dict[str, float | int | None] = field(default_factory=dict)  # what its results cost, and its cap
 
     @property
     def lifecycle(self) -> Lifecycle:
@@ -48,34 +51,39 @@ class BatchEntry:
                                    "failed": status.terminal_failures},
                 "usage": status.usage_json(),
                 "source": None if self.manifest is None else self.manifest.source,
-                "counts": status.as_json()}
+                "spend": self.spend, "counts": status.as_json()}
 
 
-async def list_batches(kafka: KafkaConnection, topology: Topology) -> list[BatchEntry]:
-    """Every batch of this deployment, newest first."""
+async def list_batches(kafka: KafkaConnection, topology: Topology,
+                       prices: Mapping[str, tuple[float, float]] | None = None) -> list[BatchEntry]:
+    """Every batch of this deployment, newest first, with what its results cost at ``prices``."""
     fold = BatchesFold()
     manifests: dict[str, BatchManifest] = {}
+    caps: dict[str, Cap] = {}
     async with TopicReader(kafka, [topology.state_changelog, topology.batches]) as reader:
         async for chunk in reader.chunks_to_end():
             found, states = decode_records(chunk, topology)
             manifests.update((manifest.batch_id, manifest) for manifest in found)
+            caps.update(decode_caps(chunk, topology))
             fold.apply(states)
     entries = []
     for batch_id in manifests.keys() | fold.folds.keys():
         manifest = manifests.get(batch_id)
         if manifest is None:
-            entries.append(BatchEntry(fold.status(batch_id, 0), fold.folds[batch_id].first_created_ms, None))
+            status, created_ms = fold.status(batch_id, 0), fold.folds[batch_id].first_created_ms
         else:
-            entries.append(BatchEntry(fold.status(batch_id, manifest.submitted, manifest.created_ms),
-                                      manifest.created_ms, manifest))
+            status, created_ms = fold.status(batch_id, manifest.submitted, manifest.created_ms), manifest.created_ms
+        spend = spend_json(spend_of(status.usage, prices or {}), caps.get(batch_id))
+        entries.append(BatchEntry(status, created_ms, manifest, spend))
     return sorted(entries, key=lambda entry: (entry.created_ms, entry.status.batch_id), reverse=True)
 
 
-async def batch_object(kafka: KafkaConnection, topology: Topology, batch_id: str, *,
-                       stall_after_s: float) -> dict[str, Any]:
+async def batch_object(kafka: KafkaConnection, topology: Topology, batch_id: str, *, stall_after_s: float,
+                       prices: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     """One batch's object as ``batches --json`` lists it: the summary ``results --summary`` writes."""
-    report = await read_status(kafka, topology, batch_id, stall_after_s=stall_after_s)
-    return BatchEntry(report.status, report.lifecycle.created_ms, report.manifest).as_json()
+    report = await read_status(kafka, topology, batch_id, stall_after_s=stall_after_s, prices=prices)
+    spend = spend_json(spend_of(report.status.usage, report.prices), report.cap)
+    return BatchEntry(report.status, report.lifecycle.created_ms, report.manifest, spend).as_json()
 
 
 def format_batches(entries: list[BatchEntry]) -> str:

@@ -4,8 +4,8 @@ once the batch has not moved for a while, the workers' consumer group, to say wh
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -14,11 +14,13 @@ from aiokafka.structs import ConsumerRecord
 from streamproc import codec
 from streamproc.app.lag_reader import GroupNotFound, LagError, read_lag
 from streamproc.app.topic_reader import TopicReader
+from streamproc.codec.batch_cap import decode_batch_cap
 from streamproc.codec.manifest import BatchManifest, decode_manifest
 from streamproc.core.batch_lifecycle import Lifecycle, lifecycle
 from streamproc.core.batch_stall import BatchStall, GroupView, diagnose, needs_group
 from streamproc.core.batch_status import BatchStatus, StatusFold, format_status
 from streamproc.core.events import RequestState
+from streamproc.core.spend_cap import Cap, spend_json, spend_of
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.connection import KafkaConnection
@@ -39,19 +41,25 @@ class StatusReport:
     status: BatchStatus
     stall: BatchStall | None = None
     manifest: BatchManifest | None = None  # None for a batch produced without ``submit``
+    cap: Cap | None = None  # its spend cap (``submit --max-cost-usd``, ``raise-cap``)
+    prices: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # STREAMPROC_MODEL_PRICES
 
     @property
     def lifecycle(self) -> Lifecycle:
         return lifecycle_of(self.status, self.manifest)
 
     def as_json(self) -> dict[str, Any]:
-        """``status --json``: the counts' keys, ``stalled`` (null while the batch moves or ended), and OpenAI's
-        batch ``status`` with its ``*_at`` times (Unix seconds, null until reached; core.batch_lifecycle)."""
-        return {**self.status.as_json(), "stalled": None if self.stall is None else self.stall.as_json(),
-                **self.lifecycle.as_json()}
+        """``status --json``: the counts' keys, ``spend`` (what its results cost, and its cap), ``stalled`` (null
+        while the batch moves or ended), and OpenAI's batch ``status`` with its ``*_at`` times (Unix seconds, null
+        until reached; core.batch_lifecycle)."""
+        return {**self.status.as_json(), "spend": spend_json(spend_of(self.status.usage, self.prices), self.cap),
+                "stalled": None if self.stall is None else self.stall.as_json(), **self.lifecycle.as_json()}
 
     def format(self) -> str:
         text = format_status(self.status)
+        if self.cap is not None:
+            spent = spend_of(self.status.usage, self.prices)
+            text += f"\n{'spend':<10} ${spent.cost_usd:.4f}, {spent.tokens:,} tokens (cap {self.cap.describe()})"
         steps = self.lifecycle
         if steps.cancelling_ms is not None:
             at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(steps.cancelling_ms / 1000))
@@ -66,17 +74,17 @@ def lifecycle_of(status: BatchStatus, manifest: BatchManifest | None) -> Lifecyc
     return lifecycle(status, manifest.created_ms, manifest.cancelled_ms, manifest.expires_ms)
 
 
-async def read_status(kafka: KafkaConnection, topology: Topology, batch_id: str, *,
-                      stall_after_s: float) -> StatusReport:
+async def read_status(kafka: KafkaConnection, topology: Topology, batch_id: str, *, stall_after_s: float,
+                      prices: Mapping[str, tuple[float, float]] | None = None) -> StatusReport:
     """One consistent snapshot of a batch's counts, with the stall diagnosis once it has not moved for
-    ``stall_after_s``."""
+    ``stall_after_s``; its spend at ``prices``."""
     async with BatchStatusReader(kafka, topology, batch_id) as reader:
         current = await reader.refresh()
         stall = await reader.stall(current, stall_after_s)
     if reader.manifest is None and current.submitted == 0:
         raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {topology.batches} and "
                                 "no request state names it)")
-    return StatusReport(current, stall, reader.manifest)
+    return StatusReport(current, stall, reader.manifest, reader.cap, prices or {})
 
 
 class BatchStatusReader:
@@ -90,6 +98,7 @@ class BatchStatusReader:
         self._group: GroupView | None = None
         self._group_read_at = -GROUP_REFRESH_S
         self.manifest: BatchManifest | None = None
+        self.cap: Cap | None = None
 
     async def __aenter__(self) -> BatchStatusReader:
         await self._reader.__aenter__()
@@ -100,7 +109,9 @@ class BatchStatusReader:
         await self._reader.__aexit__(exc_type, exc, tb)
 
     async def refresh(self) -> BatchStatus:
-        manifests, states = decode_records(await self._reader.read_to_end(), self._topology)
+        records = await self._reader.read_to_end()
+        manifests, states = decode_records(records, self._topology)
+        self.cap = decode_caps(records, self._topology).get(self._fold.batch_id, self.cap)
         for manifest in manifests:
             if manifest.batch_id == self._fold.batch_id:
                 self.manifest = manifest
@@ -138,6 +149,19 @@ def decode_records(records: Iterable[ConsumerRecord[Any, Any]],
             except codec.CodecError:
                 continue
     return manifests, states
+
+
+def decode_caps(records: Iterable[ConsumerRecord[Any, Any]], topology: Topology) -> dict[str, Cap]:
+    """The latest spend cap of each batch among records of the manifests topic (codec.batch_cap)."""
+    caps = {}
+    for record in records:
+        if record.topic == topology.batches and record.value:
+            try:
+                batch_cap = decode_batch_cap(record.value)
+            except ValueError:
+                continue
+            caps[batch_cap.batch_id] = batch_cap.cap
+    return caps
 
 
 async def _group_view(kafka: KafkaConnection, topology: Topology) -> GroupView | None:

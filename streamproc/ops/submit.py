@@ -16,9 +16,11 @@ from typing import Any
 
 from streamproc import codec
 from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.codec.batch_cap import SPEND_CAP_HEADER, BatchCap, cap_key, encode_batch_cap, encode_cap
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.identity import batch_id_problem
 from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
+from streamproc.core.spend_cap import Cap
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.clients import kafka_producer
@@ -64,30 +66,33 @@ class SubmitReport:
                 "seconds": round(self.seconds, 3)}
 
 
-def limits_of(limits: InputLimits, reuse_results: bool = False) -> BatchLimits:
+def limits_of(limits: InputLimits, reuse_results: bool = False, cap: Cap | None = None) -> BatchLimits:
     """What a line may hold, its record measured with the headers submit sends it with."""
     return BatchLimits(max_body_bytes=limits.max_body_bytes, default_model=limits.default_model,
-                       max_record_bytes=PRODUCER_MAX_REQUEST_BYTES, record_headers=_reuse_headers(reuse_results))
+                       max_record_bytes=PRODUCER_MAX_REQUEST_BYTES, record_headers=_headers(reuse_results, cap))
 
 
-def _reuse_headers(reuse_results: bool) -> tuple[tuple[str, bytes], ...]:
-    return ((REUSE_RESULTS, REUSE_RESULTS_ON),) if reuse_results else ()
+def _headers(reuse_results: bool, cap: Cap | None) -> tuple[tuple[str, bytes], ...]:
+    reuse = ((REUSE_RESULTS, REUSE_RESULTS_ON),) if reuse_results else ()
+    return reuse + (((SPEND_CAP_HEADER, encode_cap(cap)),) if cap is not None else ())
 
 
 async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology, durability: Durability,
                       input_limits: InputLimits, path: Path, batch_id: str, *, skip_invalid: bool = False,
                       progress: Progress | None = None, completion_window_s: float | None = None,
-                      reuse_results: bool = False) -> SubmitReport:
+                      reuse_results: bool = False, cap: Cap | None = None) -> SubmitReport:
     """Validate ``path``, send its requests keyed by (batch, custom_id), then write the batch manifest (with the
     end of the completion window, when one is given: what is not called by then ends ``batch_expired``).
     ``connect`` is asked for the connection only once the file is known to be worth sending.
 
     ``reuse_results``: a request whose input already got an answer is answered with it, without a call; each
-    record says so (the manifest does too, but comes last; core.reuse)."""
+    record says so (the manifest does too, but comes last; core.reuse).
+
+    ``cap``: the batch's spend cap (design §5.9), written before its first request and carried by each."""
     started = time.monotonic()
     if (problem := batch_id_problem(batch_id)) is not None:
         raise SubmitError(f"--batch-id {batch_id!r}: {problem}")
-    limits = limits_of(input_limits, reuse_results)
+    limits = limits_of(input_limits, reuse_results, cap)
     report = await asyncio.to_thread(validate_file, path, limits, batch_id)
     if report.error_count and not skip_invalid:
         raise InvalidBatchFile(path, report.errors, report.error_count)
@@ -106,14 +111,17 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
     producer = kafka_producer(kafka, **durability.producer_options(), linger_ms=20,
                                 max_batch_size=512 * 1024, compression_type="gzip")
     sent = 0
-    reuse_headers = list(limits.record_headers) or None  # the headers the records were measured with
+    record_headers = list(limits.record_headers) or None  # the headers the records were measured with
     try:
         await producer.start()  # inside: a producer the cluster refuses is closed too
+        if cap is not None:  # before any request: a worker reading the requests knows the cap
+            await producer.send_and_wait(topology.batches, key=cap_key(batch_id),
+                                         value=encode_batch_cap(BatchCap(batch_id, cap, int(time.time() * 1000))))
         pending: list[asyncio.Future[object]] = []
         submitted_ms = int(time.time() * 1000)
         for request in iter_requests(path, limits, batch_id, submitted_ms, skip_invalid):
             pending.append(await producer.send(topology.requests, key=request.request_id.encode(),
-                                               value=codec.encode(request), headers=reuse_headers))
+                                               value=codec.encode(request), headers=record_headers))
             if len(pending) >= _CONFIRM_EVERY:
                 sent += await _confirm(pending, progress)
         sent += await _confirm(pending, progress)

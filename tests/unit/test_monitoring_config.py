@@ -14,8 +14,11 @@ import yaml
 from prometheus_client import generate_latest
 
 from streamproc.app.metrics import WorkerMetrics
+from streamproc.app.spend import SpendGate
 from streamproc.core.events import InferenceRequest
+from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.lag import PartitionLag
+from streamproc.core.spend_cap import Cap, Spend, day_scope
 from streamproc.llm.client import CallResult
 from streamproc.llm.guarded import Guards
 from streamproc.mockllm.mock_llm_command import mock_llm
@@ -53,6 +56,9 @@ def exported_series() -> set[str]:
     metrics.set_lag([PartitionLag("g", "llm.requests", 0, 0, 1)], now=0.0)
     metrics.track_guards(Guards.from_settings(Settings(llm_rpm=60, llm_tpm=6000).guards, NeverCalled()))
     metrics.track_hedges(lambda: 0)
+    gate = SpendGate(lambda _batch: None, {}, TokenEstimator(), Cap(max_cost_usd=1.0))
+    gate.ledger.begin([(day_scope(0), Cap(max_cost_usd=1.0))], Spend(0.1, 10))  # a cap charged: its series exist
+    metrics.track_spend(gate)
     text = generate_latest(metrics.registry).decode()
     suffixes = {"counter": ("", "_total"), "histogram": ("_bucket", "_count", "_sum")}
     return {name.removesuffix("_total") + suffix if kind == "counter" else name + suffix

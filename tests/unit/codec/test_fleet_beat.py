@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from streamproc.codec.fleet_beat import VERSION, decode_beat, encode_beat
 from streamproc.core.fleet_share import Beat, ModelDemand
+from streamproc.core.spend_cap import Scope, Spend
 
 amounts = st.one_of(st.just(0.0), st.floats(0.001, 1e9).map(lambda x: round(x, 3)))
 limits = st.one_of(st.none(), st.floats(0.001, 1e9).map(lambda x: round(x, 3)))
@@ -39,11 +40,29 @@ def test_idle_models_are_left_out_and_read_back_idle() -> None:
 
 
 def test_fields_a_reader_does_not_know_are_skipped() -> None:
-    """A newer worker adds fields (spend per batch and per day) without raising the version."""
-    record = {"v": VERSION, "every_ms": 1000, "spend": {"b1": 1.5},
+    """A newer worker adds fields without raising the version."""
+    record = {"v": VERSION, "every_ms": 1000, "quota": {"b1": 1.5},
               "models": {"m": {"waiting_calls": 2, "sent_rpm": 60, "spend_usd": 0.2}}}
     beat = decode_beat("w", json.dumps(record).encode())
     assert beat == Beat("w", {"m": ModelDemand(waiting_calls=2, sent_rpm=60)}, 1.0)
+
+
+spends = st.builds(Spend, st.floats(0, 1e6).map(lambda x: round(x, 9)), st.integers(0, 10**12))
+
+
+@given(st.dictionaries(st.builds(Scope, st.sampled_from(["batch", "day"]), model_names), spends, max_size=5))
+def test_the_spend_per_batch_and_day_reads_back(spend: dict[Scope, Spend]) -> None:
+    beat = Beat("w", {}, spend=spend)
+    assert decode_beat("w", encode_beat(beat)) == beat
+    assert b"spend" in encode_beat(beat) or not spend
+
+
+def test_a_beat_before_spend_caps_spent_nothing_and_an_old_reader_reads_one_after() -> None:
+    assert decode_beat("w", b'{"v":1,"models":{}}').spend == {}
+    record = json.loads(encode_beat(Beat("w", {"m": ModelDemand(waiting_calls=1)},
+                                         spend={Scope("batch", "b1"): Spend(0.5, 900)})))
+    assert record["spend"] == {"batch": {"b1": [0.5, 900]}}
+    assert {"v", "models"} <= record.keys() and record["v"] == 1  # fields only added: the version stays
 
 
 def test_a_later_incompatible_version_wants_everything() -> None:
@@ -63,7 +82,9 @@ def test_the_beat_interval_is_kept_within_reason() -> None:
     b'{"v":1,"models":[]}', b'{"v":1,"models":{"m":3}}', b'{"v":1,"models":{"m":{"waiting_calls":-1}}}',
     b'{"v":1,"models":{"m":{"sent_rpm":"many"}}}', b'{"v":1,"models":{"m":{"limit_rpm":true}}}',
     b'{"v":1,"models":{"m":{"share":NaN}}}', b'{"v":1,"every_ms":Infinity}', b'{"v":1,"paused":1}',
-    b'{"v":1,"generation":-1}', b'{"v":1,"generation":1.5}',
+    b'{"v":1,"generation":-1}', b'{"v":1,"generation":1.5}', b'{"v":1,"spend":[]}', b'{"v":1,"spend":{"batch":1}}',
+    b'{"v":1,"spend":{"batch":{"b":[1]}}}', b'{"v":1,"spend":{"batch":{"b":[-1,2]}}}',
+    b'{"v":1,"spend":{"day":{"d":["x",2]}}}',
 ])
 def test_anything_that_is_not_a_beat_is_refused(value: bytes) -> None:
     with pytest.raises(ValueError):

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamproc.core.decision import (
+    BUDGET_EXCEEDED,
     Action,
     Answered,
     Attempt,
@@ -44,7 +45,7 @@ from streamproc.core.guards.budget import EXHAUSTED_REASON
 from streamproc.core.headers import Hop, Origin, read_hop
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.record_size import CARRIED_BYTES, REQUEST_TOO_LARGE, RESPONSE_TOO_LARGE
-from streamproc.core.request_state import CIRCUIT_OPEN, MODEL_PAUSED, RecordRef, Skip, input_hash
+from streamproc.core.request_state import BUDGET_EXHAUSTED, CIRCUIT_OPEN, MODEL_PAUSED, RecordRef, Skip, input_hash
 from streamproc.core.retry_policy import TRUNCATED, CompletionBudget, RetryPolicy, Stop, Terminal, Tier
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
@@ -358,3 +359,19 @@ def test_the_tier_a_retry_goes_to_is_the_policy_s() -> None:
     assert actions is not None
     [retry] = [action for action in actions if isinstance(action, ScheduleRetry)]
     assert isinstance(retry.tier, Tier) and retry.tier in POLICY.tiers
+
+
+def test_a_request_waiting_at_its_spend_cap_ends_budget_exceeded_when_its_batch_is_cancelled() -> None:
+    parked_before = prior_state(2, False, True)
+    assert parked_before is not None
+    waiting = replace(parked_before, last_error_code=BUDGET_EXHAUSTED)
+    record = Attempt(REQUEST, record_hop(2, False, True), SOURCE, NOW)
+    for closed, code in (("batch_cancelled", BUDGET_EXCEEDED), ("batch_expired", "batch_expired")):
+        actions = on_record(record, waiting, closed)
+        [event] = [action.event for action in actions if isinstance(action, EmitFailure)]
+        assert (event.layer, event.error_code, event.terminal) == (FailureLayer.BUSINESS, code, True)
+    parked = after_call(Attempt(REQUEST, record_hop(1, False, False), SOURCE, NOW, prior_state(2, False, True)),
+                        Parked(5_000, Failure(FailureLayer.BUSINESS, BUDGET_EXHAUSTED, "at the cap")),
+                        Retries(POLICY, random.Random(1)))
+    assert [type(action) for action in parked] == [Defer, EndAttempt]  # waits: no attempt spent, no failure event
+    assert parked[-1].state.last_error_code == BUDGET_EXHAUSTED  # type: ignore[union-attr]
