@@ -1,21 +1,24 @@
 """The layer that paces calls under each model's requests/min and tokens/min, and learns the limits back.
 
-It reserves the call's estimated cost in the model's buckets and sleeps out the wait (inside the in-flight
-gate, so a paced call holds its slot); after the call it reads the ``x-ratelimit-*`` headers and feeds every
-answer to the model's limiter (:mod:`streamproc.core.guards.rate_limits`). A 429 that is congestion cuts the
-model's pace and the in-flight limit; any 429 pauses the call it refused: the call waits its hint (and its
-model's pause, if any) and is sent again through the same limiter, up to ``MAX_SENDS`` sends in all, so a
-refusal costs its wait instead of a trip through a retry tier. A wait longer than ``LONGEST_WAIT_S`` goes back
-to the handler, which parks the request instead of holding a slot that long. Hedges the client sends while
-the call runs go through the same limiter (:data:`streamproc.llm.client.hedge_permit`).
+It reserves the call's estimated cost in the model's buckets and sleeps out the wait (inside the in-flight gate, so
+a paced call holds its slot); calls reserve in turn and at most ``HORIZON_S`` ahead, so a change of the pace, a
+pause or a new share reaches all but the calls due within it. After the call it reads the ``x-ratelimit-*`` headers
+and feeds every answer to the model's limiter (:mod:`streamproc.core.guards.rate_limits`). A 429 that is congestion
+cuts the model's pace and the in-flight limit; any 429 pauses the call it refused: the call waits its hint (and its
+model's pause, if any) and is sent again through the same limiter, up to ``MAX_SENDS`` sends in all, so a refusal
+costs its wait instead of a trip through a retry tier. A wait longer than ``LONGEST_WAIT_S`` goes back to the
+handler, which parks the request instead of holding a slot that long. Hedges the client sends while the call runs go
+through the same limiter (:data:`streamproc.llm.client.hedge_permit`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
+from streamproc.core.guards.bounded import MAX_MODELS, LruDict
 from streamproc.core.guards.rate_limits import ModelRateLimiter, RateLimiter
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.outcome import Failure
@@ -25,6 +28,7 @@ from streamproc.llm.layer import Layer, Refused
 
 MAX_SENDS = 3  # sends of one call refused by 429s, the first included, before the 429 goes to the handler
 LONGEST_WAIT_S = 5.0  # a refused call waits at most this long in place (the shortest retry tier)
+HORIZON_S = 0.5  # calls reserve at most this far ahead of when they are due
 
 
 class RateLimitedLayer:
@@ -40,6 +44,7 @@ class RateLimitedLayer:
         self._clock = clock
         self._sleep = sleep
         self._on_congestion = on_congestion
+        self._lanes: LruDict[str, asyncio.Lock] = LruDict(MAX_MODELS, asyncio.Lock)  # FIFO: served in turn
         self.resent = 0  # calls sent again after a 429 (read by the metrics: each is a call no event records)
 
     async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
@@ -47,8 +52,7 @@ class RateLimitedLayer:
         cost = self._estimator.cost(body)  # before the call: the answer may recalibrate the estimator
         sends = 0
         while True:
-            now = self._clock()
-            wait = self._limiter.for_model(model, now).reserve(cost, now)
+            wait = await self._reserve(model, cost)
             if wait > 0:
                 await self._sleep(wait)
             started = self._clock()
@@ -67,6 +71,21 @@ class RateLimitedLayer:
             self.resent += 1
             if again > 0:
                 await self._sleep(again)
+
+    async def _reserve(self, model: str, cost: int) -> float:
+        """Reserve the call's cost in its model's buckets, first come first served, once the calls reserved
+        before it are due within ``HORIZON_S``; returns the wait left. Nothing reserves further ahead, so a cut
+        of the pace, a congestion pause or a new share reaches every call not due within that horizon."""
+        limiter = self._limiter.for_model(model, self._clock())
+        limiter.queued(1, cost)
+        try:
+            async with self._lanes[model]:
+                while (early := limiter.backlog_s(self._clock()) - HORIZON_S) > 0:
+                    await self._sleep(early)
+        finally:
+            limiter.queued(-1, -cost)
+        now = self._clock()
+        return self._limiter.for_model(model, now).reserve(cost, now)
 
     def _learn(self, limiter: ModelRateLimiter, cost: int, called: CallResult, started: float) -> float | None:
         """Feed the answer to the limiter; for a 429, how long the refused call waits before it is sent again

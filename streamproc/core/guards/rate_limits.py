@@ -94,6 +94,7 @@ class ModelRateLimiter:
         self._learned_before_test = NO_LIMITS  # to forget a limit learnt from 429s that proved the server's own
         # (time, tokens) of recent reservations, to learn from
         self._sent: deque[tuple[float, int]] = deque(maxlen=SENT_KEPT)
+        self._queued = Waiting(0.0, 0.0)  # calls (and their tokens) waiting to reserve
         self._apply(now)
 
     @property
@@ -131,9 +132,26 @@ class ModelRateLimiter:
             bucket.pause_until(until, now)
 
     def waiting(self, now: float) -> Waiting:
-        """Calls and tokens reserved but not yet due (the buckets' debt, a congestion pause's included): what
-        this worker wants beyond its pace."""
-        return Waiting(self._waiting_in(self._requests, now), self._waiting_in(self._tokens, now))
+        """Calls and tokens reserved but not yet due (the buckets' debt, a congestion pause's included), and
+        those queued to reserve (:meth:`queued`): what this worker wants beyond its pace."""
+        return Waiting(self._waiting_in(self._requests, now) + self._queued.calls,
+                       self._waiting_in(self._tokens, now) + self._queued.tokens)
+
+    def queued(self, calls: int, tokens: int) -> None:
+        """``calls`` calls of ``tokens`` tokens in all joined (or, negative, left) the queue of calls that wait
+        to reserve (:meth:`backlog_s`): they count in :meth:`waiting` though the buckets do not hold them yet."""
+        self._queued = Waiting(self._queued.calls + calls, self._queued.tokens + tokens)
+
+    def backlog_s(self, now: float) -> float:
+        """How long a call reserved now would wait for the calls reserved before it and for a congestion pause,
+        whatever its own cost. Callers reserve only once this is short: a reservation keeps its time, so the
+        calls reserved far ahead would keep the old pace through a cut, a pause or a new share."""
+        self._step(now)
+        backlog = max(0.0, self._paused_until - now)
+        for bucket in (self._requests, self._tokens):
+            if bucket is not None:
+                backlog = max(backlog, self._waiting_in(bucket, now) / bucket.rate_per_s)
+        return backlog
 
     @staticmethod
     def _waiting_in(bucket: TokenBucket | None, now: float) -> float:

@@ -369,3 +369,23 @@ def test_limits_by_model_lists_the_models_seen_with_their_effective_limits() -> 
     limiter.for_model("a", now=0.0).observe({"x-ratelimit-limit-requests": "60"}, now=0.0)
     limiter.for_model("b", now=0.0)
     assert limiter.limits_by_model() == {"a": RateLimits(rpm=30, tpm=500), "b": RateLimits(tpm=500)}
+
+
+def test_the_backlog_is_the_wait_of_the_calls_reserved_before_and_of_a_pause() -> None:
+    limiter = ModelRateLimiter(RateLimits(rpm=60), share=1.0, now=0.0)  # 1/s, a burst of one
+    assert limiter.backlog_s(0.0) == 0.0
+    limiter.reserve(1, 0.0)
+    limiter.reserve(1, 0.0)
+    assert limiter.backlog_s(0.0) == pytest.approx(1.0)  # the second is due in a second
+    assert limiter.backlog_s(0.5) == pytest.approx(0.5)
+    limiter.on_rate_limited({"x-ratelimit-remaining-requests": "0"}, 4.0, 1, 0.5)
+    assert limiter.backlog_s(0.5) == pytest.approx(4.0)  # the congestion pause
+
+
+def test_calls_queued_to_reserve_count_as_waiting_until_they_leave_the_queue() -> None:
+    limiter = ModelRateLimiter(RateLimits(rpm=60, tpm=60_000), share=1.0, now=0.0)
+    limiter.queued(3, 300)
+    assert limiter.waiting(0.0) == (3.0, 300.0)
+    assert limiter.backlog_s(0.0) == 0.0  # queued, not reserved: nobody's wait yet
+    limiter.queued(-3, -300)
+    assert limiter.waiting(0.0) == (0.0, 0.0)
