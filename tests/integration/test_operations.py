@@ -21,7 +21,8 @@ from tests.integration.pipeline import WorkerProcess, produce, start_mock, worke
 pytestmark = pytest.mark.integration
 
 
-def cli(settings: Settings, *args: str, llm_url: str = "") -> subprocess.CompletedProcess[str]:
+def cli(settings: Settings, *args: str, llm_url: str = "", **extra: str) -> subprocess.CompletedProcess[str]:
+    """``streamproc *args`` on the test's deployment; ``extra``: more settings, as ``worker_env`` takes them."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("STREAMPROC_")}
     env.update({"STREAMPROC_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
                 "STREAMPROC_TOPIC_PREFIX": settings.topic_prefix, "STREAMPROC_APP_ID": settings.app_id,
@@ -29,6 +30,7 @@ def cli(settings: Settings, *args: str, llm_url: str = "") -> subprocess.Complet
                 "STREAMPROC_LLM_TIMEOUT_S": "5"})
     if llm_url:
         env["STREAMPROC_LLM_BASE_URL"] = llm_url
+    env.update({f"STREAMPROC_{key.upper()}": value for key, value in extra.items()})
     return subprocess.run([sys.executable, "-m", "streamproc", *args], env=env, capture_output=True, text=True,
                           timeout=300, check=False)
 
