@@ -23,8 +23,9 @@ are in seconds, a state is a label):
 * ``consumer_lag_updated_timestamp_seconds``: when ``consumer_lag`` was last read successfully;
 * guards: ``circuit_breaker_state{model,state}`` (1 for the breaker's state, 0 for the other two of
   ``closed``, ``half_open``, ``open``), ``model_paused{model}``, ``adaptive_in_flight_limit``,
-  ``rate_limit_requests_per_second{model}`` / ``rate_limit_tokens_per_second{model}`` (the pace, from the
-  per-minute limits), ``fallbacks_total{model,fallback,reason}``,
+  ``rate_limit_requests_per_second{model}`` / ``rate_limit_tokens_per_second{model}`` (the limits paced
+  under, after the share), ``rate_limit_pace{model}`` (the fraction of them sent at now),
+  ``rate_limit_429_share{model}`` (429s naming no bucket, last 100 calls), ``fallbacks_total{model,fallback,reason}``,
   ``retry_budget_exhausted_total``, ``token_estimate_ratio``; ``hedged_calls_total`` (the client's hedges),
   ``rate_limited_resends_total`` (calls the pace sent again in place after a 429);
 * the fleet (workers that derive their share, design §5.8): ``rate_limit_share{model}`` (this worker's share of
@@ -67,6 +68,7 @@ from streamproc.app.observe import LlmCall
 from streamproc.app.spend import SpendGate
 from streamproc.core.fleet_share import FleetShares
 from streamproc.core.guards.breaker import BreakerState
+from streamproc.core.guards.rate_limits import NO_LIMITS
 from streamproc.core.lag import PartitionLag
 from streamproc.core.model_labels import OTHER, ModelLabels
 from streamproc.core.spend_cap import BATCH, DAY
@@ -259,20 +261,27 @@ class GuardsCollector(Collector):
                                     value=guards.in_flight_limit)
         if guards.limiter is not None:  # series per model, once a model was called
             rps = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_requests_per_second",
-                                    "Requests/s this worker paces each model to (its requests/min limit / 60).",
-                                    labels=["model"])
+                                    "Requests/s of each model's limit this worker paces under (its share of the "
+                                    "requests/min limit / 60; it sends at rate_limit_pace of it).", labels=["model"])
             tps = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_tokens_per_second",
-                                    "Tokens/s this worker paces each model to (its tokens/min limit / 60).",
-                                    labels=["model"])
-            for model, limits in guards.rate_limits().items():
+                                    "Tokens/s of each model's limit this worker paces under (its share of the "
+                                    "tokens/min limit / 60; it sends at rate_limit_pace of it).", labels=["model"])
+            pace = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_pace", "The fraction of each model's limits this "
+                                     "worker sends at now (below 1 after congestion).", labels=["model"])
+            refused = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_429_share", "Share of each model's last 100 "
+                                        "answered calls refused by a 429 that named no bucket.", labels=["model"])
+            for model, pacing in guards.pacing().items():
                 if label(model) == OTHER:
                     continue  # no one pace stands for many models
-                if limits.rpm is not None:
-                    rps.add_metric([model], limits.rpm / 60)
-                if limits.tpm is not None:
-                    tps.add_metric([model], limits.tpm / 60)
-            yield rps
-            yield tps
+                if pacing.limits.rpm is not None:
+                    rps.add_metric([model], pacing.limits.rpm / 60)
+                if pacing.limits.tpm is not None:
+                    tps.add_metric([model], pacing.limits.tpm / 60)
+                if pacing.limits != NO_LIMITS:
+                    pace.add_metric([model], pacing.pace)
+                if pacing.refused_share is not None:
+                    refused.add_metric([model], pacing.refused_share)
+            yield from (rps, tps, pace, refused)
         fallbacks = CounterMetricFamily(f"{NAMESPACE}_fallbacks", "Calls sent to a fallback model, by reason.",
                                         labels=["model", "fallback", "reason"])
         counts: dict[tuple[str, str, str], int] = {}

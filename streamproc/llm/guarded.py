@@ -35,7 +35,7 @@ from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.guards.budget import RetryBudget
 from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.guards.pauses import ModelPauses, Pause
-from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
+from streamproc.core.guards.rate_limits import Pacing, RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.model_names import INVALID_MODEL_NAME, model_name_problem
@@ -179,8 +179,12 @@ class Guards:
         return self._paced.resent if self._paced is not None else 0
 
     def rate_limits(self) -> dict[str, RateLimits]:
-        """The per-minute limits each model is paced to (configured or learned, after the share)."""
+        """The per-minute limits each model is paced under (configured or learned, after the share)."""
         return self.limiter.limits_by_model() if self.limiter is not None else {}
+
+    def pacing(self) -> dict[str, Pacing]:
+        """How each model is paced: its limits, the pace and its share of 429s naming no bucket."""
+        return self.limiter.pacing_by_model() if self.limiter is not None else {}
 
 
 def _log_pause(model: str, pause: Pause | None) -> None:

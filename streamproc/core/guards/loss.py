@@ -69,11 +69,17 @@ class LossShare:
         self._threshold = threshold
         self._window = _Window()
         self._testing: _Test | None = None
+        self._last_share: float | None = None
 
     @property
     def threshold(self) -> float:
         """The share above which a window is congestion: the configured one, or above the server's own level."""
         return self._threshold
+
+    @property
+    def last_share(self) -> float | None:
+        """The share of such 429s in the last closed window (None before one closed)."""
+        return self._last_share
 
     @property
     def testing(self) -> bool:
@@ -91,7 +97,8 @@ class LossShare:
         if window.calls < self._window_calls:
             return None
         self._window = _Window()
-        return self._judge(window.refused / window.calls, now)
+        self._last_share = window.refused / window.calls
+        return self._judge(self._last_share, now)
 
     def _judge(self, share: float, now: float) -> LossSignal | None:
         testing, self._testing = self._testing, None

@@ -72,6 +72,15 @@ class Waiting(NamedTuple):
     tokens: float
 
 
+class Pacing(NamedTuple):
+    """How one model is paced, for people watching: its limits (after the share), the pace (a fraction of them)
+    and the share of the last window of calls refused by a 429 that named no bucket (None before one closed)."""
+
+    limits: RateLimits
+    pace: float
+    refused_share: float | None
+
+
 class ModelRateLimiter:
     """Requests/min and tokens/min buckets of one model endpoint, shared by all calls of a worker."""
 
@@ -111,6 +120,11 @@ class ModelRateLimiter:
     def pace(self) -> float:
         """The fraction of the limits this model is paced at now (1.0 until congestion)."""
         return self._pace.value
+
+    @property
+    def refused_share(self) -> float | None:
+        """The share of the last window of calls refused by a 429 that named no bucket (:mod:`loss`)."""
+        return self._loss.last_share
 
     @property
     def loss_threshold(self) -> float:
@@ -359,8 +373,13 @@ class RateLimiter:
         return limiter
 
     def limits_by_model(self) -> dict[str, RateLimits]:
-        """The effective per-minute limits of each model seen so far (for metrics)."""
+        """The effective per-minute limits of each model seen so far."""
         return {model: limiter.limits for model, limiter in self._models.items()}
+
+    def pacing_by_model(self) -> dict[str, Pacing]:
+        """How each model seen so far is paced (for metrics)."""
+        return {model: Pacing(limiter.limits, limiter.pace, limiter.refused_share)
+                for model, limiter in self._models.items()}
 
     def set_shares(self, shares: Mapping[str, float], default: float, now: float) -> None:
         """Pace each model at its share from ``shares`` (``default`` when not named) from ``now`` on, and a model

@@ -275,6 +275,24 @@ def test_resends_after_a_429_are_read_from_the_guards_at_scrape() -> None:
 
 
 
+def test_each_models_limit_pace_and_429_share_are_read_from_the_limiter_at_scrape() -> None:
+    guards = Guards.from_settings(Settings(llm_rpm=600).guards, NeverCalled())
+    assert guards.limiter is not None
+    limiter = guards.limiter.for_model("gpt-a", 0.0)
+    for call in range(100):  # a window of calls, 12 refused by a 429 that names no bucket: congestion
+        if call % 8 == 0 and call < 96:
+            limiter.on_rate_limited({}, 1.0, 1, 1.0, started=1.0)
+        else:
+            limiter.on_answer(1.0, 1.0)
+    metrics = WorkerMetrics(CollectorRegistry())
+    metrics.track_guards(guards)
+    sample = metrics.registry.get_sample_value
+    assert sample("streamproc_rate_limit_requests_per_second", {"model": "gpt-a"}) == 10.0  # the limit, unpaced
+    assert sample("streamproc_rate_limit_429_share", {"model": "gpt-a"}) == 0.12
+    assert sample("streamproc_rate_limit_pace", {"model": "gpt-a"}) == pytest.approx(limiter.pace)
+    assert limiter.pace < 1.0  # the share above 10 % cut it
+
+
 def breaker_in(state: BreakerState) -> CircuitBreaker:
     """A real breaker driven into ``state``: one failure opens it, asking after ``open_s`` half-opens it."""
     breaker = CircuitBreaker(failure_rate=1.0, window_s=10.0, min_calls=1, open_s=5.0)
