@@ -10,10 +10,11 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 
 from streamproc.app.fleet import FleetMember, FleetTopic
-from streamproc.codec.fleet_beat import encode_beat
+from streamproc.codec.fleet_beat import decode_beat, encode_beat
 from streamproc.core.events import InferenceRequest
 from streamproc.core.fleet_share import Beat, FleetShares, ModelDemand
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
+from streamproc.core.spend_cap import Cap, Exhausted, Spend, SpendLedger, batch_scope
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.client import CallResult
 
@@ -141,3 +142,38 @@ def test_a_worker_that_cannot_read_the_beats_at_start_counts_the_group(monkeypat
     monkeypatch.setattr("streamproc.app.fleet.TopicReader", Unreachable)
     fleet = FleetMember(FleetTopic(KafkaConnection(bootstrap="127.0.0.1:1"), "llm.fleet", "g", {}))
     assert asyncio.run(fleet.load()) == pytest.approx(1 / 3)  # two members already, and this one
+
+
+def test_the_others_spend_is_kept_from_any_beat_even_an_old_one_or_one_a_tombstone_followed() -> None:
+    clock = Clock()
+    ledger = SpendLedger()
+    fleet = FleetMember(FleetTopic(KafkaConnection(bootstrap="127.0.0.1:1"), "llm.fleet", "streamproc", {}),
+                        clock=clock, wall=lambda: 1_000.0, spend=ledger)
+    capped = batch_scope("b")
+    fleet._apply([record("old", encode_beat(Beat("old", spend={capped: Spend(0.5, 10)})), 900.0),
+                  record("a", encode_beat(Beat("a", spend={capped: Spend(0.25, 5)})), 999.5),
+                  record(fleet.worker, encode_beat(Beat(fleet.worker, spend={capped: Spend(9.0, 9)})), 999.9),
+                  record("a", None, 999.9)])  # a's tombstone: it stopped, what it spent stays
+    assert ledger.spent(capped) == Spend(0.75, 15)  # its own beat read back is not counted twice
+    assert fleet._view.live(clock.now) == []
+
+
+async def test_the_beat_carries_this_worker_s_spend() -> None:
+    class Producer:
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+
+        async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[None]:
+            self.sent.append(value)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+    ledger = SpendLedger()
+    fleet = FleetMember(FleetTopic(KafkaConnection(bootstrap="127.0.0.1:1"), "llm.fleet", "streamproc", {}),
+                        clock=Clock(), spend=ledger)
+    charge = ledger.begin([(batch_scope("b"), Cap(max_cost_usd=1.0))], Spend(0.2, 40))
+    assert not isinstance(charge, Exhausted)
+    producer = Producer()
+    await fleet._beat(producer)
+    assert decode_beat(fleet.worker, producer.sent[-1]).spend == {batch_scope("b"): Spend(0.2, 40)}

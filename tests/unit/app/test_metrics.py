@@ -14,10 +14,13 @@ from streamproc.app.handler import Disposition, Handler, HandlerOptions, Record
 from streamproc.app.lag_reader import BrokerUnavailable
 from streamproc.app.metrics import LagSource, LagWatcher, WorkerMetrics
 from streamproc.app.observe import LlmCall, NullObserver, Observer, guarded
+from streamproc.app.spend import SpendGate
 from streamproc.core.decision import Retries
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
+from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.lag import PartitionLag
 from streamproc.core.retry_policy import RetryPolicy
+from streamproc.core.spend_cap import Cap, Exhausted, Spend, batch_scope, day_scope
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.client import CallResult
 from streamproc.llm.completion import check_completion
@@ -348,3 +351,19 @@ async def test_time_the_broker_was_out_of_reach_is_not_a_stall(metrics: WorkerMe
     now[0] = 122.0  # 61 s of reachable time without a move: a wedge
     await watcher.refresh()
     assert value(registry, "streamproc_partition_stalled", topic="llm.requests", partition="0") == 1
+
+
+def test_what_is_left_under_the_caps_and_the_calls_they_held_are_read_when_scraped(
+        metrics: WorkerMetrics, registry: CollectorRegistry) -> None:
+    caps = {"b1": Cap(max_cost_usd=2.0)}
+    gate = SpendGate(caps.get, {}, TokenEstimator(), day_cap=Cap(max_tokens=1_000))
+    metrics.track_spend(gate)
+    charge = gate.ledger.begin([(batch_scope("b1"), caps["b1"]), (day_scope(0), Cap(max_tokens=1_000))],
+                               Spend(0.5, 400))
+    assert not isinstance(charge, Exhausted)
+    gate.held["batch"] += 2
+    assert registry.get_sample_value("streamproc_budget_left_usd", {"cap": "batch:b1"}) == 1.5
+    assert registry.get_sample_value("streamproc_budget_left_tokens", {"cap": "batch:b1"}) is None  # no token cap
+    assert registry.get_sample_value("streamproc_budget_left_tokens", {"cap": "day"}) == 600
+    assert registry.get_sample_value("streamproc_calls_held_by_cap_total", {"cap": "batch"}) == 2
+    assert registry.get_sample_value("streamproc_calls_held_by_cap_total", {"cap": "day"}) == 0
