@@ -491,7 +491,7 @@ def raise_cap(batch_id: str, max_cost_usd: float | None, max_tokens: int | None,
 @click.option("--json", "as_json", is_flag=True,
               help="Print OpenAI's list shape: {\"object\": \"list\", \"data\": [batch, ...]}.")
 def batches(limit: int, as_json: bool) -> None:
-    """The batches of this deployment, newest first: id, created, status, total, succeeded, failed, waiting.
+    """The batches of this deployment, newest first: id, created, status, total, succeeded, failed, waiting, spend.
 
     Status is OpenAI's: completed once every request ended (converged), else in_progress.
 

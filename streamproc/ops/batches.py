@@ -20,7 +20,7 @@ from streamproc.core.topology import Topology
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.ops.status import decode_caps, decode_records, lifecycle_of, read_status
 
-COLUMNS = ("BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING")
+COLUMNS = ("BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING", "SPEND")
 
 
 @dataclass(frozen=True)
@@ -91,12 +91,23 @@ def format_batches(entries: list[BatchEntry]) -> str:
     rows = [COLUMNS] + [
         (entry.status.batch_id, _created(entry.created_ms), entry.state, str(entry.status.submitted),
          str(entry.status.succeeded), str(entry.status.terminal_failures),
-         str(entry.status.submitted - entry.status.ended))
+         str(entry.status.submitted - entry.status.ended), _spend(entry.spend))
         for entry in entries]
     widths = [max(len(row[column]) for row in rows) for column in range(len(COLUMNS))]
     return "\n".join("  ".join(cell.ljust(width) if column < 3 else cell.rjust(width)
                                for column, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
                      for row in rows)
+
+
+def _spend(spend: dict[str, float | int | None]) -> str:
+    """What the batch's results cost, and of which cap: ``$2.9031 of $3``; ``-`` when nothing is priced or capped."""
+    cost, cap = spend.get("cost_usd") or 0, spend.get("max_cost_usd")
+    tokens, token_cap = spend.get("tokens") or 0, spend.get("max_tokens")
+    if cap is not None or (cost and token_cap is None):
+        return f"${cost:.4f}" + (f" of ${cap:g}" if cap is not None else "")
+    if token_cap is not None:
+        return f"{tokens:,} of {token_cap:,} tokens"
+    return "-"
 
 
 def _created(created_ms: int) -> str:

@@ -41,10 +41,12 @@ def test_entry_has_openais_batch_keys_and_the_table_lines_up() -> None:
     assert (document["completed_at"], document["cancelled_at"], document["expired_at"]) == (1_700_000_000, None, None)
     assert document["usage"]["total_tokens"] == 0
     assert running.state == "in_progress"
-    assert format_batches([done, running]).splitlines() == [
-        "BATCH           CREATED              STATUS       TOTAL  SUCCEEDED  FAILED  WAITING",
-        "a               2023-11-14 22:13:20  completed        2          1       1        0",
-        "labels-2026-11  -                    in_progress      3          0       0        3",
+    capped = replace(running, spend={"cost_usd": 1.5, "tokens": 900, "max_cost_usd": 3.0, "max_tokens": None})
+    assert format_batches([done, running, capped]).splitlines() == [
+        "BATCH           CREATED              STATUS       TOTAL  SUCCEEDED  FAILED  WAITING          SPEND",
+        "a               2023-11-14 22:13:20  completed        2          1       1        0              -",
+        "labels-2026-11  -                    in_progress      3          0       0        3              -",
+        "labels-2026-11  -                    in_progress      3          0       0        3  $1.5000 of $3",
     ]
 
 
