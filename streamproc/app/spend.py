@@ -40,6 +40,7 @@ from streamproc.core.vocabulary import FailureLayer
 
 log = logging.getLogger(__name__)
 
+_DAY_MS = 86_400_000
 RECHECK_MS = 5000  # a parked call comes back this soon (the shortest tier's delay at most) to ask again
 
 
@@ -62,6 +63,7 @@ class SpendGate:
         self._estimator = estimator
         self._day_cap = day_cap
         self._submitted_caps: dict[str, Cap] = {}  # from the requests' headers, until the cap's record is read
+        self._today: Scope | None = None
         self.held: Counter[str] = Counter()  # calls held, by the kind of cap (batch, day)
         self._unpriced: set[str] = set()
 
@@ -122,7 +124,11 @@ class SpendGate:
             if cap is not None:
                 caps.append((batch_scope(request.batch_id), cap))
         if self._day_cap is not None:
-            caps.append((day_scope(now_ms), self._day_cap))
+            today = day_scope(now_ms)
+            if today != self._today:  # a new day: the day before yesterday is done with
+                self._today = today
+                self.ledger.forget_days_before(day_scope(now_ms - _DAY_MS))
+            caps.append((today, self._day_cap))
         return caps
 
     def _cap_of(self, batch_id: str) -> Cap | None:

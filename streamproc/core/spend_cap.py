@@ -139,7 +139,7 @@ class SpendLedger:
     def __init__(self) -> None:
         self._settled: dict[Scope, Spend] = {}
         self._in_flight: dict[Scope, Spend] = {}
-        self._others: dict[str, Mapping[Scope, Spend]] = {}
+        self._others: dict[str, dict[Scope, Spend]] = {}
 
     def spent(self, scope: Scope) -> Spend:
         """The fleet's spend on ``scope`` as this worker sees it, its calls in flight at their estimates."""
@@ -170,6 +170,12 @@ class SpendLedger:
         """What this worker's beat says: per scope, its settled spend and its calls in flight."""
         return {scope: self._settled.get(scope, NOTHING) + self._in_flight.get(scope, NOTHING)
                 for scope in {*self._settled, *self._in_flight}}
+
+    def forget_days_before(self, day: Scope) -> None:
+        """Drop the days before ``day`` (no call outlives a day): a beat names the days it has spend on."""
+        for spends in (self._settled, self._in_flight, *self._others.values()):
+            for scope in [scope for scope in spends if scope.kind == DAY and scope.name < day.name]:
+                del spends[scope]
 
     def heard(self, worker: str, spend: Mapping[Scope, Spend]) -> None:
         """Another worker's beat. Its spend stays counted after it is gone: the money was spent."""

@@ -126,3 +126,14 @@ def test_the_fleet_overshoots_a_cap_by_at_most_what_the_others_started_within_on
         assert spent <= bound + 1e-9, (spent, bound)
         if workers == 1:
             assert spent <= cap_usd + 1e-9
+
+
+def test_days_before_a_given_one_are_forgotten_by_this_worker_and_of_the_others() -> None:
+    ledger = SpendLedger()
+    old, yesterday = day_scope(0), day_scope(86_400_000)
+    for day in (old, yesterday):
+        assert isinstance(ledger.begin([(day, DOLLAR)], Spend(0.1, 1)), Charge)
+    ledger.heard("w2", {old: Spend(0.2, 2), BATCH_B: Spend(0.3, 3)})
+    ledger.forget_days_before(yesterday)
+    assert ledger.own() == {yesterday: Spend(0.1, 1)}
+    assert ledger.spent(old) == Spend() and ledger.spent(BATCH_B) == Spend(0.3, 3)
