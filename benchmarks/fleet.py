@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from benchmarks.fleet_workers import ONE, SCENARIOS
-from benchmarks.pipeline import BenchError, Stack, open_bench, suite_main, table
+from benchmarks.pipeline import BenchError, Stack, add_worker_setting_argument, open_bench, suite_main, table
 from benchmarks.servers import (
     TARGET_WALL_RATIO,
     ServersBench,
@@ -190,8 +190,9 @@ async def measure(servers: ServersBench, run: int, profile: str, client: str, se
                   workers: str = ONE.name) -> Measured | None:
     name = f"{profile}-r{run}-{client}" + ("" if workers == ONE.name else f"-w{workers}")
     if client in WORKERS:
+        settings = {**dict(servers.args.worker_setting or []), **WORKERS[client][1]}
         figures = await servers.strict_worker(seed, profile, name, f"{profile}, {client_label(client, workers)}",
-                                              WORKERS[client][1],
+                                              settings,
                                               SCENARIOS[workers])
     else:
         # the requests of the one-worker run (their ids name the batch): the same contents, so the same faults
@@ -222,6 +223,7 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
                              "starts at 1/3 of the batch), kill (3, one SIGKILLed at 1/3); more than one worker "
                              f"only against {', '.join(sorted(FLEET_PROFILES))} [{','.join(SCENARIOS)}]")
     add_strict_arguments(parser)
+    add_worker_setting_argument(parser)
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -706,7 +706,7 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
 
 
 def add_worker_setting_argument(parser: argparse._ActionsContainer) -> None:
-    """``--worker-setting``, of the suites whose workers take it (pipeline, scale)."""
+    """``--worker-setting``, of the suites whose workers take it (pipeline, scale, fleet)."""
     parser.add_argument("--worker-setting", action="append", type=setting, metavar="NAME=VALUE",
                         help="a STREAMPROC_* setting of every worker, e.g. llm_http=httpcore (repeat)")
 

@@ -89,6 +89,7 @@ CLIENT_TIMEOUT_S = 60.0
 RETRIES = 5  # LiteLLM's num_retries; tenacity's stop_after_attempt(RETRIES + 1)
 IN_FLIGHT_METRIC = "streamproc_adaptive_in_flight_limit"
 HEDGED_METRIC = "streamproc_hedged_calls_total"
+TIMELINE_STEP_S = 5.0
 RECOVERABLE_LAYERS = frozenset({FailureLayer.TRANSPORT.value, FailureLayer.SERVICE.value})
 
 
@@ -274,6 +275,13 @@ def last_outcomes(finished_by_id: Mapping[str, float], outcomes_by_id: Mapping[s
     last = sorted(finished_by_id, key=finished_by_id.__getitem__)[-n:]
     return [f"{rid.rsplit('-', 1)[-1]} at +{finished_by_id[rid] - first_call:.1f}s "
             f"[{', '.join(outcomes_by_id.get(rid, ()))}]" for rid in last]
+
+
+def per_interval(times: Iterable[float], since: float, step_s: float) -> list[int]:
+    """How many of ``times`` fell in each ``step_s`` after ``since``, up to the last: a run's stalls show as
+    runs of small counts (a rebalance, a dead worker's records waiting for its session to expire)."""
+    counts = Counter(int((at - since) // step_s) for at in times if at >= since)
+    return [counts.get(i, 0) for i in range(max(counts, default=-1) + 1)]
 
 
 def _mark(ok: bool) -> str:
@@ -596,7 +604,11 @@ class ServersBench:
 
         notes: tuple[str, ...] = (f"terminal failures: {counts(outcomes.terminal_by_code())}",
                                   f"retried failures: {counts(outcomes.retried)}")
+        if outcomes.multiple:
+            notes += (f"ended more than once: {', '.join(outcomes.multiple[:10])}",)
         if first is not None:
+            notes += (f"outcomes per {TIMELINE_STEP_S:g} s: "
+                      + " ".join(map(str, per_interval(finished.values(), first, TIMELINE_STEP_S))),)
             notes += ("the last to finish: " + " | ".join(
                 outcomes.timeline(rid, first) for rid in sorted(finished, key=finished.__getitem__)[-3:]),)
         hedges = [value for text in metrics if (value := metric_value(text, HEDGED_METRIC)) is not None]

@@ -17,6 +17,7 @@ from benchmarks.servers import (
     last_outcomes,
     metric_value,
     outcome_layer,
+    per_interval,
     per_request_outcomes,
     slot_rows,
     strict_rows,
@@ -170,3 +171,8 @@ def test_last_outcomes_name_the_slowest_requests_and_their_calls() -> None:
     finished = {"b-000001": 105.0, "b-000002": 161.5, "b-000003": 120.0}
     outcomes = {"b-000002": ["hang", "ok"]}
     assert last_outcomes(finished, outcomes, 100.0, n=2) == ["000003 at +20.0s []", "000002 at +61.5s [hang, ok]"]
+
+
+def test_per_interval_counts_each_step_up_to_the_last() -> None:
+    assert per_interval([100.5, 101.0, 104.9, 116.0, 99.0], 100.0, 5.0) == [3, 0, 0, 1]  # 99.0: before the start
+    assert per_interval([], 100.0, 5.0) == []
