@@ -7,8 +7,10 @@ input partition). The topic ``<prefix>.fleet`` is read from the start with no co
 manifests. A worker beats from its start, every second, and at once when calls come for a model that was idle
 or its partitions come or go (the others then give way within their next read, a fifth of a second), and it
 writes a tombstone when it stops cleanly. Its beat also carries its spend on each capped batch and day (design
-§5.9), which the others' spend ledgers keep, even once it is gone. When it cannot read the topic or write its
-beat for three beats, its shares fall back to an equal part per member of the workers' consumer group.
+§5.9), which the others' spend ledgers keep, even once it is gone: a worker that stops writes its last spend
+under ``<worker id>/spend`` before its tombstone, so workers started later count it too. When it cannot read
+the topic or write its beat for three beats, its shares fall back to an equal part per member of the workers'
+consumer group.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 
 FOLLOW_S = 0.2  # how often the topic is read: how soon the others' beats are known
 FORGOTTEN_AFTER_S = 60.0  # a beat written longer ago than this (by its record's time) is a worker long gone
+SPENT_SUFFIX = "/spend"  # the key of a stopped worker's last spend: its id and this (a worker id holds no '/')
 
 
 def worker_id() -> str:
@@ -168,6 +171,10 @@ class FleetMember:
             following.cancel()
             await asyncio.gather(following, return_exceptions=True)
             try:
+                if spent := self._spend.own():  # its tombstone removes its beat; what it spent stays counted
+                    last = encode_beat(Beat(self.worker, spend=spent))
+                    key = f"{self.worker}{SPENT_SUFFIX}".encode()
+                    await asyncio.wait_for(producer.send_and_wait(self._where.topic, last, key=key), 5.0)
                 await asyncio.wait_for(producer.send_and_wait(self._where.topic, None, key=self.worker.encode()), 5.0)
             except Exception as exc:  # its beat goes stale instead: the others take its share three beats later
                 log.warning("could not tell the fleet that this worker stops: %s", exc)
@@ -252,8 +259,11 @@ class FleetMember:
             if not record.key:
                 continue
             worker = bytes(record.key).decode(errors="replace")
+            spent = worker.endswith(SPENT_SUFFIX)  # a stopped worker's last spend, in place of its last beat's
+            worker = worker.removesuffix(SPENT_SUFFIX)
             if record.value is None:
-                self._view.gone(worker)
+                if not spent:
+                    self._view.gone(worker)
                 continue
             try:
                 beat = decode_beat(worker, record.value)
@@ -262,7 +272,7 @@ class FleetMember:
                 continue
             if worker != self.worker:  # what a worker spent counts however long ago it beat
                 self._spend.heard(worker, beat.spend)
-            if wall_ms - record.timestamp <= FORGOTTEN_AFTER_S * 1000:
+            if not spent and wall_ms - record.timestamp <= FORGOTTEN_AFTER_S * 1000:
                 self._view.heard(beat, now)
 
     # -- the shares ---------------------------------------------------------------------------------------

@@ -158,17 +158,27 @@ def test_the_others_spend_is_kept_from_any_beat_even_an_old_one_or_one_a_tombsto
     assert fleet._view.live(clock.now) == []
 
 
-async def test_the_beat_carries_this_worker_s_spend() -> None:
-    class Producer:
-        def __init__(self) -> None:
-            self.sent: list[bytes] = []
+class Producer:
+    """Records what is sent, as (key, value)."""
 
-        async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[None]:
-            self.sent.append(value)
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, bytes | None]] = []
 
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def send(self, topic: str, value: bytes | None, key: bytes) -> asyncio.Future[None]:
+        self.sent.append((key, value))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def send_and_wait(self, topic: str, value: bytes | None, key: bytes) -> None:
+        await self.send(topic, value, key)
+
+
+async def test_the_beat_carries_this_worker_s_spend_and_its_last_spend_outlives_its_tombstone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     ledger = SpendLedger()
     fleet = FleetMember(FleetTopic(KafkaConnection(bootstrap="127.0.0.1:1"), "llm.fleet", "streamproc", {}),
                         clock=Clock(), spend=ledger)
@@ -176,4 +186,21 @@ async def test_the_beat_carries_this_worker_s_spend() -> None:
     assert not isinstance(charge, Exhausted)
     producer = Producer()
     await fleet._beat(producer)
-    assert decode_beat(fleet.worker, producer.sent[-1]).spend == {batch_scope("b"): Spend(0.2, 40)}
+    key, value = producer.sent[-1]
+    assert key == fleet.worker.encode()
+    assert value is not None and decode_beat(fleet.worker, value).spend == {batch_scope("b"): Spend(0.2, 40)}
+
+    ledger.settle(charge, Spend(0.1, 30))
+    monkeypatch.setattr("streamproc.app.fleet.kafka_producer", lambda *_args, **_kwargs: producer)
+    running = asyncio.ensure_future(fleet.run())
+    await asyncio.sleep(0.05)
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    (spent_key, spent), (gone_key, tombstone) = producer.sent[-2:]
+    assert (spent_key, gone_key, tombstone) == (f"{fleet.worker}/spend".encode(), fleet.worker.encode(), None)
+
+    later = SpendLedger()  # a worker started after it stopped reads both records
+    reader = FleetMember(FleetTopic(KafkaConnection(bootstrap="127.0.0.1:1"), "llm.fleet", "streamproc", {}),
+                         clock=Clock(), wall=lambda: 1_000.0, spend=later)
+    reader._apply([record(spent_key.decode(), spent, 999.0), record(gone_key.decode(), None, 999.0)])
+    assert later.spent(batch_scope("b")) == Spend(0.1, 30) and reader._view.live(100.0) == []
