@@ -13,13 +13,18 @@ import math
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from aiokafka.errors import KafkaError
+
 from benchmarks.guards import Outcomes
-from benchmarks.pipeline import Stack, scrape_metrics
+from benchmarks.pipeline import BenchError, Stack, scrape_metrics
 from streamproc.devstack.broker import free_port
+from streamproc.kafka.clients import kafka_admin
+from streamproc.kafka.connection import KafkaConnection
 
 CHANGE_AT = 1 / 3  # a worker joins or is killed once this share of the requests had an outcome
 
@@ -100,6 +105,33 @@ class WorkerGroup:
     def stop(self) -> None:
         for process in self.processes:
             self.stack.stop(process)
+
+
+async def formed(bootstrap: str, group: str, members: int, timeout_s: float) -> float:
+    """Wait until the consumer group ``group`` is stable with ``members`` members (each given its partitions);
+    returns the seconds it took. A fleet row measures a fleet at work, not one forming: the batch is produced
+    after this, and the join and kill rows' changes come on top."""
+    started = time.monotonic()
+    seen: object = "no answer"
+    admin = kafka_admin(KafkaConnection(bootstrap=bootstrap), request_timeout_ms=5000)
+    await admin.start()
+    try:
+        while time.monotonic() - started < timeout_s:
+            try:
+                (response,) = await admin.describe_consumer_groups([group])
+            except KafkaError:  # no coordinator yet: the group's first member has not asked for one
+                response = None
+            if response is not None:
+                (described,) = response.to_object()["groups"]
+                seen = {"state": described.get("state"), "members": len(described.get("members") or []),
+                        "error": described.get("error_code")}
+                if described.get("state") == "Stable" and len(described.get("members") or []) == members:
+                    return time.monotonic() - started
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+    raise BenchError(f"the {members} workers did not form a stable consumer group {group} in {timeout_s:.0f} s "
+                     f"(last seen: {seen})")
 
 
 async def play(scenario: Scenario, outcomes: Outcomes, group: WorkerGroup, announce: list[str]) -> None:

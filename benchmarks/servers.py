@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fleet_workers import ONE, Scenario, WorkerGroup, play
+from benchmarks.fleet_workers import ONE, Scenario, WorkerGroup, formed, play
 from benchmarks.guards import NOT_ADMITTED, Batch, Outcomes, follow
 from benchmarks.pipeline import (
     OTHER_LOAD_WARNING,
@@ -542,14 +542,19 @@ class ServersBench:
         topology = self.bench.topology(name)
         await ensure_topics(KafkaConnection(bootstrap=self.bench.bootstrap), topology.all_topics())
         batch = Batch.make(f"{name}-{self.bench.run_id}", requests)
-        await produce_requests(self.bench.bootstrap, topology.requests, batch.requests)
         mock = spawn_mock(self.stack, f"mock-{name}", mock_options)
         env = default_worker_env(self.bench, topology.prefix, mock.url, self.stack.workdir / f"worker-{name}-data")
         env.update(settings or {})
         group = WorkerGroup(self.stack, f"worker-{name}", env)
+        if scenario.start > 1:  # a fleet at work: formed before its batch (one worker forms at once)
+            for _ in range(scenario.start):
+                group.start()
+            took = await formed(self.bench.bootstrap, env["STREAMPROC_APP_ID"], scenario.start, timeout_s)
+            print(f"  {scenario.start} workers formed their group in {took:.1f} s", flush=True)
+        await produce_requests(self.bench.bootstrap, topology.requests, batch.requests)
 
         def spawn() -> subprocess.Popen[bytes]:
-            for _ in range(scenario.start):
+            if not group.processes:
                 group.start()
             return group.processes[0]
 
