@@ -160,6 +160,10 @@ class Settings(BaseSettings):
         default=None, description="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1."
     )
     llm_api_key: SecretStr | None = Field(default=None, description="Bearer key sent to the LLM endpoint.")
+    models_file: Path | None = Field(
+        default=None, description="A LiteLLM model_list YAML file: the deployments of each model (api_base, "
+        "api_key, rpm, tpm, timeout, weight), load-balanced, a sick one taken out; unset: STREAMPROC_LLM_BASE_URL "
+        "serves every model.")
     topic_prefix: str = Field(default=DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9._-]+$",
                               description="The deployment's namespace: its topics, and its app id when that is unset.")
     data_dir: Path = Field(

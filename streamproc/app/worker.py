@@ -50,6 +50,7 @@ from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core import headers
 from streamproc.core.decision import Retries
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
+from streamproc.core.model_list import ModelList
 from streamproc.core.outcome import ConfigurationProblem
 from streamproc.core.request_state import RecordRef
 from streamproc.core.retry_policy import Tier, due_within_tier
@@ -62,8 +63,9 @@ from streamproc.kafka.clients import kafka_admin
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.kafka.diagnose import KafkaRefused, diagnose
 from streamproc.llm.api_key import check_llm_key
-from streamproc.llm.client import LLMClient
+from streamproc.llm.deployments import DeploymentCaller
 from streamproc.llm.guarded import Guards
+from streamproc.llm.model_list_file import deployment_endpoint, load_model_list
 from streamproc.settings import Settings
 
 log = logging.getLogger("streamproc.app.worker")
@@ -195,7 +197,7 @@ def records_in_hand(calls: int) -> int:
 class WorkerRuntime:
     """The app and its parts, built once per process."""
 
-    def __init__(self, settings: Settings, kafka: KafkaConnection, replication_factor: int,
+    def __init__(self, settings: Settings, kafka: KafkaConnection, replication_factor: int, models: ModelList,
                  observer: Observer | None = None, batch_sizes: BatchSizes | None = None,
                  fleet: FleetMember | None = None, spend: SpendLedger | None = None) -> None:
         self.settings = settings
@@ -214,11 +216,11 @@ class WorkerRuntime:
         self.dispatcher = Dispatcher(records_in_hand(settings.in_flight), on_stuck=self._on_stuck,
                                      waiting_room=self.app.conf.stream_buffer_maxsize)
         guards = settings.guards
-        self.llm = LLMClient(settings.llm_endpoint, connections=guards.in_flight.ceiling,
-                             hedge_ratio=guards.hedge_ratio)
+        self.llm = DeploymentCaller.connect(models, settings.llm_endpoint, connections=guards.in_flight.ceiling,
+                                            hedge_ratio=guards.hedge_ratio)
         self.batch_sizes = batch_sizes or BatchSizes()
         self.guards = Guards.from_settings(guards, fleet.metered(self.llm) if fleet is not None else self.llm,
-                                           self._expected_first_attempts)
+                                           self._expected_first_attempts, models)
         if fleet is not None and self.guards.limiter is not None:  # the fleet sets its shares from now on
             fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
@@ -388,6 +390,14 @@ def _store_options(settings: Settings) -> dict[str, Any]:
             "max_write_buffer_number": 2, "block_cache_size": round(settings.state_block_cache_mb * mb)}
 
 
+def _describe(models: ModelList, settings: Settings) -> str:
+    """The endpoint, or each deployment of the model list and where it is."""
+    if models.serves_any_model:
+        return str(settings.llm_base_url)
+    return "; ".join(f"{d.key} at {d.api_base or settings.llm_base_url} (weight {d.weight:g})"
+                     for d in models.deployments)
+
+
 def _what_to_fix(problem: ConfigurationProblem) -> str:
     if problem.http_status == 401:
         return "Fix STREAMPROC_LLM_API_KEY, then start the worker again; nothing was marked failed."
@@ -433,10 +443,12 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     logging.basicConfig(level=loglevel, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore"):  # httpx logs every request at INFO: a line (and CPU) per LLM call
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    key = check_llm_key(settings.llm_endpoint)  # a refused key, or one bound for plain http elsewhere, stops here
+    models = load_model_list(settings.models_file, settings.llm_endpoint)  # no endpoint at all stops here
+    # a refused key, or one bound for plain http elsewhere, stops here
+    keys = [check_llm_key(deployment_endpoint(deployment, settings.llm_endpoint)) for deployment in models.deployments]
     kafka = resolve_connection(settings)
     password = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
-    log_redaction.install(secret for secret in (key, password) if secret)
+    log_redaction.install(secret for secret in (*keys, password) if secret)
     topology = settings.topology()
     try:  # before anything else, so that a taken port fails fast
         metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,
@@ -459,7 +471,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
                          spend=spend) if settings.guards.rate.follows_fleet else None)
     if fleet is not None:
         loop.run_until_complete(fleet.load())
-    runtime = WorkerRuntime(settings, kafka, observer=metrics, batch_sizes=batch_sizes,
+    runtime = WorkerRuntime(settings, kafka, models=models, observer=metrics, batch_sizes=batch_sizes,
                             replication_factor=replication.factor, fleet=fleet, spend=spend)
 
     async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
@@ -491,7 +503,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
         Reconciler(runtime.app, runtime.table, runtime.sink.resend, ConsumerGroup(topology, kafka, settings.app_id),
                    settings.reconcile_grace_s, links).run_every(settings.reconcile_interval_s)
     log.info("worker %s: %d partitions, %d in flight, tiers %s, LLM %s", settings.app_id, settings.partitions,
-             settings.in_flight, ",".join(t.name for t in topology.tiers), settings.llm_base_url)
+             settings.in_flight, ",".join(t.name for t in topology.tiers), _describe(models, settings))
     guards = settings.guards
     rate, in_flight, routes = guards.rate, guards.in_flight, guards.routes
     log.info("guards: rate limits %s RPM / %s TPM per model (share %s), in flight %d..%d from %d (latency "

@@ -75,11 +75,11 @@ class BreakerLayer:
         called = await self._inner.call(request, body, first)
         if breaker is not None:  # anything but transport/5xx (a configuration problem too): the service answered
             outcome = called.outcome
-            breaker.record(not (isinstance(outcome, Failure) and _breaks(outcome)), self._clock(), started=allowed_at)
+            breaker.record(not (isinstance(outcome, Failure) and breaks(outcome)), self._clock(), started=allowed_at)
         return called
 
 
-def _breaks(failure: Failure) -> bool:
+def breaks(failure: Failure) -> bool:
     """Transport failures and 5xx answers count against the breaker; 4xx, 429 and semantic ones do not."""
     if failure.layer is FailureLayer.TRANSPORT:
         return True

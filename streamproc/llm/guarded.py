@@ -38,6 +38,7 @@ from streamproc.core.guards.pauses import ModelPauses, Pause
 from streamproc.core.guards.rate_limits import Pacing, RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
 from streamproc.core.guards.token_estimate import TokenEstimator
+from streamproc.core.model_list import ModelList, single_endpoint
 from streamproc.core.model_names import INVALID_MODEL_NAME, model_name_problem
 from streamproc.core.outcome import Failure, truncate
 from streamproc.core.retry_policy import Stop, within_budget
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Deferred", "Guards"]
 
+MODEL_NOT_LISTED = "model_not_listed"  # the business failure of a request naming a model the model list lacks
+
 
 class Guards:
     """Everything between the handler and the HTTP client; see the module docstring for the order."""
@@ -66,9 +69,10 @@ class Guards:
                  expected_first_attempts: Callable[[str], float] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-                 wait: EventWait | None = None) -> None:
+                 wait: EventWait | None = None, models: ModelList | None = None) -> None:
         self._caller = caller
         self.routes = routes or Routes()
+        self.models = models or single_endpoint()  # the deployments of each model
         self.limiter = limiter  # None: no rate limiting
         self.adaptive = adaptive  # None: no in-flight gate
         self._breakers = Breakers(breakers)  # no settings: no breakers
@@ -91,22 +95,30 @@ class Guards:
             stack = self._paced = RateLimitedLayer(stack, self.limiter, self.estimator, clock, sleep, on_congestion)
         if self.adaptive is not None:
             stack = GatedLayer(stack, AdaptiveGate(self.adaptive), clock)
-        routing = RoutingLayer(stack, self.routes, self._breakers, self._count_fallback, clock, wait, self.pauses)
+        routing = RoutingLayer(stack, self.routes, self._breakers, self._count_fallback, clock, wait, self.pauses,
+                               self.models)
         return ContextFallbackLayer(routing, self.routes, self._count_fallback)
 
     @classmethod
     def from_settings(cls, settings: GuardSettings, caller: Caller,
-                      expected_first_attempts: Callable[[str], float] | None = None) -> Guards:
+                      expected_first_attempts: Callable[[str], float] | None = None,
+                      models: ModelList | None = None) -> Guards:
+        """The guards the settings describe; ``caller`` takes deployment keys when ``models`` lists deployments
+        (:class:`streamproc.llm.deployments.DeploymentCaller`), each paced at its own rpm/tpm when it has them."""
         routes, rate, in_flight = settings.routes, settings.rate, settings.in_flight
+        configured = RateLimits(rpm=rate.rpm, tpm=rate.tpm)
+        own_limits = {d.key: RateLimits(rpm=d.rpm or configured.rpm, tpm=d.tpm or configured.tpm)
+                      for d in (models.deployments if models is not None else ()) if d.rpm or d.tpm}
         return cls(
             caller,
             routes=Routes(context_windows=routes.context_windows, context_fallbacks=routes.context_fallbacks,
                           model_fallbacks=routes.model_fallbacks),
-            limiter=RateLimiter(RateLimits(rpm=rate.rpm, tpm=rate.tpm), share=rate.share),
+            limiter=RateLimiter(configured, share=rate.share, configured_by_model=own_limits),
             adaptive=GradientLimit(minimum=in_flight.floor, maximum=in_flight.ceiling, initial=in_flight.start),
             breakers=settings.breaker,
             budget=RetryBudget(ratio=settings.retry_budget.ratio, minimum=settings.retry_budget.minimum),
             expected_first_attempts=expected_first_attempts,
+            models=models,
         )
 
     # -- before the call -----------------------------------------------------------------------------------
@@ -119,6 +131,10 @@ class Guards:
         problem = model_name_problem(model)
         if problem is not None:
             return Failure(FailureLayer.BUSINESS, INVALID_MODEL_NAME, truncate(f"body.model {problem}; not called"))
+        if not self.models.serves(model):
+            return Failure(FailureLayer.BUSINESS, MODEL_NOT_LISTED, truncate(
+                f"model {model!r} is not in the model list (STREAMPROC_MODELS_FILE serves "
+                f"{', '.join(self.models.models())}); not called"))
         routed = self.routes.precheck(model, self.estimator.prompt_tokens(body), self.estimator.max_tokens(body))
         if isinstance(routed, Failure):
             return routed

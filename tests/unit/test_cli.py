@@ -92,6 +92,19 @@ def test_run_without_an_llm_url_refuses_unless_the_mock_is_asked_for(tmp_path: P
     assert not output.exists()
 
 
+def test_a_worker_without_an_llm_url_or_model_list_refuses_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    monkeypatch.delenv("STREAMPROC_MODELS_FILE", raising=False)
+    result = invoke("worker", "-b", NOTHING_LISTENS)
+    assert result.exit_code == ExitCode.CONFIGURATION
+    assert result.stderr.startswith("error: no LLM endpoint: set STREAMPROC_LLM_BASE_URL")
+    assert "STREAMPROC_MODELS_FILE" in result.stderr and result.stderr.count("\n") == 1
+    (tmp_path / "models.yaml").write_text("model_list:\n  - {model_name: a, litellm_params: {model: a, tags: []}}\n")
+    monkeypatch.setenv("STREAMPROC_MODELS_FILE", str(tmp_path / "models.yaml"))
+    result = invoke("worker", "-b", NOTHING_LISTENS)
+    assert result.exit_code == ExitCode.CONFIGURATION and "unsupported key 'tags'" in result.stderr
+
+
 def test_run_with_an_unknown_mock_profile_is_a_usage_error(tmp_path: Path) -> None:
     result = invoke("run", str(requests_file(tmp_path)), "--output", str(tmp_path / "out.jsonl"),
                     "--mock-llm", "no-such-profile")

@@ -358,10 +358,12 @@ class ModelRateLimiter:
 class RateLimiter:
     """One :class:`ModelRateLimiter` per model (each model has its own limits), created on first use."""
 
-    def __init__(self, configured: RateLimits, share: float, burst_s: float = 0.1) -> None:
+    def __init__(self, configured: RateLimits, share: float, burst_s: float = 0.1,
+                 configured_by_model: Mapping[str, RateLimits] | None = None) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
         self._configured = configured
+        self._configured_by_model = dict(configured_by_model or {})  # a deployment's own rpm/tpm (model list)
         self._share = share
         self._burst_s = burst_s
         self._models: LruDict[str, ModelRateLimiter] = LruDict(MAX_MODELS)  # least recently called go first
@@ -369,7 +371,8 @@ class RateLimiter:
     def for_model(self, model: str, now: float) -> ModelRateLimiter:
         limiter = self._models.get(model)
         if limiter is None:
-            limiter = self._models[model] = ModelRateLimiter(self._configured, self._share, now, self._burst_s)
+            configured = self._configured_by_model.get(model, self._configured)
+            limiter = self._models[model] = ModelRateLimiter(configured, self._share, now, self._burst_s)
         return limiter
 
     def limits_by_model(self) -> dict[str, RateLimits]:

@@ -196,14 +196,16 @@ async def test_handler_reports_a_success_and_a_duplicate(metrics: WorkerMetrics,
 async def test_handler_reports_a_retry_and_its_failure_event(metrics: WorkerMetrics,
                                                              registry: CollectorRegistry) -> None:
     handler, sink = rig([READ_TIMEOUT], metrics)
-    await handler.handle(submission(make_request()))
+    request = make_request()
+    await handler.handle(submission(request))
 
     [(event, _)] = sink.failures
     [sent] = sink.retries
     assert value(registry, "streamproc_failures_total", layer=event.layer.value, code=event.error_code,
                  terminal="false") == 1
     assert value(registry, "streamproc_retries_total", tier=sent.tier.name) == 1
-    assert value(registry, "streamproc_llm_latency_seconds_sum", model="", outcome="transport") == pytest.approx(
+    model = json.loads(request.body_json)["model"]  # the routing names the model the call went to
+    assert value(registry, "streamproc_llm_latency_seconds_sum", model=model, outcome="transport") == pytest.approx(
         30.0)
     assert value(registry, "streamproc_results_total") == 0
 
@@ -211,13 +213,15 @@ async def test_handler_reports_a_retry_and_its_failure_event(metrics: WorkerMetr
 async def test_handler_counts_the_tokens_of_a_cut_off_answer(metrics: WorkerMetrics,
                                                               registry: CollectorRegistry) -> None:
     raw = completion_bytes("half an ans", finish_reason="length")
-    handler, sink = rig([lambda body: CallResult(check_completion(raw, body), raw, 40, model="gpt-a")], metrics)
-    await handler.handle(submission(make_request()))
+    handler, sink = rig([lambda body: CallResult(check_completion(raw, body), raw, 40, model=body["model"])], metrics)
+    request = make_request()
+    await handler.handle(submission(request))
 
     [(event, _)] = sink.failures
     assert event.error_code == "truncated"
-    assert value(registry, "streamproc_llm_calls_total", model="gpt-a", outcome="semantic") == 1
-    assert value(registry, "streamproc_llm_tokens_total", model="gpt-a", type="output") == 3
+    model = json.loads(request.body_json)["model"]
+    assert value(registry, "streamproc_llm_calls_total", model=model, outcome="semantic") == 1
+    assert value(registry, "streamproc_llm_tokens_total", model=model, type="output") == 3
 
 
 async def test_handler_reports_a_terminal_failure(metrics: WorkerMetrics, registry: CollectorRegistry) -> None:
