@@ -73,6 +73,10 @@ class ModelList:
         """The model names the list serves (none for the single endpoint, which serves any)."""
         return tuple(dict.fromkeys(d.model_name for d in self.deployments if d.model_name != ANY_MODEL))
 
+    def keys(self) -> tuple[str, ...]:
+        """The deployments' keys (none for the single endpoint, whose deployment is named by each model asked)."""
+        return tuple(d.key for d in self.deployments if d.model_name != ANY_MODEL)
+
     def serves(self, model: str) -> bool:
         return self.serves_any_model or model in self.models()
 

@@ -88,7 +88,8 @@ def breaks(failure: Failure) -> bool:
 
 def _log_transition(model: str, old: BreakerState, new: BreakerState) -> None:
     if new is BreakerState.OPEN:
-        log.warning("circuit breaker for %s: %s -> open (too many transport/5xx failures); calls to it wait in a "
-                    "retry tier or go to a fallback model", model, old.value)
+        log.warning("circuit breaker for %s: %s -> open (too many transport/5xx failures); it is out: its calls go "
+                    "to the model's other deployments, else to a fallback model, else wait in a retry tier; a "
+                    "half-open probe brings it back", model, old.value)
     else:
         log.info("circuit breaker for %s: %s -> %s", model, old.value, new.value)

@@ -39,7 +39,7 @@ def test_each_deployment_is_read_as_written() -> None:
         "gpt-4o@2", "gpt-4o-2024-08-06", ApiKeySource(file="/run/secrets/west"), 30, 1.0)
     assert (local.key, local.model, local.api_key) == (
         "local@1", "meta-llama/Llama-3.1-8B-Instruct", ApiKeySource(value="sk-local"))
-    assert models.models() == ("gpt-4o", "local")
+    assert models.models() == ("gpt-4o", "local") and models.keys() == ("gpt-4o@1", "gpt-4o@2", "local@1")
     assert models.of("gpt-4o") == (east, west) and models.of("other") == ()
     assert models.by_key("gpt-4o@2") == west and models.by_key("gpt-4o") is None
     assert models.serves("local") and not models.serves("other")
@@ -47,7 +47,7 @@ def test_each_deployment_is_read_as_written() -> None:
 
 def test_the_single_endpoint_serves_every_model_named_as_asked() -> None:
     models = single_endpoint()
-    assert models.serves_any_model and models.serves("anything") and models.models() == ()
+    assert models.serves_any_model and models.serves("anything") and models.models() == models.keys() == ()
     [deployment] = models.of("gpt-4o-mini")
     assert (deployment.key, deployment.model, deployment.api_base, deployment.api_key) == (
         "gpt-4o-mini", "gpt-4o-mini", None, None)
