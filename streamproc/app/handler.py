@@ -230,7 +230,7 @@ class Handler:
             parked = Parked(round(called.delay_s * 1000), Failure(FailureLayer.SERVICE, called.code, called.reason))
             return await self._carry_out(record, attempt, after_call(attempt, parked, self._retries, budget))
         self._observer.on_llm_call(LlmCall(called.model, outcome_label(called.outcome), called.latency_ms / 1000,
-                                           *billed_tokens(called.outcome, called.response_body)))
+                                           *billed_tokens(called.outcome, called.response_body), called.deployment))
         end = self._call_end(attempt, called)
         completion = self._completion(request, body) if isinstance(end, Failure) else None  # only a failure escalates
         return await self._carry_out(record, attempt, after_call(attempt, end, self._retries, budget, completion),
@@ -283,6 +283,7 @@ class Handler:
             response_json=called.response_body.decode("utf-8", "replace"), content=outcome.content,
             attempts=attempt.hop.attempt, latency_ms=called.latency_ms, completed_ms=attempt.now_ms,
             input_hash=attempt.started.input_hash, provider_request_id=provider_request_id(called.headers),
+            deployment=called.deployment or None,
         )
         too_large = response_too_large(request.request_id, len(called.response_body),
                                        result_record_bytes(result, codec.encode), outcome)

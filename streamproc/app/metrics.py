@@ -14,7 +14,8 @@ are in seconds, a state is a label):
   ``llm_tokens_total{model,type}``: tokens the provider counted (``type`` ``input`` or ``output``, as
   OpenTelemetry's ``gen_ai.token.type``), refused and cut-off answers included;
   ``estimated_cost_usd_total{model}``: those tokens at the prices of ``STREAMPROC_MODEL_PRICES`` (models
-  listed there only);
+  listed there only); ``deployment_calls_total{deployment,outcome}``: the same calls by the deployment of the
+  model list that answered (``STREAMPROC_MODELS_FILE``; its deployments are configured labels);
 * ``results_total``; ``failures_total{layer,code,terminal}`` (dead letters count as
   ``business``/``unreadable_record``); ``retries_total{tier}``; ``skipped_total{reason}``;
   ``deferred_total{tier}`` (parked by an open breaker); ``requests_redriven_total{why}`` (stranded requests
@@ -103,6 +104,9 @@ class WorkerMetrics:
                              "the failure's layer); every attempt counts.", calls, **common)
         self.latency = Histogram("llm_latency_seconds", "Latency of LLM calls, by model and outcome.", calls,
                                  buckets=LATENCY_BUCKETS, **common)
+        self.deployment_calls = Counter("deployment_calls", "LLM calls that came back, by the deployment of the "
+                                        "model list that answered and outcome (with a model list only).",
+                                        ["deployment", "outcome"], **common)
         self.tokens = Counter("llm_tokens", "Tokens the provider counted, by model and type (input or output); "
                               "refused and cut-off answers count too.", ["model", "type"], **common)
         self.cost = Counter("estimated_cost_usd", "Estimated cost in US dollars of the tokens, by model, at the "
@@ -131,6 +135,8 @@ class WorkerMetrics:
     def on_llm_call(self, call: LlmCall) -> None:
         model = self.models.label(call.model)
         self.calls.labels(model, call.outcome).inc()
+        if call.deployment:
+            self.deployment_calls.labels(self.models.label(call.deployment), call.outcome).inc()
         self.latency.labels(model, call.outcome).observe(max(call.latency_s, 0.0))
         if call.input_tokens:
             self.tokens.labels(model, "input").inc(call.input_tokens)

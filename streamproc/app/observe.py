@@ -25,6 +25,7 @@ class LlmCall:
     latency_s: float
     input_tokens: int  # as the provider counted them (0 without an answer)
     output_tokens: int
+    deployment: str = ""  # the deployment of the model list that answered ("" without a model list)
 
 
 def outcome_label(outcome: Outcome) -> str:

@@ -64,6 +64,7 @@ def _result_to_avro(result: InferenceResult) -> AvroRecord:
         "input_hash": result.input_hash,
         "provider_request_id": result.provider_request_id,
         "reused_from": result.reused_from,
+        "deployment": result.deployment,
     }
 
 
@@ -80,6 +81,7 @@ def _result_from_avro(datum: AvroRecord) -> InferenceResult:
         input_hash=datum["input_hash"],
         provider_request_id=datum["provider_request_id"],
         reused_from=datum["reused_from"],
+        deployment=datum["deployment"],
     )
 
 

@@ -47,6 +47,7 @@ class InferenceResult:
     input_hash: str
     provider_request_id: str | None = None  # the provider's id for the call (its x-request-id header), if sent
     reused_from: str | None = None  # the request whose answer this reuses (submit --reuse-results): no call made
+    deployment: str | None = None  # the deployment of the model list that answered (<model_name>@<n>), if any
 
 
 @dataclass(frozen=True)

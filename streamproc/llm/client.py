@@ -56,7 +56,7 @@ class CallResult:
     latency_ms: int
     headers: Mapping[str, str] = field(default_factory=dict)
     model: str = ""  # the model the call was sent to (after the guards' routing): the metrics' label
-    deployment: str = ""  # the deployment of that model that answered (core.model_list), once routed
+    deployment: str = ""  # the deployment of the model list that answered (core.model_list); "" without a list
 
 
 class Caller(Protocol):

@@ -92,7 +92,8 @@ class RoutingLayer:
             called = await self._send(request, body, deployment, first and not failed)
             if isinstance(called, Refused):
                 continue
-            last = Routed(model, replace(called, model=model, deployment=deployment.key))
+            listed = "" if self._models.serves_any_model else deployment.key  # the single endpoint's has no name
+            last = Routed(model, replace(called, model=model, deployment=listed))
             if not (isinstance(called.outcome, Failure) and breaks(called.outcome)):
                 return last
             failed.add(deployment.key)

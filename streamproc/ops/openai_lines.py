@@ -40,8 +40,12 @@ def output_line(result: InferenceResult) -> dict[str, Any]:
         "response": {"status_code": 200, "request_id": result.provider_request_id, "body": body},
         "error": None,
     }
-    if result.reused_from is not None:  # answered from an earlier identical request, without a call (core.reuse)
-        line["streamproc"] = {"reused_from": result.reused_from}
+    # reused_from: answered from an earlier identical request, without a call (core.reuse); deployment: the one of
+    # the model list that answered
+    extra = {name: value for name, value in (("reused_from", result.reused_from), ("deployment", result.deployment))
+             if value is not None}
+    if extra:
+        line["streamproc"] = extra
     return line
 
 

@@ -79,6 +79,7 @@ async def test_a_deployment_killed_mid_batch_is_taken_out_and_no_request_waits_f
     assert all(len(outcomes.results[i]) == 1 for i in ids), worker.log_tail()
     assert not any(outcomes.failures.values())  # no failure event: nothing was retried through a tier
     assert all(outcomes.results[i][0].attempts == 1 for i in ids)
+    assert {outcomes.results[i][0].deployment for i in ids} == {"mock-small@1", "mock-small@2"}  # who answered
     # the rest of the batch (two thirds, at 16 in flight x 0.2 s) took seconds, far from any retry tier's wait
     assert finished_after_s < 60
     assert west_calls > REQUESTS // 10  # both deployments took calls before the kill

@@ -371,3 +371,13 @@ def test_what_is_left_under_the_caps_and_the_calls_they_held_are_read_when_scrap
     assert registry.get_sample_value("streamproc_budget_left_tokens", {"cap": "day"}) == 600
     assert registry.get_sample_value("streamproc_calls_held_by_cap_total", {"cap": "batch"}) == 2
     assert registry.get_sample_value("streamproc_calls_held_by_cap_total", {"cap": "day"}) == 0
+
+
+def test_a_call_of_a_listed_deployment_counts_under_its_name(registry: CollectorRegistry) -> None:
+    metrics = WorkerMetrics(registry, models=["gpt", "gpt@1", "gpt@2"])
+    metrics.on_llm_call(LlmCall("gpt", "success", 0.2, 5, 3, deployment="gpt@2"))
+    metrics.on_llm_call(LlmCall("gpt", "transport", 0.1, 0, 0))  # no model list: no deployment series
+    assert value(registry, "streamproc_deployment_calls_total", deployment="gpt@2", outcome="success") == 1
+    assert value(registry, "streamproc_llm_calls_total", model="gpt", outcome="success") == 1
+    assert registry.get_sample_value("streamproc_deployment_calls_total",
+                                     {"deployment": "", "outcome": "transport"}) is None

@@ -113,7 +113,7 @@ async def test_a_breaker_that_opens_during_the_token_wait_refuses_and_the_routin
     paced = RateLimitedLayer(BreakerLayer(script, breakers, clock), limiter, TokenEstimator(), clock, sleep)
     routing = RoutingLayer(paced, Routes(model_fallbacks={"big": ["small"]}), breakers,
                            lambda *key: counted.append(key), clock)
-    assert await routing.call(REQUEST, BODY, True) == Routed("small", replace(OK, model="small", deployment="small"))
+    assert await routing.call(REQUEST, BODY, True) == Routed("small", replace(OK, model="small", deployment=""))
     assert [body["model"] for body, _ in script.calls] == ["small"]  # "big" was not called
     assert counted == [("big", "small", "breaker_open")]
 
@@ -121,7 +121,7 @@ async def test_a_breaker_that_opens_during_the_token_wait_refuses_and_the_routin
 async def test_routing_without_breakers_sends_the_body_as_it_is() -> None:
     script = Script()
     routing = RoutingLayer(script, Routes(), Breakers(None), lambda *key: None, MonotonicClock())
-    assert await routing.call(REQUEST, BODY, True) == Routed("big", replace(OK, model="big", deployment="big"))
+    assert await routing.call(REQUEST, BODY, True) == Routed("big", replace(OK, model="big", deployment=""))
     assert script.calls[0][0] is BODY
 
 
@@ -179,7 +179,7 @@ async def test_fast_refusals_of_later_calls_do_not_pause_a_model_whose_first_cal
         assert isinstance(await routing.call(REQUEST, BODY, True), Routed)
     assert isinstance(await routing.call(REQUEST, BODY, True), Routed)  # not paused: the first call is out
     answered.set()
-    assert await first_call == Routed("big", replace(OK, model="big", deployment="big"))
+    assert await first_call == Routed("big", replace(OK, model="big", deployment=""))
 
 
 async def test_a_cancelled_call_does_not_hold_the_pause_of_the_calls_after_it() -> None:
@@ -390,14 +390,14 @@ async def test_a_call_waiting_for_a_breaker_holds_no_gate_slot() -> None:
     script = Script([DOWN])
     guards = Guards(script, adaptive=GradientLimit(1, 1), clock=clock, sleep=clock.sleep, wait=wait,
                     breakers=BreakerSettings(failure_rate=0.5, window_s=10, min_calls=1, open_s=5, hold_s=10))
-    assert await guards.call(REQUEST, BODY, 1) == replace(DOWN, model="big", deployment="big")  # its breaker opens
+    assert await guards.call(REQUEST, BODY, 1) == replace(DOWN, model="big", deployment="")  # its breaker opens
     held = asyncio.create_task(guards.call(REQUEST, BODY, 1))
     await asyncio.sleep(0)
     assert not held.done()
     assert await asyncio.wait_for(guards.call(REQUEST, {**BODY, "model": "other"}, 1), 1) == replace(
-        OK, model="other", deployment="other")
+        OK, model="other", deployment="")
     released.set()
-    assert await held == replace(OK, model="big", deployment="big")
+    assert await held == replace(OK, model="big", deployment="")
     assert [body["model"] for body, _ in script.calls] == ["big", "other", "big"]
 
 

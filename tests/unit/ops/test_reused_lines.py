@@ -19,3 +19,10 @@ def test_a_reused_answer_names_its_origin_under_streamproc_and_still_parses_as_o
     _, body = parse_openai_line(json.dumps(line))
     assert isinstance(body, ChatCompletion)
     assert "streamproc" not in output_line(result())  # an answer called for carries no mark
+
+
+def test_the_deployment_that_answered_is_exported_under_streamproc() -> None:
+    line = output_line(replace(result(), deployment="gpt-4o@2"))
+    assert line["streamproc"] == {"deployment": "gpt-4o@2"}
+    _, body = parse_openai_line(json.dumps(line))
+    assert isinstance(body, ChatCompletion)
