@@ -73,7 +73,10 @@ class LocalStack:
             env["STREAMPROC_KAFKA_BOOTSTRAP"] = self.settings.kafka_bootstrap
         if self.settings.kafka_client_properties:  # --command-config reaches the workers too
             env["STREAMPROC_KAFKA_CLIENT_PROPERTIES"] = str(self.settings.kafka_client_properties)
-        env["STREAMPROC_LLM_BASE_URL"] = str(self.settings.llm_base_url)
+        if self.settings.llm_base_url:
+            env["STREAMPROC_LLM_BASE_URL"] = self.settings.llm_base_url
+        if self.mock is not None:  # the mock answers instead of any configured endpoint, a model list's too
+            env.pop("STREAMPROC_MODELS_FILE", None)
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
         env["STREAMPROC_DATA_DIR"] = str(self.settings.data_dir / f"worker-{index}")
         log_path = self.worker_log(index)

@@ -98,9 +98,10 @@ def run_batch(settings: Settings, file: Path, output: Path, errors: Path | None,
               reuse_results: bool = False) -> RunReport:
     """Submit, follow and export, starting what the configuration lacks; the mock LLM server only when
     ``mock_profile`` names one (it then answers instead of any configured endpoint)."""
-    if mock_profile is None and not settings.llm_base_url:
-        raise NoLLMError("no LLM endpoint: set STREAMPROC_LLM_BASE_URL (and STREAMPROC_LLM_API_KEY), or pass "
-                         "--mock-llm realistic to try the built-in mock server, whose answers are fake")
+    if mock_profile is None and not settings.llm_base_url and settings.models_file is None:
+        raise NoLLMError("no LLM endpoint: set STREAMPROC_LLM_BASE_URL (and STREAMPROC_LLM_API_KEY) or "
+                         "STREAMPROC_MODELS_FILE, or pass --mock-llm realistic to try the built-in mock server, whose "
+                         "answers are fake")
     started = time.monotonic()
     with LocalStack(settings, mock_profile=mock_profile, workers=workers) as stack:
         effective = stack.settings
