@@ -8,6 +8,7 @@ as a whole (design §5). Each guard is a wrapper around the next (like httpx tra
    stack again, to the called model's context fallback when one is configured;
 2. :class:`RoutingLayer`: the first of the model and its fallbacks whose breaker is not open; none → wait
    for a breaker up to the hold, else :class:`Deferred` (this runs outside the gate: waiting holds no slot);
+   with a model list, the deployment of that model, named by its key to every layer below;
 3. :class:`GatedLayer`: the adaptive in-flight gate (latency gradient), so a queueing server sees fewer concurrent
    calls;
 4. :class:`RateLimitedLayer`: that model's requests/min and tokens/min buckets (the wait happens here,

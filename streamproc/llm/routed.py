@@ -7,6 +7,12 @@ by itself) for one to change or to let a probe through, as long as that can happ
 is :class:`Deferred` and the handler parks it in a retry tier. This runs before the in-flight gate, so
 waiting calls hold no gate slot; if the breaker refuses the call at its last check, below the gate, it
 picks again. It answers which model it called (:class:`Routed`): the context fallback is that model's.
+
+A model of the model list (:mod:`streamproc.core.model_list`) has deployments, and the guards below see each as
+a model of its own (its key): a model may be called while one of its deployments may, and the call goes to the
+one with the least expected wait (:mod:`streamproc.core.guards.balance`). A call that one fails in transport or
+with a 5xx goes on to another of them at once, in the same attempt, so a sick deployment costs no retry (design
+§5.10). Without a model list each model is its own single deployment.
 """
 
 from __future__ import annotations
