@@ -65,7 +65,7 @@ from streamproc.kafka.diagnose import KafkaRefused, diagnose
 from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.deployments import DeploymentCaller
 from streamproc.llm.guarded import Guards
-from streamproc.llm.model_list_file import deployment_endpoint, load_model_list
+from streamproc.llm.model_list_file import check_routes, deployment_endpoint, load_model_list
 from streamproc.settings import Settings
 
 log = logging.getLogger("streamproc.app.worker")
@@ -444,6 +444,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     for noisy in ("httpx", "httpcore"):  # httpx logs every request at INFO: a line (and CPU) per LLM call
         logging.getLogger(noisy).setLevel(logging.WARNING)
     models = load_model_list(settings.models_file, settings.llm_endpoint)  # no endpoint at all stops here
+    check_routes(models, settings.guards.routes)
     # a refused key, or one bound for plain http elsewhere, stops here
     keys = [check_llm_key(deployment_endpoint(deployment, settings.llm_endpoint)) for deployment in models.deployments]
     kafka = resolve_connection(settings)

@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from streamproc.core.model_list import Deployment, ModelList, ModelListProblem, parse_model_list, single_endpoint
 from streamproc.errors import UserFacingError
 from streamproc.kafka.secrets import check_secret, read_secret_file
-from streamproc.settings import LLMEndpoint
+from streamproc.settings import LLMEndpoint, RouteSettings
 
 
 class ModelListError(UserFacingError):
@@ -43,6 +43,18 @@ def load_model_list(models_file: Path | None, default: LLMEndpoint) -> ModelList
         if deployment.api_base is None and not default.base_url:
             raise ModelListError(f"{source}: {deployment.key} has no api_base, and STREAMPROC_LLM_BASE_URL is not set")
     return models
+
+
+def check_routes(models: ModelList, routes: RouteSettings) -> None:
+    """Refuse fallbacks that name a model the list does not serve: its calls could never go there."""
+    if models.serves_any_model:
+        return
+    named = {*routes.model_fallbacks, *(m for listed in routes.model_fallbacks.values() for m in listed),
+             *routes.context_fallbacks, *routes.context_fallbacks.values()}
+    missing = sorted(model for model in named if not models.serves(model))
+    if missing:
+        raise ModelListError(f"STREAMPROC_MODEL_FALLBACKS or STREAMPROC_CONTEXT_FALLBACKS names {missing[0]!r}, which "
+                             f"is not in the model list (STREAMPROC_MODELS_FILE serves {', '.join(models.models())})")
 
 
 def deployment_endpoint(deployment: Deployment, default: LLMEndpoint) -> LLMEndpoint:

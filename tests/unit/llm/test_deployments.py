@@ -19,7 +19,7 @@ from streamproc.errors import ExitCode
 from streamproc.llm.client import CallResult, LLMClient
 from streamproc.llm.deployments import DeploymentCaller
 from streamproc.llm.guarded import MODEL_NOT_LISTED, Deferred, Guards
-from streamproc.llm.model_list_file import ModelListError, deployment_endpoint, load_model_list
+from streamproc.llm.model_list_file import ModelListError, check_routes, deployment_endpoint, load_model_list
 from streamproc.settings import BreakerSettings, Settings
 from tests.unit.app.test_handler_guards import MonotonicClock
 
@@ -190,3 +190,13 @@ def test_neither_a_file_nor_a_base_url_is_refused() -> None:
     with pytest.raises(ModelListError, match="no LLM endpoint: set STREAMPROC_LLM_BASE_URL"):
         load_model_list(None, Settings().llm_endpoint)
     assert load_model_list(None, Settings(llm_base_url="http://127.0.0.1:1/v1").llm_endpoint).serves_any_model
+
+
+def test_a_fallback_outside_the_model_list_is_refused() -> None:
+    check_routes(MODELS, Settings(model_fallbacks={"gpt": ["mini"]}).guards.routes)
+    single = load_model_list(None, Settings(llm_base_url="http://127.0.0.1:1/v1").llm_endpoint)
+    check_routes(single, Settings(model_fallbacks={"gpt": ["anything"]}).guards.routes)  # it serves any model
+    with pytest.raises(ModelListError, match="names 'gpt-4o-mini', which is not in the model list"):
+        check_routes(MODELS, Settings(model_fallbacks={"gpt": ["gpt-4o-mini"]}).guards.routes)
+    with pytest.raises(ModelListError, match="names 'large'"):
+        check_routes(MODELS, Settings(context_fallbacks={"gpt": "large"}).guards.routes)
