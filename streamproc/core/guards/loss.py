@@ -19,12 +19,17 @@ Pure: time is passed in.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass
 from typing import Literal
+
+from streamproc.core.guards.timeouts import SlidingWindow
 
 WINDOW_CALLS = 100  # answered calls per window: more than 10 refused of 100 at a 1 % noise share: 1 in 10^8
 THRESHOLD = 0.1  # a window with a larger share of such 429s is congestion
 HIGHEST_THRESHOLD = 0.5  # the threshold never rises past this: a server refusing more is congested whatever it says
+LATENCY_SAMPLES = 50  # answers whose median is the usual latency an answer waits for before joining a window
 FALLEN = 0.5  # after a cut, a share at most this fraction of the one that caused it confirms the congestion
 
 
@@ -70,6 +75,9 @@ class LossShare:
         self._window = _Window()
         self._testing: _Test | None = None
         self._last_share: float | None = None
+        self._pending: list[tuple[float, int, bool]] = []  # answers waiting to join a window: (sent, order, refused)
+        self._order = itertools.count()
+        self._latencies = SlidingWindow(LATENCY_SAMPLES)
 
     @property
     def threshold(self) -> float:
@@ -88,7 +96,24 @@ class LossShare:
 
     def record(self, refused: bool, started: float, now: float) -> LossSignal | None:
         """One answered call, sent at ``started``: ``refused`` with a 429 that named no empty bucket, or not.
-        Returns what its window says when this call closes one."""
+        Returns what its window says when a call closes one.
+
+        Windows hold calls in the order they were sent, not answered: a 429 answers at once while the calls
+        sent with it take their latency, so while the rate grows (a slow start: x4 a round trip) the answers
+        of any moment hold the refusals of the newest, largest round and the successes of an older one, and a
+        3 % share read as 12 %. An answer joins its window once the calls sent with it had their usual
+        latency to answer (the median of the last answers that were not refused)."""
+        if not refused:
+            self._latencies.add(max(0.0, now - started))
+        heapq.heappush(self._pending, (started, next(self._order), refused))
+        usual = self._latencies.median() if len(self._latencies) else 0.0
+        while self._pending and self._pending[0][0] <= now - usual:
+            sent, _, was_refused = heapq.heappop(self._pending)
+            if (signal := self._count(was_refused, sent, now)) is not None:
+                return signal
+        return None
+
+    def _count(self, refused: bool, started: float, now: float) -> LossSignal | None:
         if self._testing is not None and started < self._testing.cut_at:
             return None  # sent at the pace before the cut: no part of its test
         window = self._window

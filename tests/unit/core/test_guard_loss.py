@@ -98,3 +98,21 @@ def test_noise_of_up_to_two_percent_almost_never_reads_as_congestion(seed: int, 
     loss = LossShare()
     signals = [loss.record(rng.random() < noise, i / 50, i / 50 + 0.5) for i in range(2000)]
     assert [s for s in signals if s is not None] == []
+
+
+def test_a_slow_start_does_not_read_refusals_that_answer_at_once_as_congestion() -> None:
+    """Rounds of calls x4 a round trip (16, 64, 256, then 256 each 0.1 s), 1 in 25 refused by a 429 that answers
+    at once, the others answered after the round trip: read in the order of answers, the refusals of each new
+    round met the successes of the round before, a quarter its size, and 4 % read above the 10 % threshold."""
+    answers: list[tuple[float, bool, float]] = []  # (answered, refused, sent)
+    sent_so_far = 0
+    for round_number, size in enumerate([16, 64, 256, 256, 256, 256, 256, 256]):
+        for index in range(size):  # sent evenly over the round trip
+            sent = 0.1 * (round_number + index / size)
+            refused = sent_so_far % 25 == 0
+            answers.append((sent if refused else sent + 0.1, not refused, sent))
+            sent_so_far += 1
+    answers.sort()  # at one moment, the refusals answer first
+    loss = LossShare()
+    signals = [loss.record(not answered_ok, sent, answered) for answered, answered_ok, sent in answers]
+    assert [signal for signal in signals if signal is not None and signal.verdict != "fallen"] == []
