@@ -81,7 +81,7 @@ class RateLimitedLayer:
         try:
             async with self._lanes[model]:
                 while (early := limiter.backlog_s(self._clock()) - HORIZON_S) > 0:
-                    await self._sleep(early)
+                    await self._sleep(min(early, HORIZON_S))  # a new share or pace may shorten the wait
         finally:
             limiter.queued(-1, -cost)
         now = self._clock()
