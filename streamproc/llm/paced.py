@@ -79,13 +79,13 @@ class RateLimitedLayer:
         limiter = self._limiter.for_model(model, self._clock())
         limiter.queued(1, cost)
         try:
-            async with self._lanes[model]:
+            async with self._lanes[model]:  # the reservation is made inside: the next in the lane reserves after it
                 while (early := limiter.backlog_s(self._clock()) - HORIZON_S) > 0:
                     await self._sleep(min(early, HORIZON_S))  # a new share or pace may shorten the wait
+                now = self._clock()
+                return self._limiter.for_model(model, now).reserve(cost, now)
         finally:
             limiter.queued(-1, -cost)
-        now = self._clock()
-        return self._limiter.for_model(model, now).reserve(cost, now)
 
     def _learn(self, limiter: ModelRateLimiter, cost: int, called: CallResult, started: float) -> float | None:
         """Feed the answer to the limiter; for a 429, how long the refused call waits before it is sent again
