@@ -218,7 +218,7 @@ class Settings(BaseSettings):
                                                    "returning an aiokafka AbstractTokenProvider (a cloud signer).")
 
     kafka_session_timeout_s: float = Field(
-        default=30.0, ge=6.0, le=300.0,
+        default=10.0, ge=6.0, le=300.0,
         description="How long the group waits for a silent worker before handing its partitions over.",
     )
     standby_replicas: int = Field(

@@ -82,9 +82,10 @@ def make_faust_app(settings: FaustSettings, connection: KafkaConnection, app_id:
         # a smaller one is suspected of a lost record (design §4, "A million requests of state")
         broker_max_poll_records=1000,
         consumer_auto_offset_reset="earliest",
-        # a worker that died is noticed (and its partitions handed over) after this long
+        # a worker that died is noticed (and its partitions handed over) after this long; and every worker hears
+        # of a rebalance at its next heartbeat, so a second apart, every worker of the group waits at most that
         broker_session_timeout=settings.session_timeout_s,
-        broker_heartbeat_interval=settings.session_timeout_s / 10,
+        broker_heartbeat_interval=min(1.0, settings.session_timeout_s / 3),
         # warm copies of the state table on other workers: faster failover against CPU per request (design §5.6)
         table_standby_replicas=settings.standby_replicas,
     )

@@ -220,9 +220,9 @@ class WorkerRuntime:
                                             hedge_ratio=guards.hedge_ratio)
         self.batch_sizes = batch_sizes or BatchSizes()
         self.guards = Guards.from_settings(guards, fleet.metered(self.llm) if fleet is not None else self.llm,
-                                           self._expected_first_attempts, models)
+                                           self._expected_first_attempts, models, self._rebalancing_or_stopping)
         if fleet is not None and self.guards.limiter is not None:  # the fleet sets its shares from now on
-            fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership)
+            fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership, self.guards.adaptive)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
                                         kafka, self.topology.results)
         self.configuration_problem: ConfigurationProblem | None = None
@@ -314,6 +314,12 @@ class WorkerRuntime:
                 await self.sink.requeue(record)
         return Disposition.ACK
 
+    def _rebalancing_or_stopping(self) -> bool:
+        """Whether the worker is giving its records back (faust suspends its flow control for a rebalance, and
+        waits for every record in hand before it goes on): what only waits, sleeping tier records and calls not
+        yet sent, then makes way (design §5.7)."""
+        return not self.app.flow_control.is_active() or bool(self.app.should_stop)
+
     def _due_ms(self, record: Record, produced_s: float | None) -> int:
         """The record's ``x-due-ts``, at most its tier's delay after it was written (``produced_s``: its Kafka
         timestamp)."""
@@ -323,7 +329,7 @@ class WorkerRuntime:
     async def _sleep_until(self, due_ms: int) -> None:
         """Sleep until ``due_ms``, or until a rebalance or shutdown starts (it must not wait for sleepers)."""
         while (wait_s := (due_ms - time.time() * 1000) / 1000) > 0:
-            if not self.app.flow_control.is_active() or self.app.should_stop:
+            if self._rebalancing_or_stopping():
                 return
             await asyncio.sleep(min(wait_s, _REBALANCE_POLL_S))
 

@@ -29,6 +29,7 @@ NO_WORKER: Final = "no_worker"
 CIRCUIT_OPEN: Final = "circuit_open"
 MODEL_PAUSED: Final = "model_paused"
 BUDGET_EXHAUSTED: Final = "budget_exhausted"
+REBALANCING: Final = "rebalancing"
 DUPLICATE: Final = "duplicate"
 QUEUED: Final = "queued"
 RETRY_WAIT: Final = "retry_wait"
@@ -81,6 +82,8 @@ class BatchStall:
             MODEL_PAUSED: "waiting on a paused model (its first calls all failed alike; see the worker log)",
             BUDGET_EXHAUSTED: "waiting at the spend cap of the batch or of the day (`streamproc raise-cap` lets them "
                               "go on; `cancel` ends them budget_exceeded)",
+            REBALANCING: "parked while the workers' group rebalanced (they are read again once it ends; a rebalance "
+                         "that does not end shows in the worker log)",
             DUPLICATE: "skipped as duplicates (read by a worker, but their request ids belong to another batch's "
                        "requests)",
             QUEUED: f"queued, not read yet ({lag} records wait on the input topics of {name})",

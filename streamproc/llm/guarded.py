@@ -70,7 +70,8 @@ class Guards:
                  expected_first_attempts: Callable[[str], float] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-                 wait: EventWait | None = None, models: ModelList | None = None) -> None:
+                 wait: EventWait | None = None, models: ModelList | None = None,
+                 giving_way: Callable[[], bool] = lambda: False) -> None:
         self._caller = caller
         self.routes = routes or Routes()
         self.models = models or single_endpoint()  # the deployments of each model
@@ -84,6 +85,7 @@ class Guards:
         self.fallbacks: dict[tuple[str, str, str], int] = {}  # (from, to, reason) -> calls
         self.budget_exhausted = 0  # read by the metrics collector, like fallbacks
         self._paced: RateLimitedLayer | None = None
+        self._giving_way = giving_way  # a rebalance or stop has begun: calls waiting their turn give way (§5.7)
         self._stack = self._compose(clock, sleep, wait)
 
     def _compose(self, clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
@@ -93,7 +95,8 @@ class Guards:
                                                           self._breakers, clock)
         if self.limiter is not None:
             on_congestion = self.adaptive.on_congestion if self.adaptive is not None else None
-            stack = self._paced = RateLimitedLayer(stack, self.limiter, self.estimator, clock, sleep, on_congestion)
+            stack = self._paced = RateLimitedLayer(stack, self.limiter, self.estimator, clock, sleep, on_congestion,
+                                                   self._giving_way)
         if self.adaptive is not None:
             stack = GatedLayer(stack, AdaptiveGate(self.adaptive), clock)
         routing = RoutingLayer(stack, self.routes, self._breakers, self._count_fallback, clock, wait, self.pauses,
@@ -103,7 +106,7 @@ class Guards:
     @classmethod
     def from_settings(cls, settings: GuardSettings, caller: Caller,
                       expected_first_attempts: Callable[[str], float] | None = None,
-                      models: ModelList | None = None) -> Guards:
+                      models: ModelList | None = None, giving_way: Callable[[], bool] = lambda: False) -> Guards:
         """The guards the settings describe; ``caller`` takes deployment keys when ``models`` lists deployments
         (:class:`streamproc.llm.deployments.DeploymentCaller`), each paced at its own rpm/tpm when it has them."""
         routes, rate, in_flight = settings.routes, settings.rate, settings.in_flight
@@ -120,6 +123,7 @@ class Guards:
             budget=RetryBudget(ratio=settings.retry_budget.ratio, minimum=settings.retry_budget.minimum),
             expected_first_attempts=expected_first_attempts,
             models=models,
+            giving_way=giving_way,
         )
 
     # -- before the call -----------------------------------------------------------------------------------

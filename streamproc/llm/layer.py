@@ -23,6 +23,8 @@ class Layer(Protocol[R_co]):
 @dataclass(frozen=True)
 class Refused:
     """No call was made: the model's breaker said no at its last check, right before sending (it opened, or
-    its probe went out, while this call waited for tokens). The routing picks a model again."""
+    its probe went out, while this call waited for tokens), and the routing picks a model again; or, with
+    ``gave_way``, a rebalance began while the call waited its turn, and the request is parked (design §5.7)."""
 
     model: str
+    gave_way: bool = False

@@ -9,6 +9,10 @@ model's pause, if any) and is sent again through the same limiter, up to ``MAX_S
 costs its wait instead of a trip through a retry tier. A wait longer than ``LONGEST_WAIT_S`` goes back to the
 handler, which parks the request instead of holding a slot that long. Hedges the client sends while the call runs go
 through the same limiter (:data:`streamproc.llm.client.hedge_permit`).
+
+A call that waits its turn when a rebalance begins gives way (``Refused(gave_way=True)``, and the handler parks it):
+a rebalance waits for every record in hand, and calls booked at the pace would hold it, and every worker of the
+group with it, for as long as their turns take (design §5.7).
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ class RateLimitedLayer:
 
     def __init__(self, inner: Layer[CallResult | Refused], limiter: RateLimiter, estimator: TokenEstimator,
                  clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
-                 on_congestion: Callable[[float], None] | None = None) -> None:
+                 on_congestion: Callable[[float], None] | None = None,
+                 giving_way: Callable[[], bool] = lambda: False) -> None:
         self._inner = inner
         self._limiter = limiter
         self._estimator = estimator
         self._clock = clock
         self._sleep = sleep
         self._on_congestion = on_congestion
+        self._giving_way = giving_way  # a rebalance (or a stop) has begun: calls not sent yet give way
         self._lanes: LruDict[str, asyncio.Lock] = LruDict(MAX_MODELS, asyncio.Lock)  # FIFO: served in turn
         self.resent = 0  # calls sent again after a 429 (read by the metrics: each is a call no event records)
 
@@ -53,8 +59,10 @@ class RateLimitedLayer:
         sends = 0
         while True:
             wait = await self._reserve(model, cost)
-            if wait > 0:
+            if wait is not None and wait > 0:
                 await self._sleep(wait)
+            if wait is None or self._giving_way():
+                return Refused(model, gave_way=True)
             started = self._clock()
             permit = hedge_permit.set(lambda: self._limiter.for_model(model, self._clock()).charge_hedge(
                 cost, self._clock()))
@@ -68,20 +76,26 @@ class RateLimitedLayer:
             again = self._learn(self._limiter.for_model(model, self._clock()), cost, called, started)
             if again is None or sends >= MAX_SENDS or again > LONGEST_WAIT_S:
                 return called
+            until = self._clock() + again
+            while (left := until - self._clock()) > 0 and not self._giving_way():
+                await self._sleep(min(left, HORIZON_S))  # a rebalance must not wait out the refusal's hint
+            if self._giving_way():
+                return Refused(model, gave_way=True)
             self.resent += 1
-            if again > 0:
-                await self._sleep(again)
 
-    async def _reserve(self, model: str, cost: int) -> float:
+    async def _reserve(self, model: str, cost: int) -> float | None:
         """Reserve the call's cost in its model's buckets, first come first served, once the calls reserved
-        before it are due within ``HORIZON_S``; returns the wait left. Nothing reserves further ahead, so a cut
-        of the pace, a congestion pause or a new share reaches every call not due within that horizon."""
+        before it are due within ``HORIZON_S``; returns the wait left, or None when it gives way before its turn.
+        Nothing reserves further ahead, so a cut of the pace, a congestion pause or a new share reaches every call
+        not due within that horizon."""
         limiter = self._limiter.for_model(model, self._clock())
         limiter.queued(1, cost)
         try:
             async with self._lanes[model]:  # the reservation is made inside: the next in the lane reserves after it
-                while (early := limiter.backlog_s(self._clock()) - HORIZON_S) > 0:
+                while (early := limiter.backlog_s(self._clock()) - HORIZON_S) > 0 and not self._giving_way():
                     await self._sleep(min(early, HORIZON_S))  # a new share or pace may shorten the wait
+                if self._giving_way():
+                    return None
                 now = self._clock()
                 return self._limiter.for_model(model, now).reserve(cost, now)
         finally:

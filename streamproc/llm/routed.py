@@ -29,7 +29,7 @@ from streamproc.core.guards.pauses import ModelPauses
 from streamproc.core.guards.routing import Routes
 from streamproc.core.model_list import Deployment, ModelList, single_endpoint
 from streamproc.core.outcome import Failure
-from streamproc.core.request_state import CIRCUIT_OPEN, MODEL_PAUSED
+from streamproc.core.request_state import CIRCUIT_OPEN, MODEL_PAUSED, REBALANCING
 from streamproc.llm.breakers import Breakers, breaks
 from streamproc.llm.client import CallResult
 from streamproc.llm.layer import Layer, Refused
@@ -42,8 +42,9 @@ EventWait = Callable[[asyncio.Event, float], Awaitable[object]]
 
 @dataclass(frozen=True)
 class Deferred:
-    """No call was made: every candidate model's breaker is open, or the model is paused; ask again in
-    ``delay_s`` seconds. ``code`` and ``reason`` say which, for the parked record's headers and state."""
+    """No call was made: every candidate model's breaker is open, the model is paused, or a rebalance began while
+    the call waited its turn; ask again in ``delay_s`` seconds. ``code`` and ``reason`` say which, for the parked
+    record's headers and state."""
 
     delay_s: float
     model: str
@@ -96,6 +97,9 @@ class RoutingLayer:
             if model != requested and not failed:
                 self._count_fallback(requested, model, "breaker_open")
             called = await self._send(request, body, deployment, first and not failed)
+            if isinstance(called, Refused) and called.gave_way:
+                return Deferred(0.0, requested, REBALANCING, "a rebalance began before the call was sent: it is "
+                                "parked for whoever reads its partition next")
             if isinstance(called, Refused):
                 continue
             listed = "" if self._models.serves_any_model else deployment.key  # the single endpoint's has no name

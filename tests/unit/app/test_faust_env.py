@@ -23,5 +23,5 @@ def test_the_environment_cannot_override_the_apps_settings(tmp_path: Path, monke
     assert [str(url) for url in app.conf.broker] == ["kafka://127.0.0.1:9"]
     assert app.conf.web_enabled is False
     assert str(app.conf.store) == "rocksdb:"
-    assert app.conf.broker_session_timeout == 30.0 and app.conf.producer_acks == -1
+    assert app.conf.broker_session_timeout == 10.0 and app.conf.producer_acks == -1
     assert app.conf.topic_partitions == 8

@@ -17,7 +17,7 @@ from streamproc.core.guards.budget import RetryBudget
 from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
-from streamproc.core.request_state import CIRCUIT_OPEN
+from streamproc.core.request_state import CIRCUIT_OPEN, REBALANCING
 from streamproc.core.verdict import classify_http_error
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import CallResult
@@ -64,6 +64,7 @@ class GuardedRig(Rig):
     budget: RetryBudget | None = None
     limiter: RateLimiter | None = None
     adaptive: GradientLimit | None = None
+    rebalancing: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -71,7 +72,7 @@ class GuardedRig(Rig):
         self.guards = Guards(self.caller, routes=self.routes, breakers=self.breakers, budget=self.budget,
                              limiter=self.limiter, adaptive=self.adaptive, clock=self.monotonic,
                              sleep=self.monotonic.sleep,
-                             wait=self.monotonic.wait)
+                             wait=self.monotonic.wait, giving_way=lambda: self.rebalancing)
         self.handler = Handler(self.guards, self.sink, self.store, Retries(self.policy, random.Random(SEED)),
                                self.problems.append, HandlerOptions(clock_ms=self.clock))
 
@@ -238,6 +239,26 @@ async def test_without_a_context_fallback_the_refusal_is_a_business_failure() ->
     await rig.handle(submission(make_request("big"), offset=0))
     (event, _), = rig.sink.failures
     assert event.terminal and event.error_code == "context_length_exceeded"
+
+
+async def test_a_call_not_sent_when_a_rebalance_begins_is_parked_and_its_attempt_runs_after() -> None:
+    rig = GuardedRig([answer("ok")], limiter=RateLimiter(RateLimits(rpm=60), share=1.0), rebalancing=True)
+    waiting = make_request("waiting")
+    assert await rig.handle(submission(waiting, offset=0)) is Disposition.ACK
+    assert rig.caller.calls == []
+    parked = rig.sink.retries[-1]
+    assert parked.request == waiting and parked.tier == rig.policy.tiers[0]
+    assert text(parked.headers, headers.ATTEMPT) == "1"  # the attempt was not made: it spends nothing
+    assert text(parked.headers, headers.ERROR_CODE) == REBALANCING
+    assert int(text(parked.headers, headers.DUE_TS)) - rig.clock.now <= 1_000  # due at once (and a jitter)
+    assert not rig.sink.failures
+    state = rig.state("waiting")
+    assert (state.status, state.attempts, state.last_error_code) == (RequestStatus.RETRYING, 1, REBALANCING)
+
+    rig.rebalancing = False  # whoever reads the tier next makes the attempt
+    assert await rig.handle(next_hop(parked, offset=1)) is Disposition.ACK
+    assert [result.request_id for result in rig.sink.results] == ["waiting"]
+    assert rig.state("waiting").status is RequestStatus.SUCCEEDED
 
 
 async def test_rate_limiter_paces_calls_on_the_monotonic_clock() -> None:

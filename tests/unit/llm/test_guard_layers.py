@@ -406,3 +406,14 @@ async def test_a_body_without_a_model_goes_straight_to_the_caller() -> None:
     guards = Guards(script, budget=budget, adaptive=GradientLimit(1, 1), breakers=BREAKERS)
     assert await guards.call(REQUEST, {"messages": []}, 1) == OK
     assert budget.counts("b") == (0, 0) and guards.breaker_states() == {}
+
+
+async def test_a_call_waiting_its_turn_when_a_rebalance_begins_is_parked_unsent() -> None:
+    clock = MonotonicClock()
+    limiter = RateLimiter(RateLimits(rpm=60), share=1.0)
+    script = Script()
+    paced = RateLimitedLayer(script, limiter, TokenEstimator(), clock, clock.sleep, giving_way=lambda: True)
+    routing = RoutingLayer(paced, Routes(), Breakers(None), lambda *key: None, clock)
+    deferred = await routing.call(REQUEST, BODY, True)
+    assert isinstance(deferred, Deferred) and deferred.code == "rebalancing" and deferred.delay_s == 0.0
+    assert script.calls == []

@@ -95,3 +95,31 @@ async def test_calls_waiting_to_reserve_count_in_the_demand_the_fleet_reads() ->
 
     await time.run(*(layer.call(REQUEST, BODY, True) for _ in range(6)), look_at(0.1))
     assert seen[0] == pytest.approx(5 - 0.1, abs=0.2)  # five behind the first: one reserved, four queued
+
+
+async def test_calls_waiting_their_turn_give_way_when_a_rebalance_begins() -> None:
+    time = VirtualTime()
+    limiter = RateLimiter(RateLimits(rpm=60), share=1.0)  # 1 call/s: eight calls take eight seconds
+    sends = Sends(time)
+    rebalancing = False
+    layer = RateLimitedLayer(sends, limiter, TokenEstimator(), time, time.sleep, giving_way=lambda: rebalancing)
+    answers: list[CallResult | Refused] = []
+
+    async def one() -> None:
+        answers.append(await layer.call(REQUEST, BODY, True))
+
+    async def rebalance_at(at: float) -> None:
+        nonlocal rebalancing
+        await time.sleep(at)
+        rebalancing = True
+
+    await time.run(*(one() for _ in range(8)), rebalance_at(2.25))
+    # the calls sent before it answered; the others were not sent and gave way: those waiting to reserve at once,
+    # the one that had reserved within the horizon once its wait ended
+    sent = [answer for answer in answers if isinstance(answer, CallResult)]
+    gave_way = [answer for answer in answers if isinstance(answer, Refused)]
+    assert sends.at == pytest.approx([0.0, 1.0, 2.0])
+    assert len(sent) == 3 and len(gave_way) == 5
+    assert all(answer.gave_way for answer in gave_way)
+    assert time.now <= 2.25 + 2 * HORIZON_S + 1e-9
+    assert limiter.waiting_by_model(time.now)["big"].calls == 0  # nothing left counted as waiting
