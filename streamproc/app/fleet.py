@@ -45,7 +45,6 @@ from streamproc.core.fleet_share import (
     shares,
     starting_share,
 )
-from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.guards.rate_limits import RateLimiter
 from streamproc.core.spend_cap import SpendLedger
 from streamproc.kafka.clients import kafka_admin, kafka_producer
@@ -114,7 +113,6 @@ class FleetMember:
         self._view = FleetView(self.worker)
         self._sent = SentCounter(clock())
         self._limiter: RateLimiter | None = None
-        self._in_flight: GradientLimit | None = None
         self._cost: Callable[[dict[str, Any]], int] = lambda _body: 0
         self._membership: Callable[[], tuple[bool, int]] = lambda: (True, 0)
         self._said = (True, 0)  # what the last beat said of its membership: paused, generation
@@ -146,17 +144,14 @@ class FleetMember:
         return SentMeter(caller, self._on_sent)
 
     def attach(self, limiter: RateLimiter, cost: Callable[[dict[str, Any]], int],
-               membership: Callable[[], tuple[bool, int]], in_flight: GradientLimit | None = None) -> None:
-        """The limiter whose shares this sets, the tokens a call costs at its pace, the worker's place in its
-        consumer group (whether the group holds its records now: a rebalance, no input partition; and the
-        generation it was last given partitions in), and its in-flight limit, whose first round trips it shares."""
+               membership: Callable[[], tuple[bool, int]]) -> None:
+        """The limiter whose shares this sets, the tokens a call costs at its pace, and the worker's place in its
+        consumer group: whether the group holds its records now (a rebalance, no input partition), and the
+        generation it was last given partitions in."""
         self._limiter = limiter
         self._cost = cost
         self._membership = membership
-        self._in_flight = in_flight
         limiter.set_shares(self.shares.by_model, self.shares.default, self._clock())  # a model called first paces so
-        if in_flight is not None:
-            in_flight.share_first_round(self.shares.default)
 
     # -- running -----------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -296,8 +291,6 @@ class FleetMember:
             mine = self._round
             computed = shares(self._mine, others, lambda worker, model: self._view.holds(worker, model, now, mine))
         self._limiter.set_shares(computed.by_model, computed.default, now)
-        if self._in_flight is not None:
-            self._in_flight.share_first_round(computed.default)
         self.shares = computed
         self._log_membership(others)
 

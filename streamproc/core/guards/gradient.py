@@ -169,7 +169,7 @@ class GradientLimit:
         self._backoff = backoff
         self._cooldown_s = cooldown_s
         self._min_rise_s = min_rise_s
-        self._value = self._initial = float(initial if initial is not None else minimum)
+        self._value = float(initial if initial is not None else minimum)
         self._slow_start = True
         self._conservative: tuple[float, int] | None = None  # (latency level before the rise, windows spent)
         self._previous_recent: float | None = None  # the last window's mean latency per token
@@ -200,20 +200,6 @@ class GradientLimit:
     def subscribe(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever :attr:`limit` changes (a gate wakes its waiters when it grows)."""
         self._listeners.append(listener)
-
-    def share_first_round(self, share: float) -> None:
-        """Until an answer has taught it anything, start at ``share`` of the initial limit (at least the minimum):
-        workers that meet a server together then send between them what one worker's slow start would, and
-        overshoot a limit none of them knows yet no more than one worker does (design §5.8)."""
-        if not 0 < share <= 1:
-            raise ValueError(f"share must be in (0, 1], got {share}")
-        if self._baseline is not None or self._window.samples or self._probe is not None or self._last_cut > -math.inf:
-            return
-        before = self.limit
-        self._value = max(float(self._minimum), self._initial * share)
-        if self.limit > before:
-            for listener in self._listeners:
-                listener()
 
     def on_sample(self, latency_s: float, in_flight: int, now: float, completion_tokens: int | None = None) -> None:
         """A call answered after ``latency_s`` with ``in_flight`` calls running (itself included)."""

@@ -375,28 +375,3 @@ def test_invalid_settings_are_rejected(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         GradientLimit(**kwargs)  # type: ignore[arg-type]
 
-
-def test_a_fleet_shares_the_first_round_trips_until_an_answer_taught_something() -> None:
-    limit = GradientLimit(minimum=1, maximum=256, initial=16)
-    limit.share_first_round(1 / 3)  # three workers meet a server none of them knows
-    assert limit.limit == 5
-    limit.share_first_round(1 / 2)  # one of them left before any call: the part grows back
-    assert limit.limit == 8
-    limit.share_first_round(1 / 100)
-    assert limit.limit == 1  # never below the minimum
-    limit.share_first_round(1.0)
-    for _ in range(10):  # a calm first window: slow start grows it x4
-        limit.on_sample(0.5, 16, now=10.0)
-    assert limit.limit == 64
-    limit.share_first_round(1 / 4)  # from here the answers rule
-    assert limit.limit == 64
-
-
-def test_a_congestion_cut_ends_the_fleet_s_first_round_too() -> None:
-    limit = GradientLimit(minimum=1, maximum=256, initial=16)
-    limit.on_congestion(now=1.0)
-    cut = limit.limit
-    limit.share_first_round(1 / 4)
-    assert limit.limit == cut
-    with pytest.raises(ValueError):
-        limit.share_first_round(0)
