@@ -44,6 +44,7 @@ from streamproc.core.fleet_share import (
     SentCounter,
     shares,
     starting_share,
+    told_limits,
 )
 from streamproc.core.guards.rate_limits import RateLimiter
 from streamproc.core.spend_cap import SpendLedger
@@ -216,6 +217,7 @@ class FleetMember:
             return {}
         waiting = self._limiter.waiting_by_model(now)
         limits = self._limiter.limits_by_model()
+        told = self._limiter.told_by_model()
         sent = self._sent.per_minute(now)
         demand = {}
         for model in {*waiting, *sent}:
@@ -226,7 +228,8 @@ class FleetMember:
             demand[model] = ModelDemand(
                 waiting_calls=calls, waiting_tokens=tokens, sent_rpm=rpm, sent_tpm=tpm,
                 limit_rpm=known.rpm / share if known is not None and known.rpm is not None else None,
-                limit_tpm=known.tpm / share if known is not None and known.tpm is not None else None, share=share)
+                limit_tpm=known.tpm / share if known is not None and known.tpm is not None else None, share=share,
+                limit_told=told.get(model, False))
         return demand
 
     async def _follow(self) -> None:
@@ -290,6 +293,8 @@ class FleetMember:
         else:
             mine = self._round
             computed = shares(self._mine, others, lambda worker, model: self._view.holds(worker, model, now, mine))
+        for model, limits in told_limits(others).items():  # so a worker meets a limit the fleet knows paced
+            self._limiter.adopt(model, limits, now)
         self._limiter.set_shares(computed.by_model, computed.default, now)
         self.shares = computed
         self._log_membership(others)

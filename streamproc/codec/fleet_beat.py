@@ -4,8 +4,8 @@ Small JSON with a version field ``v``, not Avro: like the batch manifests, an op
 reads, and one that an older worker must still read after a newer one added fields (an Avro reader needs the
 writer's schema; a JSON reader skips what it does not know). So ``v`` stays 1 while fields are only added
 (``spend``: per capped batch and per day, US dollars and tokens, as
-``{"batch": {id: [usd, tokens]}, "day": {date: [usd, tokens]}}``), and a reader that meets a higher ``v`` (a
-change it cannot read) counts that worker as wanting everything rather than as absent.
+``{"batch": {id: [usd, tokens]}, "day": {date: [usd, tokens]}}``; ``limit_told`` per model), and a reader that
+meets a higher ``v`` (a change it cannot read) counts that worker as wanting everything rather than as absent.
 """
 
 from __future__ import annotations
@@ -78,10 +78,13 @@ def _spend(fields: Any) -> dict[Scope, Spend]:
     return spend
 
 
-def _fields(demand: ModelDemand) -> dict[str, float]:
+def _fields(demand: ModelDemand) -> dict[str, float | bool]:
     """The demand's non-zero, known fields (the rest read back as their defaults)."""
     values = {name: getattr(demand, name) for name in (*_AMOUNTS, *_LIMITS)}
-    return {name: round(value, 3) for name, value in values.items() if value}
+    fields: dict[str, float | bool] = {name: round(value, 3) for name, value in values.items() if value}
+    if demand.limit_told:
+        fields["limit_told"] = True
+    return fields
 
 
 def _demand(model: str, fields: Any) -> ModelDemand:
@@ -90,7 +93,10 @@ def _demand(model: str, fields: Any) -> ModelDemand:
     amounts = [_number(f"model {model}", name, fields.get(name, 0.0)) for name in _AMOUNTS]
     limits = [_number(f"model {model}", name, fields[name]) or None if fields.get(name) is not None else None
               for name in _LIMITS]
-    return ModelDemand(*amounts, *limits)
+    told = fields.get("limit_told", False)
+    if not isinstance(told, bool):
+        raise ValueError(f"limit_told of model {model!r} must be true or false, got {told!r}")
+    return ModelDemand(*amounts, *limits, limit_told=told)
 
 
 def _number(owner: str, name: str, value: Any) -> float:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
+from streamproc.core.guards.rate_limits import RateLimits
 from streamproc.core.spend_cap import Scope, Spend
 
 BEAT_S: Final = 1.0  # how often a worker publishes its beat
@@ -58,6 +59,8 @@ class ModelDemand:
     limit_rpm: float | None = None  # the account's requests/min as this worker knows it (before any share)
     limit_tpm: float | None = None
     share: float | None = None  # the share it paced at (for people reading the topic; not an input)
+    # the limits were configured or advertised, not learnt: the others may pace by them
+    limit_told: bool = field(default=False, kw_only=True)
 
     @property
     def waits(self) -> bool:
@@ -186,6 +189,18 @@ def shares(mine: Mapping[str, ModelDemand], others: Sequence[Beat],
         share = mine_first if demand.waits else max(mine_first, reserve)
         by_model[model] = min(1.0, max(MIN_SHARE, share))
     return FleetShares(by_model, reserve, len(others) + 1)
+
+
+def told_limits(beats: Iterable[Beat]) -> dict[str, RateLimits]:
+    """Per model, the account's limits the beats say were configured or advertised (the lowest any names): a
+    worker that has not met them yet paces by them from its first call, instead of finding them by its 429s."""
+    told: dict[str, list[ModelDemand]] = {}
+    for beat in beats:
+        for model, demand in beat.models.items():
+            if demand.limit_told and (demand.limit_rpm or demand.limit_tpm):
+                told.setdefault(model, []).append(demand)
+    return {model: RateLimits(rpm=_lowest(d.limit_rpm for d in demands), tpm=_lowest(d.limit_tpm for d in demands))
+            for model, demands in told.items()}
 
 
 def allocate(demands: Sequence[ModelDemand], holding: Sequence[bool] = ()) -> list[float]:

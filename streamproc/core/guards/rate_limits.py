@@ -210,6 +210,20 @@ class ModelRateLimiter:
         )
         self._apply(now)
 
+    @property
+    def told(self) -> bool:
+        """Whether its limits were configured or advertised (not learnt from congestion): another worker of the
+        fleet may pace by them."""
+        return self._known()
+
+    def adopt(self, limits: RateLimits, now: float) -> None:
+        """Limits another worker of the fleet was told (design §5.8): with none configured or advertised here,
+        they are taken as advertised, so this worker paces by them before its own first 429 tells it."""
+        if self._known() or limits == NO_LIMITS:
+            return
+        self._advertised = limits
+        self._apply(now)
+
     def on_answer(self, started: float, now: float) -> bool:
         """A call sent at ``started`` was answered, with anything but a 429; it counts in the share of 429s.
         Returns whether that share now says congestion (the pace was cut)."""
@@ -367,13 +381,29 @@ class RateLimiter:
         self._share = share
         self._burst_s = burst_s
         self._models: LruDict[str, ModelRateLimiter] = LruDict(MAX_MODELS)  # least recently called go first
+        self._told_elsewhere: LruDict[str, RateLimits] = LruDict(MAX_MODELS)  # for models not called here yet
 
     def for_model(self, model: str, now: float) -> ModelRateLimiter:
         limiter = self._models.get(model)
         if limiter is None:
             configured = self._configured_by_model.get(model, self._configured)
             limiter = self._models[model] = ModelRateLimiter(configured, self._share, now, self._burst_s)
+            told = self._told_elsewhere.get(model)
+            if told is not None:
+                limiter.adopt(told, now)
         return limiter
+
+    def adopt(self, model: str, limits: RateLimits, now: float) -> None:
+        """The limits another worker of the fleet was told for ``model`` (:meth:`ModelRateLimiter.adopt`)."""
+        limiter = self._models.get(model)
+        if limiter is None:
+            self._told_elsewhere[model] = limits
+        else:
+            limiter.adopt(limits, now)
+
+    def told_by_model(self) -> dict[str, bool]:
+        """Whether each model's limits were configured or advertised (:attr:`ModelRateLimiter.told`)."""
+        return {model: limiter.told for model, limiter in self._models.items()}
 
     def limits_by_model(self) -> dict[str, RateLimits]:
         """The effective per-minute limits of each model seen so far."""

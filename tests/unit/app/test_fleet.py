@@ -109,6 +109,22 @@ def test_the_shares_follow_the_beats() -> None:
     assert limiter.limits_by_model() == {"m": RateLimits(rpm=300)}
 
 
+def test_a_limit_another_worker_was_told_paces_a_model_this_one_has_not_met_it_on() -> None:
+    clock = Clock()
+    fleet = FleetMember(FleetTopic(KafkaConnection(bootstrap="127.0.0.1:1"), "llm.fleet", "streamproc", {}),
+                        clock=clock, wall=lambda: 1_000.0)
+    limiter = RateLimiter(RateLimits(), share=1.0)  # nothing configured
+    fleet.attach(limiter, cost=lambda body: 150, membership=lambda: (False, 3))
+    fleet._heard_at = fleet._beaten_at = clock.now
+    told = Beat("a", {"m": ModelDemand(waiting_calls=50, sent_rpm=1500, limit_rpm=3000, limit_told=True),
+                      "n": ModelDemand(waiting_calls=5, limit_rpm=900)})  # n's limit was learnt: not passed on
+    fleet._apply([record("a", encode_beat(told), 1_000.0)])
+    fleet._reshare(clock.now)
+    assert limiter.for_model("m", clock.now).limits == RateLimits(rpm=3000 * fleet.shares.default)
+    assert limiter.for_model("n", clock.now).limits == RateLimits()
+    assert fleet._demand(clock.now)["m"].limit_told  # and it tells the next one in turn
+
+
 def test_without_the_topic_for_three_beats_the_shares_are_an_equal_part_per_group_member() -> None:
     clock = Clock()
     fleet = member(clock)

@@ -16,7 +16,8 @@ amounts = st.one_of(st.just(0.0), st.floats(0.001, 1e9).map(lambda x: round(x, 3
 limits = st.one_of(st.none(), st.floats(0.001, 1e9).map(lambda x: round(x, 3)))
 active_demands = st.builds(ModelDemand, waiting_calls=st.floats(0.001, 1e6).map(lambda x: round(x, 3)),
                            waiting_tokens=amounts, sent_rpm=amounts, sent_tpm=amounts, limit_rpm=limits,
-                           limit_tpm=limits, share=st.one_of(st.none(), st.floats(0.001, 1).map(lambda x: round(x, 3))))
+                           limit_tpm=limits, share=st.one_of(st.none(), st.floats(0.001, 1).map(lambda x: round(x, 3))),
+                           limit_told=st.booleans())
 model_names = st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=20)
 
 
@@ -93,3 +94,11 @@ def test_anything_that_is_not_a_beat_is_refused(value: bytes) -> None:
 
 def test_a_zero_limit_reads_as_unknown() -> None:
     assert decode_beat("w", b'{"v":1,"models":{"m":{"sent_rpm":1,"limit_rpm":0}}}').demand("m").limit_rpm is None
+
+
+def test_whether_a_limit_was_told_reads_back_and_is_false_when_absent() -> None:
+    told = Beat("w", {"m": ModelDemand(waiting_calls=1, limit_rpm=3000, limit_told=True)})
+    assert decode_beat("w", encode_beat(told)) == told
+    assert b"limit_told" not in encode_beat(Beat("w", {"m": ModelDemand(waiting_calls=1, limit_rpm=3000)}))
+    with pytest.raises(ValueError, match="limit_told"):
+        decode_beat("w", json.dumps({"v": VERSION, "models": {"m": {"limit_told": 1}}}).encode())

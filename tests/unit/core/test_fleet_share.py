@@ -24,7 +24,9 @@ from streamproc.core.fleet_share import (
     allocate,
     shares,
     starting_share,
+    told_limits,
 )
+from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
 
 LIMIT = 3000.0
 FIRST = Round(0, 0.0)  # the reader's group round, in tests that do not turn on it
@@ -349,3 +351,23 @@ def test_what_was_sent_is_counted_per_minute_between_readings() -> None:
     counter.sent("n", -3)  # a negative estimate counts no tokens
     assert counter.per_minute(0.5) == {"m": (600.0, 60_000.0), "n": (120.0, 0.0)}
     assert counter.per_minute(1.5) == {}
+
+
+def test_the_limits_told_to_any_worker_are_the_lowest_told_and_learnt_ones_are_not_passed_on() -> None:
+    beats = [Beat("a", {"m": ModelDemand(limit_rpm=3000, limit_tpm=90_000, limit_told=True),
+                        "learnt": ModelDemand(limit_rpm=700)}),
+             Beat("b", {"m": ModelDemand(limit_rpm=2500, limit_told=True)})]
+    assert told_limits(beats) == {"m": RateLimits(rpm=2500, tpm=90_000)}
+
+
+def test_a_worker_paces_by_a_limit_the_fleet_was_told_until_its_own_are_known() -> None:
+    limiter = RateLimiter(RateLimits(), share=0.5)
+    limiter.adopt("m", RateLimits(rpm=3000), now=0.0)  # before its first call of m
+    assert limiter.for_model("m", 0.0).limits == RateLimits(rpm=1500)  # its half of the account's
+    assert limiter.told_by_model() == {"m": True}
+    limiter.for_model("m", 1.0).observe({"x-ratelimit-limit-requests": "6000"}, 1.0)  # its own answers rule
+    limiter.adopt("m", RateLimits(rpm=3000), now=2.0)
+    assert limiter.for_model("m", 2.0).limits == RateLimits(rpm=3000)
+    configured = RateLimiter(RateLimits(rpm=600), share=1.0)
+    configured.adopt("m", RateLimits(rpm=3000), now=0.0)
+    assert configured.for_model("m", 0.0).limits == RateLimits(rpm=600)  # a configured limit stays
