@@ -24,8 +24,9 @@ are in seconds, a state is a label):
 * ``consumer_lag_updated_timestamp_seconds``: when ``consumer_lag`` was last read successfully;
 * guards: ``circuit_breaker_state{model,state}`` (1 for the breaker's state, 0 for the other two of
   ``closed``, ``half_open``, ``open``), ``model_paused{model}``, ``adaptive_in_flight_limit``,
-  ``rate_limit_requests_per_second{model}`` / ``rate_limit_tokens_per_second{model}`` (the limits paced
-  under, after the share), ``rate_limit_pace{model}`` (the fraction of them sent at now),
+  ``deployment_in_flight_limit{deployment}`` (the model list's), ``rate_limit_requests_per_second{model}`` /
+  ``rate_limit_tokens_per_second{model}`` (the limits paced under, after the share), ``rate_limit_pace{model}``
+  (the fraction of them sent at now),
   ``rate_limit_429_share{model}`` (429s naming no bucket, last 100 calls), ``fallbacks_total{model,fallback,reason}``,
   ``retry_budget_exhausted_total``, ``token_estimate_ratio``; ``hedged_calls_total`` (the client's hedges),
   ``rate_limited_resends_total`` (calls the pace sent again in place after a 429);
@@ -263,8 +264,14 @@ class GuardsCollector(Collector):
         yield paused
         if guards.in_flight_limit is not None:
             yield GaugeMetricFamily(f"{NAMESPACE}_adaptive_in_flight_limit",
-                                    "The adaptive (latency-gradient) in-flight limit of LLM calls.",
+                                    "The adaptive (latency-gradient) in-flight limit of LLM calls: with a model "
+                                    "list, its deployments' limits within the worker's total.",
                                     value=guards.in_flight_limit)
+            per_deployment = GaugeMetricFamily(f"{NAMESPACE}_deployment_in_flight_limit", "The adaptive in-flight "
+                                               "limit of each deployment of the model list.", labels=["deployment"])
+            for deployment, limit in guards.in_flight_limits().items():
+                per_deployment.add_metric([deployment], limit)
+            yield per_deployment
         if guards.limiter is not None:  # series per model, once a model was called
             rps = GaugeMetricFamily(f"{NAMESPACE}_rate_limit_requests_per_second",
                                     "Requests/s of each model's limit this worker paces under (its share of the "

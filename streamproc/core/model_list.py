@@ -77,6 +77,11 @@ class ModelList:
         """The deployments' keys (none for the single endpoint, whose deployment is named by each model asked)."""
         return tuple(d.key for d in self.deployments if d.model_name != ANY_MODEL)
 
+    def entry_of(self, key: str) -> str:
+        """The key of the list's entry that takes the calls the guards name ``key``: the key itself when listed,
+        the single endpoint's (:data:`ANY_MODEL`) otherwise. Calls to one entry share its in-flight limit."""
+        return key if key in self.keys() else ANY_MODEL
+
     def serves(self, model: str) -> bool:
         return self.serves_any_model or model in self.models()
 

@@ -10,7 +10,7 @@ as a whole (design §5). Each guard is a wrapper around the next (like httpx tra
    for a breaker up to the hold, else :class:`Deferred` (this runs outside the gate: waiting holds no slot);
    with a model list, the deployment of that model, named by its key to every layer below;
 3. :class:`GatedLayer`: the adaptive in-flight gate (latency gradient), so a queueing server sees fewer concurrent
-   calls;
+   calls; each deployment of the model list has its own limit, within the worker's total;
 4. :class:`RateLimitedLayer`: that model's requests/min and tokens/min buckets (the wait happens here,
    inside the gate);
 5. :class:`BreakerLayer`: the breaker again, right before sending: calls that queued for tokens while it
@@ -39,7 +39,7 @@ from streamproc.core.guards.pauses import ModelPauses, Pause
 from streamproc.core.guards.rate_limits import Pacing, RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
 from streamproc.core.guards.token_estimate import TokenEstimator
-from streamproc.core.model_list import ModelList, single_endpoint
+from streamproc.core.model_list import ANY_MODEL, ModelList, single_endpoint
 from streamproc.core.model_names import INVALID_MODEL_NAME, model_name_problem
 from streamproc.core.outcome import Failure, truncate
 from streamproc.core.retry_policy import Stop, within_budget
@@ -76,7 +76,7 @@ class Guards:
         self.routes = routes or Routes()
         self.models = models or single_endpoint()  # the deployments of each model
         self.limiter = limiter  # None: no rate limiting
-        self.adaptive = adaptive  # None: no in-flight gate
+        self.adaptive = adaptive  # the first deployment's in-flight limit, the others' made like it; None: no gate
         self._breakers = Breakers(breakers)  # no settings: no breakers
         self.budget = budget  # None: retries limited by the policy alone
         self._expected_first_attempts = expected_first_attempts  # batch -> this worker's share of its size
@@ -86,6 +86,7 @@ class Guards:
         self.budget_exhausted = 0  # read by the metrics collector, like fallbacks
         self._paced: RateLimitedLayer | None = None
         self._giving_way = giving_way  # a rebalance or stop has begun: calls waiting their turn give way (§5.7)
+        self._gate = AdaptiveGate(adaptive) if adaptive is not None else None
         self._stack = self._compose(clock, sleep, wait)
 
     def _compose(self, clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
@@ -93,12 +94,14 @@ class Guards:
         """The wrappers, innermost first (the module docstring lists them outermost first)."""
         stack: Layer[CallResult | Refused] = BreakerLayer(MeteredCaller(self._caller, self.budget, self.estimator),
                                                           self._breakers, clock)
+        gate, deployment_of = self._gate, self.models.entry_of
         if self.limiter is not None:
-            on_congestion = self.adaptive.on_congestion if self.adaptive is not None else None
+            on_congestion = None if gate is None else (
+                lambda model, now: gate.limit_of(deployment_of(model)).on_congestion(now))
             stack = self._paced = RateLimitedLayer(stack, self.limiter, self.estimator, clock, sleep, on_congestion,
                                                    self._giving_way)
-        if self.adaptive is not None:
-            stack = GatedLayer(stack, AdaptiveGate(self.adaptive), clock)
+        if gate is not None:
+            stack = GatedLayer(stack, gate, clock, deployment_of)
         routing = RoutingLayer(stack, self.routes, self._breakers, self._count_fallback, clock, wait, self.pauses,
                                self.models)
         return ContextFallbackLayer(routing, self.routes, self._count_fallback)
@@ -189,7 +192,13 @@ class Guards:
 
     @property
     def in_flight_limit(self) -> int | None:
-        return self.adaptive.limit if self.adaptive is not None else None
+        """What the worker may have in flight now: its deployments' in-flight limits, within its total."""
+        return self._gate.total_limit if self._gate is not None else None
+
+    def in_flight_limits(self) -> dict[str, int]:
+        """The in-flight limit of each deployment of the model list called so far (none for the single endpoint)."""
+        limits = self._gate.limits() if self._gate is not None else {}
+        return {key: limit for key, limit in limits.items() if key != ANY_MODEL}
 
     def breaker_states(self) -> dict[str, BreakerState]:
         return {model: breaker.state for model, breaker in self.breakers.items()}

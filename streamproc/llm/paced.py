@@ -23,7 +23,7 @@ from typing import Any
 
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.bounded import MAX_MODELS, LruDict
-from streamproc.core.guards.rate_limits import ModelRateLimiter, RateLimiter
+from streamproc.core.guards.rate_limits import RateLimiter
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.outcome import Failure
 from streamproc.core.verdict import RATE_LIMITED
@@ -41,7 +41,7 @@ class RateLimitedLayer:
 
     def __init__(self, inner: Layer[CallResult | Refused], limiter: RateLimiter, estimator: TokenEstimator,
                  clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
-                 on_congestion: Callable[[float], None] | None = None,
+                 on_congestion: Callable[[str, float], None] | None = None,
                  giving_way: Callable[[], bool] = lambda: False) -> None:
         self._inner = inner
         self._limiter = limiter
@@ -73,7 +73,7 @@ class RateLimitedLayer:
             sends += 1
             if not isinstance(called, CallResult):
                 return called
-            again = self._learn(self._limiter.for_model(model, self._clock()), cost, called, started)
+            again = self._learn(model, cost, called, started)
             if again is None or sends >= MAX_SENDS or again > LONGEST_WAIT_S:
                 return called
             until = self._clock() + again
@@ -101,21 +101,22 @@ class RateLimitedLayer:
         finally:
             limiter.queued(-1, -cost)
 
-    def _learn(self, limiter: ModelRateLimiter, cost: int, called: CallResult, started: float) -> float | None:
+    def _learn(self, model: str, cost: int, called: CallResult, started: float) -> float | None:
         """Feed the answer to the limiter; for a 429, how long the refused call waits before it is sent again
         (its own hint, or its model's pause, the longer), else None."""
         now = self._clock()
+        limiter = self._limiter.for_model(model, now)
         limiter.observe(called.headers, now)  # it reads the x-ratelimit-* names in any case
         outcome = called.outcome
         if not (isinstance(outcome, Failure) and outcome.code == RATE_LIMITED):
             congestion = limiter.on_answer(started, now)
-            self._congested(congestion, now)
+            self._congested(model, congestion, now)
             return None
         hint = outcome.retry_after_ms / 1000 if outcome.retry_after_ms is not None else None
         refused = limiter.on_rate_limited(called.headers, hint, cost, now, started)
-        self._congested(refused.congestion, now)
+        self._congested(model, refused.congestion, now)
         return max(refused.wait_s, limiter.paused_until - now)
 
-    def _congested(self, congestion: bool, now: float) -> None:
+    def _congested(self, model: str, congestion: bool, now: float) -> None:
         if congestion and self._on_congestion is not None:
-            self._on_congestion(now)
+            self._on_congestion(model, now)

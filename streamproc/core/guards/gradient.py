@@ -161,6 +161,7 @@ class GradientLimit:
             raise ValueError(f"backoff must be in (0, 1), got {backoff}")
         if not cooldown_s >= 0:
             raise ValueError(f"cooldown_s must be >= 0, got {cooldown_s}")
+        self._arguments = (minimum, maximum, initial, tolerance, smoothing, window, backoff, cooldown_s, min_rise_s)
         self._minimum = minimum
         self._maximum = maximum
         self._tolerance = tolerance
@@ -182,9 +183,20 @@ class GradientLimit:
         self.last_probe: ProbeVerdict | None = None
         self._listeners: list[Callable[[], None]] = []
 
+    def fresh(self) -> GradientLimit:
+        """A new limit with the same bounds and tuning, at the same start: another deployment's, which learns
+        from its own calls."""
+        minimum, maximum, initial, tolerance, smoothing, window, backoff, cooldown_s, min_rise_s = self._arguments
+        return GradientLimit(minimum, maximum, initial, tolerance=tolerance, smoothing=smoothing, window=window,
+                             backoff=backoff, cooldown_s=cooldown_s, min_rise_s=min_rise_s)
+
     @property
     def limit(self) -> int:
         return min(self._maximum, max(self._minimum, math.floor(self._value + 1e-9)))
+
+    @property
+    def maximum(self) -> int:
+        return self._maximum
 
     @property
     def probing(self) -> bool:

@@ -150,7 +150,7 @@ async def test_a_waiter_cancelled_while_a_release_drops_it_does_not_fail() -> No
 async def test_async_with_releases_even_on_error() -> None:
     gate = AdaptiveGate(GradientLimit(1, 10, initial=1))
     with pytest.raises(RuntimeError, match="boom"):
-        async with gate:
+        async with gate.slot():
             assert gate.in_use == 1
             raise RuntimeError("boom")
     assert gate.in_use == 0
@@ -172,7 +172,7 @@ async def test_many_tasks_run_concurrently_within_the_maximum_and_all_finish() -
 
     async def work(n: int) -> None:
         nonlocal running, peak, done
-        async with gate:
+        async with gate.slot():
             running += 1
             peak = max(peak, running)
             await asyncio.sleep(0)
@@ -187,3 +187,36 @@ async def test_many_tasks_run_concurrently_within_the_maximum_and_all_finish() -
     assert done == 200
     assert (gate.in_use, gate.waiting) == (0, 0)
     assert 1 < peak <= 8
+
+
+async def test_each_deployment_has_its_own_limit_and_a_full_one_holds_back_only_its_own_calls() -> None:
+    limit = GradientLimit(1, 10, initial=2, window=1, backoff=0.5, cooldown_s=0.0)
+    gate = AdaptiveGate(limit)
+    await gate.acquire("m@1")  # hung: they never give their slots back
+    await gate.acquire("m@1")
+    held = asyncio.create_task(gate.acquire("m@1"))
+    await settle()
+    assert not held.done()
+    await asyncio.wait_for(gate.acquire("m@2"), 1)  # not behind m@1's waiter
+    assert gate.limit_of("m@1") is limit and gate.limit_of("m@2") is not limit
+    gate.limit_of("m@2").on_congestion(0.0)
+    limit.on_sample(0.1, 2, 0.0)  # m@1's windows of one answer: the second grows it x4; m@2's is its own
+    limit.on_sample(0.1, 2, 0.0)
+    assert gate.limits() == {"m@1": 8, "m@2": 1}
+    await asyncio.wait_for(held, 1)  # m@1's limit grew: its waiter went
+    assert (gate.in_use_of("m@1"), gate.in_use_of("m@2"), gate.in_use) == (3, 1, 4)
+
+
+async def test_the_worker_total_holds_across_deployments() -> None:
+    gate = AdaptiveGate(GradientLimit(1, 4, initial=4))  # the total: the limit's maximum, 4
+    for key in ("m@1", "m@1", "m@2", "m@2"):
+        await gate.acquire(key)
+    third = asyncio.create_task(gate.acquire("m@2"))
+    await settle()
+    assert not third.done() and gate.total_limit == 4
+    gate.release("m@1")  # m@1 is below its part (2) now: the freed slot is kept for it
+    await settle()
+    assert not third.done()
+    gate.release("m@2")
+    await asyncio.wait_for(third, 1)
+    assert gate.in_use == 3

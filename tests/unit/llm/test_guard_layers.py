@@ -217,14 +217,14 @@ async def test_context_fallback_follows_the_model_that_was_called_and_is_not_a_f
 
 
 async def test_rate_limited_layer_charges_the_estimate_made_before_the_call_and_reports_congestion() -> None:
-    clock, congestion = MonotonicClock(), list[float]()
+    clock, congestion = MonotonicClock(), list[tuple[str, float]]()
     limiter = RateLimiter(RateLimits(rpm=60), share=1.0)
     inner = Script([OK, EMPTY_BUCKET])
-    layer = RateLimitedLayer(inner, limiter, TokenEstimator(), clock, clock.sleep, congestion.append)
+    layer = RateLimitedLayer(inner, limiter, TokenEstimator(), clock, clock.sleep, lambda *cut: congestion.append(cut))
     started = clock.now
     await layer.call(REQUEST, BODY, True)
     assert await layer.call(REQUEST, BODY, True) == OK  # 60/min, a burst of one: this one waited a second
-    assert congestion == [started + 1]
+    assert congestion == [("big", started + 1)]  # the model called: its deployment's in-flight limit is cut
     assert limiter.for_model("big", clock()).paused_until == started + 4  # the 429's retry-after: 3 s
     # the refused call waited out the pause, then its turn at 0.9 x 1/s, and went again (not a first attempt)
     assert clock.now == pytest.approx(started + 4 + 1 / 0.9)
@@ -236,10 +236,10 @@ BUSY = CallResult(Failure(FailureLayer.SERVICE, "rate_limit_exceeded", "429", 42
 
 
 async def test_a_429_that_names_no_bucket_pauses_its_call_not_the_model() -> None:
-    clock, congestion = MonotonicClock(), list[float]()
+    clock, congestion = MonotonicClock(), list[tuple[str, float]]()
     limiter = RateLimiter(RateLimits(rpm=6000), share=1.0)
     inner = Script([BUSY])
-    layer = RateLimitedLayer(inner, limiter, TokenEstimator(), clock, clock.sleep, congestion.append)
+    layer = RateLimitedLayer(inner, limiter, TokenEstimator(), clock, clock.sleep, lambda *cut: congestion.append(cut))
     started = clock.now
     assert await layer.call(REQUEST, BODY, True) == OK
     assert clock.now == pytest.approx(started + 1)  # its own retry-after
@@ -290,10 +290,10 @@ async def test_a_hedge_of_the_call_is_charged_to_the_same_limiter() -> None:
 
 
 async def test_rate_limited_layer_learns_nothing_from_a_refusal() -> None:
-    clock, congestion = MonotonicClock(), list[float]()
+    clock, congestion = MonotonicClock(), list[tuple[str, float]]()
     limiter = RateLimiter(RateLimits(), share=1.0)
     layer = RateLimitedLayer(Refusing(), limiter, TokenEstimator(), clock, clock.sleep,
-                             congestion.append)
+                             lambda *cut: congestion.append(cut))
     assert await layer.call(REQUEST, BODY, True) == Refused("big")
     assert limiter.limits_by_model()["big"] == RateLimits() and congestion == []
 
