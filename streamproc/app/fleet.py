@@ -116,6 +116,7 @@ class FleetMember:
         self._limiter: RateLimiter | None = None
         self._cost: Callable[[dict[str, Any]], int] = lambda _body: 0
         self._membership: Callable[[], tuple[bool, int]] = lambda: (True, 0)
+        self._out: Callable[[], Mapping[str, str]] = dict  # its deployments out of rotation, and why
         self._said = (True, 0)  # what the last beat said of its membership: paused, generation
         self._round = Round(0, clock())  # its group generation, and since when
         self._mine: dict[str, ModelDemand] = {}  # this worker's demand as its last beat said
@@ -145,13 +146,14 @@ class FleetMember:
         return SentMeter(caller, self._on_sent)
 
     def attach(self, limiter: RateLimiter, cost: Callable[[dict[str, Any]], int],
-               membership: Callable[[], tuple[bool, int]]) -> None:
-        """The limiter whose shares this sets, the tokens a call costs at its pace, and the worker's place in its
-        consumer group: whether the group holds its records now (a rebalance, no input partition), and the
-        generation it was last given partitions in."""
+               membership: Callable[[], tuple[bool, int]], out: Callable[[], Mapping[str, str]] = dict) -> None:
+        """The limiter whose shares this sets, the tokens a call costs at its pace, the worker's place in its
+        consumer group (whether the group holds its records now: a rebalance, no input partition; and the
+        generation it was last given partitions in), and its deployments out of rotation with why (for status)."""
         self._limiter = limiter
         self._cost = cost
         self._membership = membership
+        self._out = out
         limiter.set_shares(self.shares.by_model, self.shares.default, self._clock())  # a model called first paces so
 
     # -- running -----------------------------------------------------------------------------------------
@@ -196,7 +198,7 @@ class FleetMember:
         self._said = self._membership()
         if self._said[1] != self._round.generation:
             self._round = Round(self._said[1], now)
-        beat = Beat(self.worker, self._mine, BEAT_S, *self._said, spend=self._spend.own())
+        beat = Beat(self.worker, self._mine, BEAT_S, *self._said, spend=self._spend.own(), out=self._out())
         try:  # a full buffer or missing metadata must not hold the shares up
             delivery = await asyncio.wait_for(
                 producer.send(self._where.topic, encode_beat(beat), key=self.worker.encode()), BEAT_S)

@@ -222,7 +222,7 @@ class WorkerRuntime:
         self.guards = Guards.from_settings(guards, fleet.metered(self.llm) if fleet is not None else self.llm,
                                            self._expected_first_attempts, models, self._rebalancing_or_stopping)
         if fleet is not None and self.guards.limiter is not None:  # the fleet sets its shares from now on
-            fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership)
+            fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership, self.guards.out)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
                                         kafka, self.topology.results)
         self.configuration_problem: ConfigurationProblem | None = None

@@ -4,8 +4,10 @@ Small JSON with a version field ``v``, not Avro: like the batch manifests, an op
 reads, and one that an older worker must still read after a newer one added fields (an Avro reader needs the
 writer's schema; a JSON reader skips what it does not know). So ``v`` stays 1 while fields are only added
 (``spend``: per capped batch and per day, US dollars and tokens, as
-``{"batch": {id: [usd, tokens]}, "day": {date: [usd, tokens]}}``; ``limit_told`` per model), and a reader that
-meets a higher ``v`` (a change it cannot read) counts that worker as wanting everything rather than as absent.
+``{"batch": {id: [usd, tokens]}, "day": {date: [usd, tokens]}}``; ``limit_told`` per model; ``out``: the
+deployments whose breaker is open or half-open at that worker, and why, as ``{key: reason}``,
+core.deployments_out), and a reader that meets a higher ``v`` (a change it cannot read) counts that worker as
+wanting everything rather than as absent.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import math
 from typing import Any, Final
 
+from streamproc.core.deployments_out import bounded
 from streamproc.core.fleet_share import BEAT_S, Beat, ModelDemand
 from streamproc.core.spend_cap import Scope, Spend
 
@@ -35,6 +38,8 @@ def encode_beat(beat: Beat) -> bytes:
         for scope, spent in beat.spend.items():
             spend.setdefault(scope.kind, {})[scope.name] = [round(spent.cost_usd, 9), spent.tokens]
         fields["spend"] = spend
+    if beat.out:
+        fields["out"] = bounded(beat.out)
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
@@ -61,7 +66,7 @@ def decode_beat(worker: str, data: bytes) -> Beat:
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
         raise ValueError(f"generation must be an integer >= 0, got {generation!r}")
     return Beat(worker, {str(model): _demand(model, demand) for model, demand in models.items()}, every_s, paused,
-                generation, spend=_spend(fields.get("spend", {})))
+                generation, spend=_spend(fields.get("spend", {})), out=_out(fields.get("out", {})))
 
 
 def _spend(fields: Any) -> dict[Scope, Spend]:
@@ -76,6 +81,12 @@ def _spend(fields: Any) -> dict[Scope, Spend]:
             cost, tokens = (_number(f"{kind} {name}", "spend", amount) for amount in amounts[:2])
             spend[Scope(str(kind), str(name))] = Spend(cost, round(tokens))
     return spend
+
+
+def _out(fields: Any) -> dict[str, str]:
+    if not isinstance(fields, dict) or not all(isinstance(reason, str) for reason in fields.values()):
+        raise ValueError("out must be an object of deployment -> reason")
+    return bounded({str(key): reason for key, reason in fields.items()})
 
 
 def _fields(demand: ModelDemand) -> dict[str, float | bool]:

@@ -13,7 +13,7 @@ command touches:
 * idempotent producers (submit, cancel, backfill, the worker) need IdempotentWrite on the cluster;
 * status and lag read the workers' group's offsets (Describe on the group; lag also the sink's), status, batches
   and backfill read the state changelog, results and backfill read the failure topics, status, batches and results
-  read the manifests, cancel rewrites one;
+  read the manifests, cancel rewrites one, status reads the workers' beats (the deployments out of rotation);
 * the sink reads results, failures and dead letters in its own group ``<app_id>.sink`` (or one named after it).
 
 Read and Write imply Describe in Kafka; it is still listed where a principal needs it, so the plan reads plainly.
@@ -134,6 +134,7 @@ def submitter_grants(topology: Topology) -> list[Grant]:
         *_ensure_topics(SUBMITTER, topology, changelog=("Read",)),
         Grant(SUBMITTER, ("Write", "Describe"), Resource(ResourceType.TOPIC, topology.requests)),
         Grant(SUBMITTER, ("Read", "Write", "Describe"), Resource(ResourceType.TOPIC, topology.batches)),
+        Grant(SUBMITTER, ("Read", "Describe"), Resource(ResourceType.TOPIC, topology.fleet)),
         Grant(SUBMITTER, ("Read", "Describe"), Resource(ResourceType.TOPIC, topology.results)),
         Grant(SUBMITTER, ("Read", "Describe"), _failure_topics(topology)),
         Grant(SUBMITTER, ("Describe",), Resource(ResourceType.GROUP, topology.app_id)),

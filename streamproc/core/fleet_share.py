@@ -87,6 +87,7 @@ class Beat:
     generation: int = 0  # the consumer group generation it was last given partitions in
     unreadable: bool = False  # a record of a later, incompatible version
     spend: Mapping[Scope, Spend] = field(default_factory=dict)  # per capped batch and day: settled and in flight
+    out: Mapping[str, str] = field(default_factory=dict)  # its deployments out of rotation and why (for status)
 
     def demand(self, model: str) -> ModelDemand:
         return WANTS_ALL if self.unreadable else self.models.get(model, IDLE)

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from streamproc.core.deployments_out import failure_kind, out_reason
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.bounded import MAX_MODELS, LruDict
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
@@ -33,6 +34,7 @@ class Breakers:
         self._settings = settings
         # bounded: the least recently called models' breakers go past MAX_MODELS (made again, closed, if called)
         self.by_model: LruDict[str, CircuitBreaker] = LruDict(MAX_MODELS)
+        self._last_failure: LruDict[str, str] = LruDict(MAX_MODELS)  # model -> the last failure that counted
         self.hold_s = settings.hold_s if settings is not None else 0.0
         self._changed = asyncio.Event()  # set (and replaced) on every breaker transition
 
@@ -52,8 +54,17 @@ class Breakers:
             self.by_model[model] = breaker
         return breaker
 
+    def failed(self, model: str, failure: Failure) -> None:
+        """A failure that counts against the model's breaker: the last one says why it is out."""
+        self._last_failure[model] = failure_kind(failure.code, failure.http_status)
+
+    def out(self) -> dict[str, str]:
+        """The models (deployments) whose breaker is open or half-open, and why."""
+        return {model: out_reason(breaker.state.value, self._last_failure.get(model))
+                for model, breaker in self.by_model.items() if breaker.state is not BreakerState.CLOSED}
+
     def _on_change(self, model: str, old: BreakerState, new: BreakerState) -> None:
-        _log_transition(model, old, new)
+        _log_transition(model, old, new, self._last_failure.get(model))
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()  # wakes the calls waiting for this (or any) breaker
 
@@ -75,7 +86,10 @@ class BreakerLayer:
         called = await self._inner.call(request, body, first)
         if breaker is not None:  # anything but transport/5xx (a configuration problem too): the service answered
             outcome = called.outcome
-            breaker.record(not (isinstance(outcome, Failure) and breaks(outcome)), self._clock(), started=allowed_at)
+            failure = outcome if isinstance(outcome, Failure) and breaks(outcome) else None
+            if failure is not None:
+                self._breakers.failed(model, failure)
+            breaker.record(failure is None, self._clock(), started=allowed_at)
         return called
 
 
@@ -86,10 +100,10 @@ def breaks(failure: Failure) -> bool:
     return failure.layer is FailureLayer.SERVICE and (failure.http_status or 0) >= 500
 
 
-def _log_transition(model: str, old: BreakerState, new: BreakerState) -> None:
+def _log_transition(model: str, old: BreakerState, new: BreakerState, last_failure: str | None) -> None:
     if new is BreakerState.OPEN:
-        log.warning("circuit breaker for %s: %s -> open (too many transport/5xx failures); it is out: its calls go "
-                    "to the model's other deployments, else to a fallback model, else wait in a retry tier; a "
-                    "half-open probe brings it back", model, old.value)
+        log.warning("circuit breaker for %s: %s -> open (too many transport/5xx failures, the last: %s); it is out: "
+                    "its calls go to the model's other deployments, else to a fallback model, else wait in a retry "
+                    "tier; a half-open probe brings it back", model, old.value, last_failure or "unknown")
     else:
         log.info("circuit breaker for %s: %s -> %s", model, old.value, new.value)

@@ -200,6 +200,11 @@ class Guards:
         limits = self._gate.limits() if self._gate is not None else {}
         return {key: limit for key, limit in limits.items() if key != ANY_MODEL}
 
+    def out(self) -> dict[str, str]:
+        """The deployments (models, for the single endpoint) out of rotation, their breaker open or half-open, and
+        why: what this worker's fleet beat says for ``status`` (core.deployments_out)."""
+        return self._breakers.out()
+
     def breaker_states(self) -> dict[str, BreakerState]:
         return {model: breaker.state for model, breaker in self.breakers.items()}
 

@@ -1,8 +1,11 @@
 """``status`` against Kafka: the batch manifest plus the request-state changelog, folded incrementally, and,
-once the batch has not moved for a while, the workers' consumer group, to say why (core.batch_stall)."""
+once the batch has not moved for a while, the workers' consumer group, to say why (core.batch_stall); and the
+deployments out of rotation at the live workers, from their fleet beats (core.deployments_out)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -12,13 +15,16 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord
 
 from streamproc import codec
+from streamproc.app.fleet import SPENT_SUFFIX
 from streamproc.app.lag_reader import GroupNotFound, LagError, read_lag
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.batch_cap import decode_batch_cap
+from streamproc.codec.fleet_beat import decode_beat
 from streamproc.codec.manifest import BatchManifest, decode_manifest
 from streamproc.core.batch_lifecycle import Lifecycle, lifecycle
 from streamproc.core.batch_stall import BatchStall, GroupView, diagnose, needs_group
 from streamproc.core.batch_status import BatchStatus, StatusFold, format_status
+from streamproc.core.deployments_out import DeploymentOut, FleetOutView
 from streamproc.core.events import RequestState
 from streamproc.core.spend_cap import Cap, spend_json, spend_of
 from streamproc.core.topology import Topology
@@ -26,6 +32,8 @@ from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.connection import KafkaConnection
 
 GROUP_REFRESH_S = 10.0  # a stalled batch is polled every second by `run`; its group need not be
+
+log = logging.getLogger(__name__)
 
 
 class UnknownBatchError(UserFacingError):
@@ -43,6 +51,7 @@ class StatusReport:
     manifest: BatchManifest | None = None  # None for a batch produced without ``submit``
     cap: Cap | None = None  # its spend cap (``submit --max-cost-usd``, ``raise-cap``)
     prices: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # STREAMPROC_MODEL_PRICES
+    out: tuple[DeploymentOut, ...] = ()  # deployments out of rotation at the live workers
 
     @property
     def lifecycle(self) -> Lifecycle:
@@ -51,9 +60,11 @@ class StatusReport:
     def as_json(self) -> dict[str, Any]:
         """``status --json``: the counts' keys, ``spend`` (what its results cost, and its cap), ``stalled`` (null
         while the batch moves or ended), and OpenAI's batch ``status`` with its ``*_at`` times (Unix seconds, null
-        until reached; core.batch_lifecycle)."""
+        until reached; core.batch_lifecycle), and ``deployments_out`` (each deployment out of rotation at the live
+        workers: its key, why, and at how many workers)."""
         return {**self.status.as_json(), "spend": spend_json(spend_of(self.status.usage, self.prices), self.cap),
-                "stalled": None if self.stall is None else self.stall.as_json(), **self.lifecycle.as_json()}
+                "stalled": None if self.stall is None else self.stall.as_json(), **self.lifecycle.as_json(),
+                "deployments_out": [out.as_json() for out in self.out]}
 
     def format(self) -> str:
         text = format_status(self.status)
@@ -64,6 +75,8 @@ class StatusReport:
         if steps.cancelling_ms is not None:
             at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(steps.cancelling_ms / 1000))
             text += f"\n{'cancelled':<10} at {at}"
+        for out in self.out:
+            text += f"\n{'out':<10} {out.describe()}"
         return text if self.stall is None else f"{text}\n{'stalled':<10} {self.stall.describe()}"
 
 
@@ -81,10 +94,11 @@ async def read_status(kafka: KafkaConnection, topology: Topology, batch_id: str,
     async with BatchStatusReader(kafka, topology, batch_id) as reader:
         current = await reader.refresh()
         stall = await reader.stall(current, stall_after_s)
+        out = await reader.deployments_out()
     if reader.manifest is None and current.submitted == 0:
         raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {topology.batches} and "
                                 "no request state names it)")
-    return StatusReport(current, stall, reader.manifest, reader.cap, prices or {})
+    return StatusReport(current, stall, reader.manifest, reader.cap, prices or {}, out)
 
 
 class BatchStatusReader:
@@ -99,6 +113,8 @@ class BatchStatusReader:
         self._group_read_at = -GROUP_REFRESH_S
         self.manifest: BatchManifest | None = None
         self.cap: Cap | None = None
+        self._fleet: TopicReader | None = None  # opened on the first deployments_out
+        self._fleet_out = FleetOutView()
 
     async def __aenter__(self) -> BatchStatusReader:
         await self._reader.__aenter__()
@@ -107,6 +123,8 @@ class BatchStatusReader:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self._reader.__aexit__(exc_type, exc, tb)
+        if self._fleet is not None:
+            await self._fleet.__aexit__(exc_type, exc, tb)
 
     async def refresh(self) -> BatchStatus:
         records = await self._reader.read_to_end()
@@ -119,6 +137,28 @@ class BatchStatusReader:
         if self.manifest is None:
             return self._fold.status(0)
         return self._fold.status(self.manifest.submitted, self.manifest.created_ms)
+
+    async def deployments_out(self) -> tuple[DeploymentOut, ...]:
+        """The deployments out of rotation at the live workers, as their fleet beats say (design §5.10); none when
+        the fleet topic cannot be read (a principal without Read on it, a worker with a fixed limit share)."""
+        try:
+            if self._fleet is None:
+                reader = TopicReader(self._kafka, [self._topology.fleet])
+                self._fleet = await reader.__aenter__()
+            records = await self._fleet.read_to_end()
+        except Exception as exc:
+            log.debug("the fleet's beats were not read: %s", exc)
+            return ()
+        for record in records:
+            worker = bytes(record.key or b"").decode(errors="replace")
+            if not worker or worker.endswith(SPENT_SUFFIX):
+                continue
+            if record.value is None:
+                self._fleet_out.gone(worker)
+                continue
+            with contextlib.suppress(ValueError):
+                self._fleet_out.heard(worker, record.timestamp, decode_beat(worker, record.value).out)
+        return self._fleet_out.out(int(time.time() * 1000))
 
     async def stall(self, status: BatchStatus, stall_after_s: float) -> BatchStall | None:
         """Why the batch waits, once no request ended for ``stall_after_s``; None while it moves."""

@@ -1,11 +1,15 @@
 """Two deployments of one model on the real broker (issue 33): calls are spread over both; one killed (or hung)
 mid-batch is taken out by its breaker, its calls go on to the other within their attempt, and every request
-succeeds on its first attempt, none waiting for the sick one to come back."""
+succeeds on its first attempt, none waiting for the sick one to come back; while it is down, ``status`` names it
+out, and why."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +37,11 @@ def model_list(path: Path, *urls: str) -> Path:
                           f"      api_base: {url}\n      api_key: os.environ/MOCK_KEY\n" for url in urls)
     path.write_text(f"model_list:\n{deployments}", encoding="utf-8")
     return path
+
+
+def status(env: dict[str, str], *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "streamproc", "status", "--batch-id", "b1", *options], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.mark.parametrize("sickness", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
@@ -66,6 +75,8 @@ async def test_a_deployment_killed_mid_batch_is_taken_out_and_no_request_waits_f
             finished_after_s = time.monotonic() - killed_at
             await asyncio.sleep(1)
             await reader.poll()
+        shown = await asyncio.to_thread(status, env, "--json")
+        in_words = (await asyncio.to_thread(status, env)).stdout
         west_closed = scrape_gauge(port, "streamproc_circuit_breaker_state",
                                    {"model": "mock-small@2", "state": "closed"})
         east_calls = east.stats()["calls"]
@@ -85,4 +96,12 @@ async def test_a_deployment_killed_mid_batch_is_taken_out_and_no_request_waits_f
     assert west_calls > REQUESTS // 10  # both deployments took calls before the kill
     assert east_calls < REQUESTS + 30
     assert "circuit breaker for mock-small@2: closed -> open" in log
+    # status, while it is still down: the worker's beat names it out and why (a hang, or a refused connection)
+    assert shown.returncode == 0, shown.stderr
+    out = json.loads(shown.stdout)["deployments_out"]
+    assert [(o["deployment"], o["workers"]) for o in out] == [("mock-small@2", 1)], out
+    why = "calls that hang" if sickness is signal.SIGSTOP else "transport failures"
+    assert out[0]["reason"].startswith("circuit breaker ") and why in out[0]["reason"], out
+    line = next((line for line in in_words.splitlines() if line.startswith("out ")), "")
+    assert line.startswith("out        mock-small@2: circuit breaker ") and why in line, in_words
     assert west_closed == 0  # open, or half-open while it probes the dead one

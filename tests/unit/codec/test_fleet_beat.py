@@ -85,11 +85,19 @@ def test_the_beat_interval_is_kept_within_reason() -> None:
     b'{"v":1,"models":{"m":{"share":NaN}}}', b'{"v":1,"every_ms":Infinity}', b'{"v":1,"paused":1}',
     b'{"v":1,"generation":-1}', b'{"v":1,"generation":1.5}', b'{"v":1,"spend":[]}', b'{"v":1,"spend":{"batch":1}}',
     b'{"v":1,"spend":{"batch":{"b":[1]}}}', b'{"v":1,"spend":{"batch":{"b":[-1,2]}}}',
-    b'{"v":1,"spend":{"day":{"d":["x",2]}}}',
+    b'{"v":1,"spend":{"day":{"d":["x",2]}}}', b'{"v":1,"out":[]}', b'{"v":1,"out":{"m@2":1}}',
 ])
 def test_anything_that_is_not_a_beat_is_refused(value: bytes) -> None:
     with pytest.raises(ValueError):
         decode_beat("w", value)
+
+
+def test_the_deployments_out_read_back_bounded() -> None:
+    out = {f"m@{n:03}": "circuit breaker open after calls that hang (read_timeout)" + "!" * 3 * n for n in range(100)}
+    read = decode_beat("w", encode_beat(Beat("w", out=out))).out
+    assert sorted(read) == sorted(out)[:64] and read["m@001"] == out["m@001"] and len(read["m@063"]) == 160
+    assert decode_beat("w", encode_beat(Beat("w"))).out == {}
+    assert "out" not in json.loads(encode_beat(Beat("w")))  # an older reader never meets it without cause
 
 
 def test_a_zero_limit_reads_as_unknown() -> None:

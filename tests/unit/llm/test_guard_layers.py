@@ -417,3 +417,13 @@ async def test_a_call_waiting_its_turn_when_a_rebalance_begins_is_parked_unsent(
     deferred = await routing.call(REQUEST, BODY, True)
     assert isinstance(deferred, Deferred) and deferred.code == "rebalancing" and deferred.delay_s == 0.0
     assert script.calls == []
+
+
+async def test_a_deployment_whose_breaker_opened_is_out_with_its_last_failure_and_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    guards = Guards(Script([DOWN]), breakers=BREAKERS)
+    assert guards.out() == {}
+    with caplog.at_level(logging.WARNING, logger="streamproc.llm.breakers"):
+        await guards.call(REQUEST, BODY, 1)
+    assert guards.out() == {"big": "circuit breaker open after HTTP 503 answers (server_error)"}
+    assert "circuit breaker for big: closed -> open (too many transport/5xx failures, the last: HTTP 503" in caplog.text

@@ -1,0 +1,44 @@
+"""Which deployments are out of rotation and why, as the workers' beats say and status shows."""
+
+from __future__ import annotations
+
+from streamproc.core.deployments_out import (
+    HEARD_WITHIN_MS,
+    MAX_OUT,
+    DeploymentOut,
+    FleetOutView,
+    failure_kind,
+    fleet_out,
+    out_reason,
+)
+
+
+def test_a_reason_says_whether_the_deployment_hangs_refuses_or_answers_5xx() -> None:
+    assert failure_kind("read_timeout", None) == "calls that hang (read_timeout)"
+    assert failure_kind("connection_refused", None) == "transport failures (connection_refused)"
+    assert failure_kind("server_error", 503) == "HTTP 503 answers (server_error)"
+    assert out_reason("open", "calls that hang (read_timeout)") == (
+        "circuit breaker open after calls that hang (read_timeout)")
+    assert out_reason("half_open", None) == "circuit breaker half_open"
+
+
+def test_the_fleet_s_deployments_out_merge_by_key_with_the_reason_most_workers_give() -> None:
+    hang, refused = "circuit breaker open after calls that hang", "circuit breaker open after transport failures"
+    merged = fleet_out([{"m@2": hang}, {"m@2": hang, "m@1": refused}, {"m@2": refused}])
+    assert merged == (DeploymentOut("m@1", refused, 1), DeploymentOut("m@2", hang, 3))
+    assert merged[1].describe() == f"m@2: {hang} (3 workers)"
+    assert merged[0].as_json() == {"deployment": "m@1", "reason": refused, "workers": 1}
+    assert len(fleet_out([{f"m@{n}": "x" for n in range(200)}])) == MAX_OUT
+
+
+def test_only_live_workers_count_and_a_worker_whose_breakers_closed_or_that_stopped_says_nothing() -> None:
+    view = FleetOutView()
+    view.heard("w1", 1_000, {"m@2": "circuit breaker open"})
+    view.heard("w2", 1_000, {"m@2": "circuit breaker open"})
+    view.heard("w3", 1_000, {"m@1": "circuit breaker open"})
+    assert view.out(2_000) == (DeploymentOut("m@1", "circuit breaker open", 1),
+                               DeploymentOut("m@2", "circuit breaker open", 2))
+    view.heard("w3", 1_500, {})  # its breaker closed
+    view.gone("w2")  # its tombstone
+    assert view.out(2_000) == (DeploymentOut("m@2", "circuit breaker open", 1),)
+    assert view.out(1_000 + HEARD_WITHIN_MS + 1) == ()  # w1 beat no more: gone without a tombstone
