@@ -69,6 +69,7 @@ class ResultRow(NamedTuple):
     input_hash: str
     provider_request_id: str | None  # the provider's id for the call, when it sent one
     reused_from: str | None  # the request whose answer this reuses (no call made)
+    deployment: str | None  # the deployment of the model list that answered (migration 5)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -136,7 +137,7 @@ def result_row(result: InferenceResult) -> ResultRow:
         completion_tokens=tokens("completion_tokens"), total_tokens=tokens("total_tokens"),
         attempt=result.attempts, latency_ms=result.latency_ms, finished_at=iso_ms(result.completed_ms),
         input_hash=result.input_hash, provider_request_id=result.provider_request_id,
-        reused_from=result.reused_from)
+        reused_from=result.reused_from, deployment=result.deployment)
 
 
 def failure_row(failure: FailureEvent) -> FailureRow:

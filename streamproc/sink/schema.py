@@ -123,6 +123,10 @@ MIGRATIONS: tuple[Migration, ...] = (
             request_id TEXT, reason TEXT NOT NULL, rejected_at TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP,
             PRIMARY KEY (topic, kafka_partition, kafka_offset))""",
     )),
+    # the deployment of the model list (STREAMPROC_MODELS_FILE) that answered; rows from before read NULL
+    Migration(5, "results keep the deployment of the model list that answered", (
+        "ALTER TABLE results ADD COLUMN deployment TEXT",
+    )),
 )
 
 

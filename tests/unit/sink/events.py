@@ -18,10 +18,11 @@ RESPONSE = json.dumps({"id": "chatcmpl-1", "choices": [{"message": {"role": "ass
 
 
 def result(custom_id: str = "req-1", batch: str | None = "b1", *, completed_ms: int = 10_000, attempts: int = 1,
-           content: str = "spam", response: str = RESPONSE, model: str = "mock-small") -> InferenceResult:
+           content: str = "spam", response: str = RESPONSE, model: str = "mock-small",
+           deployment: str | None = None) -> InferenceResult:
     request_id = custom_id if batch is None else request_id_for(batch, custom_id)
     return InferenceResult(request_id, batch, model, response, content, attempts=attempts, latency_ms=80,
-                           completed_ms=completed_ms, input_hash="h")
+                           completed_ms=completed_ms, input_hash="h", deployment=deployment)
 
 
 def failure(custom_id: str = "req-1", batch: str | None = "b1", *, attempt: int = 1, run: int = 1,

@@ -10,7 +10,8 @@ import pytest
 from streamproc.core.events import FailureEvent, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.sink.database import DatabaseError, SinkDatabase, open_database
-from streamproc.sink.schema import MIGRATIONS, SchemaTooNewError
+from streamproc.sink.rows import iso_ms
+from streamproc.sink.schema import CREATE_VERSION_TABLE, MIGRATIONS, SchemaTooNewError
 from streamproc.sink.target import SqliteTarget
 from tests.unit.sink.events import failure, result, rows_of
 from tests.unit.sink.version2 import check_upgrade, create_version_2
@@ -112,3 +113,22 @@ def test_a_version_2_database_upgrades_keeping_its_failures_as_run_0(path: Path)
         create_version_2(connection.execute)
     check_upgrade(SqliteTarget(path), lambda sql: query(path, sql),
                   "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'failures'")
+
+
+def test_results_store_the_deployment_and_a_version_4_database_migrates_with_null_for_its_rows(path: Path) -> None:
+    with sqlite3.connect(path, isolation_level=None) as connection:
+        connection.execute(CREATE_VERSION_TABLE)
+        for migration in MIGRATIONS[:4]:
+            for statement in migration.statements:
+                connection.execute(statement)
+            connection.execute(f"INSERT INTO schema_version VALUES ({migration.version}, 'v', '{iso_ms(0)}')")
+        connection.execute("INSERT INTO results (batch, custom_id, request_id, model, content, response, attempt, "
+                           f"latency_ms, finished_at, input_hash) VALUES ('b1', 'old', 'b1/old', 'm', 'x', '{{}}', 1, "
+                           f"5, '{iso_ms(1_000)}', 'h')")
+    database = open_database(SqliteTarget(path))
+    try:
+        write(database, result("req-1", deployment="mock-small@2"), result("req-2"))
+    finally:
+        database.close()
+    assert query(path, "SELECT custom_id, deployment FROM results ORDER BY custom_id") == [
+        ("old", None), ("req-1", "mock-small@2"), ("req-2", None)]

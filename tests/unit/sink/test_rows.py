@@ -24,6 +24,11 @@ def test_a_result_row_is_keyed_by_batch_and_custom_id_with_its_usage() -> None:
     assert row.attempt == 3 and row.finished_at == iso_ms(10_000) and row.content == "spam"
 
 
+def test_a_result_row_keeps_the_deployment_that_answered() -> None:
+    assert result_row(result(deployment="mock-small@2")).deployment == "mock-small@2"
+    assert result_row(result()).deployment is None  # the single endpoint, or a reused answer
+
+
 def test_an_unscoped_id_has_the_empty_batch_and_odd_usage_gives_no_tokens() -> None:
     row = result_row(result("legacy-1", None, response='{"usage": {"prompt_tokens": "9", "total_tokens": true}}'))
     assert row.key == ("", "legacy-1")
