@@ -3,6 +3,7 @@ routing that balances them, takes a failing one out and sends its calls on to th
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +201,20 @@ def test_a_fallback_outside_the_model_list_is_refused() -> None:
         check_routes(MODELS, Settings(model_fallbacks={"gpt": ["gpt-4o-mini"]}).guards.routes)
     with pytest.raises(ModelListError, match="names 'large'"):
         check_routes(MODELS, Settings(context_fallbacks={"gpt": "large"}).guards.routes)
+
+
+def test_the_readme_s_model_list_has_two_deployments_and_a_fallback_to_another_provider(
+        tmp_path: Path) -> None:
+    """README.md shows a model on two deployments and, when both are out, a fallback served elsewhere: the file
+    loads as it is and the fallback setting it names passes the worker's start checks."""
+    readme = (Path(__file__).parents[3] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Several deployments of a model", 1)[1]
+    (tmp_path / "models.yaml").write_text(section.split("```yaml\n", 1)[1].split("```", 1)[0], encoding="utf-8")
+    fallbacks = section.split("STREAMPROC_MODEL_FALLBACKS='", 1)[1].split("'", 1)[0]
+    settings = Settings(llm_base_url=None, models_file=tmp_path / "models.yaml", model_fallbacks=json.loads(fallbacks))
+    models = load_model_list(settings.models_file, settings.llm_endpoint)
+    check_routes(models, settings.guards.routes)
+    (model, (fallback,)), = settings.guards.routes.model_fallbacks.items()
+    bases = {d.api_base for d in models.of(model)}
+    assert len(models.of(model)) == 2 and len(bases) == 2
+    assert all(d.api_base not in bases for d in models.of(fallback))
