@@ -34,8 +34,9 @@ class InFlightParts:
         return sum(self._in_use.values())
 
     def part(self, key: str, limits: Mapping[str, int]) -> int:
-        """The slots ``key`` is sure of: its limit, or an equal part of the total when that is less."""
-        return min(limits[key], max(1, self.total // max(1, len(limits))))
+        """The slots ``key`` is sure of: its limit, or an equal part of the total when that is less (none when
+        there are more deployments than slots: then every slot is first come)."""
+        return min(limits[key], self.total // max(1, len(limits)))
 
     def may_start(self, key: str, limits: Mapping[str, int]) -> bool:
         """Whether a call of ``key`` may start now; ``limits`` holds the limit of every deployment known."""
