@@ -454,6 +454,49 @@ def cancel(batch_id: str, as_json: bool) -> None:
                "flight finish")
 
 
+@cli.command("forget")
+@kafka_options
+@click.option("--batch-id", "batch_ids", multiple=True, metavar="ID", help="A batch to forget (repeatable).")
+@click.option("--finished-before", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z"]),
+              metavar="DATE", help="Forget every batch whose last request ended before DATE (2026-11-01 or "
+              "2026-11-01T12:00:00; UTC unless it says its zone).")
+@click.option("--force", is_flag=True, help="Forget a batch named with --batch-id even if it has not finished: its "
+              "requests not ended yet are refused as batch_forgotten from then on.")
+@json_option("one object per batch (batch_id, forgotten, states_removed, forgotten_at, finished_at, refused) in a list")
+def forget_command(batch_ids: tuple[str, ...], finished_before: datetime | None, force: bool, as_json: bool) -> None:
+    """Forget finished batches: remove their request states, so the state table, its changelog and every restore
+    stop growing with all history.
+
+    Only a finished batch (every request ended: a result or a terminal failure) is forgotten, unless --force.
+    Its states are tombstoned on the state changelog, the workers delete them from their disks and their
+    answers from the result index, and its manifest is marked forgotten: status and batches report it as
+    forgotten, with the counts it ended with. Its results and failures stay on their topics, so exports and
+    the sink are untouched. A request of a forgotten batch that arrives later (a resubmission, a backfill
+    replay) is refused as the business failure batch_forgotten, never started again.
+
+    \b
+    Examples:
+      streamproc forget --batch-id labels-2026-11
+      streamproc forget --finished-before 2026-11-01
+    """
+    from streamproc.app.bootstrap import resolve_connection
+    from streamproc.ops.forget import as_json as outcome_json
+    from streamproc.ops.forget import describe, forget, refused
+
+    if not batch_ids and finished_before is None:
+        raise click.UsageError("give --batch-id, --finished-before or both")
+    settings = _settings()
+    outcomes = _run(forget(resolve_connection(settings), settings.topology(), settings.durability, batch_ids,
+                           finished_before, force))
+    if as_json:
+        _echo_json([outcome_json(outcome) for outcome in outcomes])
+    else:
+        click.echo("\n".join(describe(outcome) for outcome in outcomes) or "no batch finished before that date")
+    error = refused(outcomes)
+    if error is not None:
+        raise error
+
+
 @cli.command("raise-cap")
 @kafka_options
 @click.option("--batch-id", required=True)

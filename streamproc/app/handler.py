@@ -124,8 +124,9 @@ def _never(batch_id: str | None) -> str | None:
 @dataclass(frozen=True)
 class HandlerOptions:
     """What a handler may be given besides its seams, each with a default: the clock, the metrics, why a batch no
-    longer has its requests called (``closed``: batch id -> ``batch_cancelled``, ``batch_expired``, or None), and
-    the earlier answers for the batches that reuse them, and the spend caps (none: no call is capped)."""
+    longer has its requests called (``closed``: batch id -> ``batch_cancelled``, ``batch_expired``,
+    ``batch_forgotten``, or None), and the earlier answers for the batches that reuse them, and the spend caps (none:
+    no call is capped)."""
 
     clock_ms: Callable[[], int] = _now_ms
     observer: Observer | None = None

@@ -1,5 +1,5 @@
-"""How many requests each batch submitted, and which batches are closed (cancelled, or past their completion
-window), followed from the manifests topic.
+"""How many requests each batch submitted, and which batches are closed (cancelled, past their completion
+window, or forgotten), followed from the manifests topic.
 
 The retry budget of a batch is a fraction of its first attempts (design §5). Counting them as they happen
 makes the budget strict early in a batch and after a restart, so a worker also reads the batch manifests
@@ -21,6 +21,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.batch_cap import decode_batch_cap
 from streamproc.codec.manifest import decode_manifest
+from streamproc.core.retention import BATCH_FORGOTTEN
 from streamproc.core.spend_cap import Cap
 from streamproc.kafka.connection import KafkaConnection
 
@@ -41,7 +42,16 @@ class BatchSizes:
         self._expires: dict[str, int] = {}
         self._reusing: set[str] = set()
         self._caps: dict[str, Cap] = {}
+        self._forgotten: set[str] = set()
         self._clock_ms = clock_ms
+
+    @property
+    def forgotten_batches(self) -> frozenset[str]:
+        """The batches forgotten so far (``streamproc forget``, automatic retention)."""
+        return frozenset(self._forgotten)
+
+    def forgotten(self, batch_id: str | None) -> bool:
+        return batch_id in self._forgotten
 
     def submitted(self, batch_id: str) -> int | None:
         return self._sizes.get(batch_id)
@@ -55,10 +65,13 @@ class BatchSizes:
         return self._caps.get(batch_id)
 
     def closed(self, batch_id: str | None) -> str | None:
-        """Why a request of the batch must not be called any more (OpenAI's error codes): ``batch_cancelled``
-        once ``streamproc cancel`` ran for it, ``batch_expired`` past its completion window; else None."""
+        """Why a request of the batch must not be called any more: ``batch_forgotten`` once it was forgotten, then
+        OpenAI's error codes, ``batch_cancelled`` once ``streamproc cancel`` ran for it, ``batch_expired`` past its
+        completion window; else None."""
         if batch_id is None:
             return None
+        if batch_id in self._forgotten:
+            return BATCH_FORGOTTEN
         if batch_id in self._cancelled:
             return BATCH_CANCELLED
         expires = self._expires.get(batch_id)
@@ -87,6 +100,8 @@ class BatchSizes:
             self._expires[manifest.batch_id] = manifest.expires_ms
         if manifest.reuse_results:
             self._reusing.add(manifest.batch_id)
+        if manifest.forgotten is not None:
+            self._forgotten.add(manifest.batch_id)
 
     async def load(self, kafka: KafkaConnection, topic: str) -> None:
         """Read the manifests topic up to now (at start-up, before any request is handled)."""

@@ -14,6 +14,11 @@ anyway; reading it is all the index needs.
 The index is read only for batches that opted in, and brought up to date only when a lookup misses: it then
 reads the results topic up to its end, so everything answered before the request was handled counts, and
 lookups that miss together share one read. A worker that never reuses never reads the results topic.
+
+A forgotten batch's answers are dropped from the index (``drop_batches``) and never indexed again: its results stay on
+the topic for exports, but the deployment no longer answers from them. Dropping reads the whole index, since it is
+keyed by input hash; a batch is forgotten rarely. An input whose first answer was dropped is called again, even if
+a later batch also got an answer to it (only the first answer was indexed).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from aiokafka.structs import TopicPartition
@@ -36,13 +41,21 @@ from streamproc.kafka.connection import KafkaConnection
 log = logging.getLogger(__name__)
 
 _OFFSETS = b"\x00offsets"  # {partition: the next offset to read}, as JSON (input hashes are hex, never this)
+_DROPPED = b"\x00dropped"  # [the forgotten batches whose answers were dropped], as JSON
+_YIELD_EVERY = 500  # entries read between two yields to the event loop when a batch is dropped
+
+
+def _never(batch_id: str | None) -> bool:
+    return False
 
 
 class ResultIndex:
     """input hash -> the first result called for it, read from the results topic into a local RocksDB."""
 
-    def __init__(self, path: Path, kafka: KafkaConnection, results_topic: str) -> None:
+    def __init__(self, path: Path, kafka: KafkaConnection, results_topic: str,
+                 forgotten: Callable[[str | None], bool] = _never) -> None:
         self._path = path
+        self._forgotten = forgotten  # batch id -> it was forgotten: its answers are not indexed
         self._db: Rdict | None = None  # opened at the first lookup: a worker that never reuses never opens it
         self._offsets: dict[int, int] = {}
         self._kafka = kafka
@@ -111,8 +124,33 @@ class ResultIndex:
         except codec.CodecError:
             return  # a foreign record: answers nothing
         key, store = result.input_hash.encode(), self._store()
-        if indexable(result) and store.get(key) is None:  # the first answer of an input stays its answer
-            store[key] = value
+        if indexable(result) and not self._forgotten(result.batch_id) and store.get(key) is None:
+            store[key] = value  # the first answer of an input stays its answer
+
+    async def drop_batches(self, batch_ids: Collection[str]) -> int:
+        """Drop the answers of forgotten batches (those not dropped before: the index remembers which were); returns
+        how many. An index never opened holds none to drop."""
+        if self._db is None and not self._path.exists():
+            return 0
+        store = self._store()
+        done = set(json.loads(store.get(_DROPPED) or b"[]"))
+        batches = set(batch_ids) - done
+        if not batches:
+            return 0
+        dropped = []
+        for index, (key, raw) in enumerate(store.items(), 1):
+            if key not in (_OFFSETS, _DROPPED):
+                try:
+                    if codec.decode(raw, InferenceResult).batch_id in batches:
+                        dropped.append(key)
+                except codec.CodecError:
+                    pass
+            if index % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        for key in dropped:
+            store.delete(key)
+        store[_DROPPED] = json.dumps(sorted(done | batches)).encode()
+        return len(dropped)
 
 
 class ResultReuse:

@@ -46,6 +46,7 @@ from streamproc.app.observe import Observer
 from streamproc.app.reconciler import ConsumerGroup, Reconciler, ReconcilerLinks
 from streamproc.app.result_index import ResultIndex, ResultReuse
 from streamproc.app.spend import SpendGate
+from streamproc.app.table_purge import TablePurge
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core import headers
 from streamproc.core.decision import Retries
@@ -71,6 +72,7 @@ from streamproc.settings import Settings
 log = logging.getLogger("streamproc.app.worker")
 
 _REBALANCE_POLL_S = 0.2
+_PURGE_INTERVAL_S = 5.0  # how soon a forgotten batch leaves this worker's disk (requests of it are refused at once)
 
 
 class FaustSink:
@@ -224,12 +226,14 @@ class WorkerRuntime:
         if fleet is not None and self.guards.limiter is not None:  # the fleet sets its shares from now on
             fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership, self.guards.out)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
-                                        kafka, self.topology.results)
+                                        kafka, self.topology.results, forgotten=self.batch_sizes.forgotten)
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
         self.sweep_scope = SweepScope()  # the table's writes, for the reconciler
         store = TableStore(self.table, self.app.producer, self.sweep_scope)
+        self.table_purge = TablePurge(self.table, self.app.producer, lambda: self.batch_sizes.forgotten_batches,
+                                      self._owned_partitions)
         day_cap = None if settings.max_cost_usd_per_day is None else Cap(settings.max_cost_usd_per_day)
         self.spend = SpendGate(self.batch_sizes.cap, settings.model_prices, self.guards.estimator, day_cap, spend)
         self.handler = Handler(self.guards, self.sink, store, Retries(settings.retry_policy()),
@@ -250,13 +254,30 @@ class WorkerRuntime:
             return True, generation
         return not any(tp.topic in self.topology.inputs for tp in assignment), generation
 
+    def _owned_partitions(self) -> set[int]:
+        """The partitions of the state table this worker writes now (those of its requests partitions)."""
+        try:
+            assignment = self.app.consumer.assignment()
+        except Exception:  # the consumer is not started yet
+            return set()
+        return {tp.partition for tp in assignment if tp.topic == self.topology.requests}
+
+    async def _purge_forgotten(self) -> None:
+        """Delete forgotten batches' states from this worker's disk and their answers from its result index."""
+        if getattr(self.app, "rebalancing", False):
+            return
+        try:
+            await self.table_purge.run_once()
+            await self.result_index.drop_batches(self.batch_sizes.forgotten_batches)
+        except Exception:  # a partition closed by a rebalance under the pass: the next pass does it again
+            log.exception("could not purge the forgotten batches; trying again in %.0f s", _PURGE_INTERVAL_S)
+
     def _expected_first_attempts(self, batch_id: str) -> float:
         """This worker's share of the batch's submitted requests (its share of the requests partitions)."""
         submitted = self.batch_sizes.submitted(batch_id)
         if not submitted:
             return 0.0
-        mine = sum(1 for tp in self.app.consumer.assignment() if tp.topic == self.topology.requests)
-        return submitted * mine / self.settings.partitions
+        return submitted * len(self._owned_partitions()) / self.settings.partitions
 
     # -- agents ------------------------------------------------------------------------------------------
     def _register_agents(self) -> None:
@@ -266,6 +287,7 @@ class WorkerRuntime:
                 self._dispatch_delayed)
         consumed = [self.topology.requests, *map(self.topology.retry, self.topology.tiers)]
         watch_skipped_records(self.app, consumed, self._on_skipped)
+        self.app.timer(_PURGE_INTERVAL_S, name="streamproc.app.forgotten-purge")(self._purge_forgotten)
 
     async def _dispatch(self, stream: Any) -> None:
         await self._consume(stream, delayed=False)

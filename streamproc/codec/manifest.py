@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from streamproc.core.retention import Forgotten
+
 
 @dataclass(frozen=True)
 class BatchManifest:
@@ -23,6 +25,7 @@ class BatchManifest:
     cancelled_ms: int | None = None  # set by ``streamproc cancel``: requests not called yet end batch_cancelled
     expires_ms: int | None = None  # ``submit --completion-window``: what is not called by then ends batch_expired
     reuse_results: bool = False  # ``submit --reuse-results``: answer inputs that succeeded before from their result
+    forgotten: Forgotten | None = None  # ``streamproc forget``: its states are gone, a request of it is refused
 
 
 def encode_manifest(manifest: BatchManifest) -> bytes:
@@ -40,10 +43,19 @@ def decode_manifest(data: bytes) -> BatchManifest:
                              invalid_skipped=int(fields.get("invalid_skipped", 0)),
                              cancelled_ms=_optional_int(fields.get("cancelled_ms")),
                              expires_ms=_optional_int(fields.get("expires_ms")),
-                             reuse_results=fields.get("reuse_results") is True)
-    except (KeyError, TypeError) as exc:
+                             reuse_results=fields.get("reuse_results") is True,
+                             forgotten=_forgotten(fields.get("forgotten")))
+    except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a batch manifest: {exc}") from None
 
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _forgotten(value: Any) -> Forgotten | None:
+    if value is None:
+        return None
+    return Forgotten(at_ms=int(value["at_ms"]), finished_ms=int(value["finished_ms"]),
+                     succeeded=int(value["succeeded"]),
+                     failed={str(layer): int(count) for layer, count in value.get("failed", {}).items()})

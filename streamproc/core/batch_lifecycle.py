@@ -17,7 +17,7 @@ from streamproc.core.batch_status import BatchStatus
 class Lifecycle:
     """OpenAI's batch ``status`` and its timestamps (None: not reached)."""
 
-    status: str  # in_progress, cancelling, cancelled, expired, completed
+    status: str  # in_progress, cancelling, cancelled, expired, completed; forgotten (ours: ``streamproc forget``)
     created_ms: int
     in_progress_ms: int | None = None  # a worker first took a request of the batch
     expires_ms: int | None = None  # the end of the completion window
@@ -25,13 +25,14 @@ class Lifecycle:
     cancelling_ms: int | None = None  # ``streamproc cancel`` ran
     cancelled_ms: int | None = None  # a cancelled batch converged
     expired_ms: int | None = None  # a batch converged past its completion window
+    forgotten_ms: int | None = None  # its states were forgotten (it had ended: the end above stays)
 
     def as_json(self) -> dict[str, Any]:
         return {"status": self.status, "created_at": _seconds(self.created_ms),
                 **{f"{step}_at": _seconds(getattr(self, f"{step}_ms")) for step in _STEPS}}
 
 
-_STEPS = ("in_progress", "expires", "completed", "cancelling", "cancelled", "expired")
+_STEPS = ("in_progress", "expires", "completed", "cancelling", "cancelled", "expired", "forgotten")
 
 
 def _seconds(ms: int | None) -> int | None:
@@ -39,14 +40,19 @@ def _seconds(ms: int | None) -> int | None:
 
 
 def lifecycle(status: BatchStatus, created_ms: int, cancelled_ms: int | None = None,
-              expires_ms: int | None = None) -> Lifecycle:
+              expires_ms: int | None = None, forgotten_ms: int | None = None) -> Lifecycle:
     """The lifecycle of a batch from its counts and manifest times (``cancelled_ms``: when cancel ran).
 
     A batch is ``in_progress`` until every request ended; a cancelled one ``cancelling`` until then. Once
     converged it is ``cancelled`` if cancel ran, ``expired`` if its last request ended at or after the end of
     its completion window (the window's deadline ended what was left), else ``completed``; the step's time is
-    when the last request ended.
+    when the last request ended. A forgotten batch is ``forgotten``, its end kept.
     """
+    ended = _ended(status, created_ms, cancelled_ms, expires_ms)
+    return ended if forgotten_ms is None else replace(ended, status="forgotten", forgotten_ms=forgotten_ms)
+
+
+def _ended(status: BatchStatus, created_ms: int, cancelled_ms: int | None, expires_ms: int | None) -> Lifecycle:
     base = Lifecycle("in_progress" if cancelled_ms is None else "cancelling", created_ms,
                      in_progress_ms=status.first_started_ms or None, expires_ms=expires_ms, cancelling_ms=cancelled_ms)
     if not status.converged:

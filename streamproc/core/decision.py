@@ -40,6 +40,7 @@ from streamproc.core.request_state import (
     on_success,
     on_terminal_failure,
 )
+from streamproc.core.retention import BATCH_FORGOTTEN
 from streamproc.core.retry_policy import CompletionBudget, RetryPolicy, Stop, Terminal, Tier
 from streamproc.core.reuse import on_reused
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
@@ -200,13 +201,19 @@ _PARK_JITTER_MS = 1000  # spreads the records parked by one open breaker
 
 def on_record(attempt: Attempt, current: RequestState | None, closed: str | None) -> list[Action]:
     """What a record does before any call, given the table's ``current`` state for its id and why its batch is
-    ``closed`` (``batch_cancelled``, ``batch_expired``; None while it is open).
+    ``closed`` (``batch_cancelled``, ``batch_expired``, ``batch_forgotten``; None while it is open).
 
     A skip; a conflict's terminal failure, the table left as it is; or a start: the ``in_flight`` state first,
     then the call, or a terminal failure at once when the batch is closed (a replay is a new decision: it is
-    called).
+    called). A request of a forgotten batch, replays included, is refused before admission: its terminal failure
+    and no state, so the batch's states stay forgotten.
     """
     hop = attempt.hop
+    if closed == BATCH_FORGOTTEN:
+        request = attempt.request
+        refused = Failure(FailureLayer.BUSINESS, BATCH_FORGOTTEN, f"batch {request.batch_id!r} was forgotten "
+                          f"(streamproc forget): request {request.request_id!r} is refused, not started again")
+        return [failure_emission(attempt, refused, terminal=True, first_failure_ms=attempt.now_ms)]
     admission = admit(current, attempt.request, hop.attempt, attempt.now_ms, source=attempt.source,
                       replay=hop.replay, deferred=hop.deferred, run=hop.run)
     if isinstance(admission, Skip):

@@ -6,6 +6,7 @@ produced without ``submit`` has none); counts are folded from the state changelo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,7 +19,7 @@ from streamproc.core.batch_status import BatchesFold, BatchStatus
 from streamproc.core.spend_cap import Cap, spend_json, spend_of
 from streamproc.core.topology import Topology
 from streamproc.kafka.connection import KafkaConnection
-from streamproc.ops.status import decode_caps, decode_records, lifecycle_of, read_status
+from streamproc.ops.status import decode_caps, decode_records, lifecycle_of, read_status, status_of
 
 COLUMNS = ("BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING", "SPEND")
 
@@ -69,10 +70,8 @@ async def list_batches(kafka: KafkaConnection, topology: Topology,
     entries = []
     for batch_id in manifests.keys() | fold.folds.keys():
         manifest = manifests.get(batch_id)
-        if manifest is None:
-            status, created_ms = fold.status(batch_id, 0), fold.folds[batch_id].first_created_ms
-        else:
-            status, created_ms = fold.status(batch_id, manifest.submitted, manifest.created_ms), manifest.created_ms
+        status = status_of(manifest, functools.partial(fold.status, batch_id))
+        created_ms = fold.folds[batch_id].first_created_ms if manifest is None else manifest.created_ms
         spend = spend_json(spend_of(status.usage, prices or {}), caps.get(batch_id))
         entries.append(BatchEntry(status, created_ms, manifest, spend))
     return sorted(entries, key=lambda entry: (entry.created_ms, entry.status.batch_id), reverse=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -73,18 +73,36 @@ class StatusReport:
             text += f"\n{'spend':<10} ${spent.cost_usd:.4f}, {spent.tokens:,} tokens (cap {self.cap.describe()})"
         steps = self.lifecycle
         if steps.cancelling_ms is not None:
-            at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(steps.cancelling_ms / 1000))
-            text += f"\n{'cancelled':<10} at {at}"
+            text += f"\n{'cancelled':<10} at {_local(steps.cancelling_ms)}"
+        if steps.forgotten_ms is not None:
+            text += (f"\n{'forgotten':<10} at {_local(steps.forgotten_ms)}: its states are gone, a request of it is "
+                     "refused; its results and failures stay on their topics")
         for out in self.out:
             text += f"\n{'out':<10} {out.describe()}"
         return text if self.stall is None else f"{text}\n{'stalled':<10} {self.stall.describe()}"
 
 
+def _local(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
 def lifecycle_of(status: BatchStatus, manifest: BatchManifest | None) -> Lifecycle:
-    """The batch's OpenAI status and times; a batch without a manifest was created when a worker first saw it."""
+    """The batch's OpenAI status and times (``forgotten`` once ``forget`` ran); a batch without a manifest was
+    created when a worker first saw it."""
     if manifest is None:
         return lifecycle(status, status.first_started_ms)
-    return lifecycle(status, manifest.created_ms, manifest.cancelled_ms, manifest.expires_ms)
+    forgotten_ms = None if manifest.forgotten is None else manifest.forgotten.at_ms
+    return lifecycle(status, manifest.created_ms, manifest.cancelled_ms, manifest.expires_ms, forgotten_ms)
+
+
+def status_of(manifest: BatchManifest | None, fold: Callable[[int, int], BatchStatus]) -> BatchStatus:
+    """A batch's counts: folded from its states (``fold(submitted, created_ms)``), or as its manifest kept them once
+    it was forgotten (its states are gone, or going: the changelog may still hold some before their tombstones)."""
+    if manifest is None:
+        return fold(0, 0)
+    if manifest.forgotten is not None:
+        return manifest.forgotten.status(manifest.batch_id)
+    return fold(manifest.submitted, manifest.created_ms)
 
 
 async def read_status(kafka: KafkaConnection, topology: Topology, batch_id: str, *, stall_after_s: float,
@@ -134,9 +152,7 @@ class BatchStatusReader:
             if manifest.batch_id == self._fold.batch_id:
                 self.manifest = manifest
         self._fold.apply(states)
-        if self.manifest is None:
-            return self._fold.status(0)
-        return self._fold.status(self.manifest.submitted, self.manifest.created_ms)
+        return status_of(self.manifest, self._fold.status)
 
     async def deployments_out(self) -> tuple[DeploymentOut, ...]:
         """The deployments out of rotation at the live workers, as their fleet beats say (design §5.10); none when

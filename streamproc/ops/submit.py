@@ -103,8 +103,9 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
     async with BatchStatusReader(kafka, topology, batch_id) as existing:
         await existing.refresh()
         if existing.manifest is not None:
+            forgotten = "" if existing.manifest.forgotten is None else ", forgotten since"
             raise SubmitError(f"batch {batch_id!r} was already submitted ({existing.manifest.submitted} requests "
-                              f"from {existing.manifest.source}); choose another --batch-id")
+                              f"from {existing.manifest.source}{forgotten}); choose another --batch-id")
 
     if progress is not None:
         progress.start(report.valid)

@@ -49,3 +49,17 @@ def test_a_manifest_that_reuses_results_says_so_for_its_batch_only() -> None:
     sizes.apply(encode_manifest(BatchManifest("fresh", 10, 5, "in.jsonl")))
     assert (sizes.reuses("again"), sizes.reuses("fresh"), sizes.reuses("unknown"), sizes.reuses(None)) == (
         True, False, False, False)
+
+
+def test_a_forgotten_manifest_closes_its_batch_before_anything_else() -> None:
+    from streamproc.core.retention import Forgotten
+
+    sizes = BatchSizes()
+    sizes.apply(encode_manifest(BatchManifest("b", 10, 5, "in.jsonl", cancelled_ms=7)))
+    sizes.apply(encode_manifest(BatchManifest("kept", 10, 5, "in.jsonl")))
+    assert not sizes.forgotten("b") and sizes.forgotten_batches == frozenset()
+    sizes.apply(encode_manifest(BatchManifest("b", 10, 5, "in.jsonl", cancelled_ms=7,
+                                              forgotten=Forgotten(9, 8, 10))))
+    assert (sizes.closed("b"), sizes.closed("kept")) == ("batch_forgotten", None)
+    assert sizes.forgotten("b") and not sizes.forgotten("kept") and not sizes.forgotten(None)
+    assert sizes.forgotten_batches == frozenset({"b"})

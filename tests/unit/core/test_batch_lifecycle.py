@@ -23,7 +23,7 @@ def test_a_batch_nobody_took_yet_is_in_progress_with_only_its_creation_time() ->
     steps = lifecycle(fold().status(2, CREATED), CREATED)
     assert steps.as_json() == {"status": "in_progress", "created_at": 1_700_000_000, "in_progress_at": None,
                                "expires_at": None, "completed_at": None, "cancelling_at": None,
-                               "cancelled_at": None, "expired_at": None}
+                               "cancelled_at": None, "expired_at": None, "forgotten_at": None}
 
 
 def test_in_progress_from_the_first_request_taken_and_completed_when_the_last_one_ended() -> None:
@@ -56,3 +56,11 @@ def test_a_batch_that_ended_past_its_window_expired_then() -> None:
     assert (expired.status, expired.expired_ms, expired.completed_ms) == ("expired", CREATED + 7_000, None)
     on_time = lifecycle(states.status(2, CREATED), CREATED, expires_ms=CREATED + 8_000)
     assert (on_time.status, on_time.completed_ms) == ("completed", CREATED + 7_000)
+
+
+def test_a_forgotten_batch_says_so_and_keeps_how_it_ended() -> None:
+    states = fold((RequestStatus.SUCCEEDED, CREATED, CREATED + 1_000), (RequestStatus.FAILED, CREATED, CREATED + 7_000))
+    forgotten = lifecycle(states.status(2, CREATED), CREATED, cancelled_ms=CREATED + 2_000,
+                          forgotten_ms=CREATED + 90_000).as_json()
+    assert {key: forgotten[key] for key in ("status", "cancelled_at", "forgotten_at")} == {
+        "status": "forgotten", "cancelled_at": 1_700_000_007, "forgotten_at": 1_700_000_090}

@@ -46,6 +46,7 @@ from streamproc.core.headers import Hop, Origin, read_hop
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.record_size import CARRIED_BYTES, REQUEST_TOO_LARGE, RESPONSE_TOO_LARGE
 from streamproc.core.request_state import BUDGET_EXHAUSTED, CIRCUIT_OPEN, MODEL_PAUSED, RecordRef, Skip, input_hash
+from streamproc.core.retention import BATCH_FORGOTTEN
 from streamproc.core.retry_policy import TRUNCATED, CompletionBudget, RetryPolicy, Stop, Terminal, Tier
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
@@ -375,3 +376,18 @@ def test_a_request_waiting_at_its_spend_cap_ends_budget_exceeded_when_its_batch_
                         Retries(POLICY, random.Random(1)))
     assert [type(action) for action in parked] == [Defer, EndAttempt]  # waits: no attempt spent, no failure event
     assert parked[-1].state.last_error_code == BUDGET_EXHAUSTED  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("attempt", "replay", "deferred"),
+                         list(itertools.product((1, 2, 4), (False, True), (False, True))))
+def test_a_request_of_a_forgotten_batch_is_refused_without_a_state(attempt: int, replay: bool, deferred: bool) -> None:
+    """Replays and retries too: any state written would bring a piece of the forgotten batch back (design §8)."""
+    for prior in (None, prior_state(attempt, replay, deferred)):
+        record = Attempt(REQUEST, record_hop(attempt, replay, deferred), SOURCE, NOW)
+        actions = on_record(record, prior, BATCH_FORGOTTEN)
+        assert [type(action) for action in actions] == [EmitFailure], actions
+        [refused] = actions
+        assert isinstance(refused, EmitFailure)
+        event = refused.event
+        assert (event.layer, event.error_code, event.terminal) == (FailureLayer.BUSINESS, BATCH_FORGOTTEN, True)
+        assert "'batch-1' was forgotten" in event.message and REQUEST.request_id in event.message

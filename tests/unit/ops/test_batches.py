@@ -67,3 +67,19 @@ def test_a_batch_whose_last_request_ended_after_its_window_is_expired() -> None:
         "expired"
     assert BatchEntry(fold.status("e", 2), 1_000, BatchManifest("e", 2, 1_000, "f", expires_ms=10_000)).state == \
         "completed"
+
+
+def test_a_forgotten_batch_is_listed_as_forgotten_with_the_counts_it_ended_with() -> None:
+    from streamproc.core.retention import Forgotten
+    from streamproc.ops.status import status_of
+
+    fold = BatchesFold()
+    fold.apply([state("a/1", "a", RequestStatus.SUCCEEDED)])  # a state still on the changelog before its tombstone
+    manifest = BatchManifest("a", 3, 1_700_000_000_000, "in.jsonl",
+                             forgotten=Forgotten(1_700_000_900_000, 1_700_000_500_000, 2, {"business": 1}))
+    status = status_of(manifest, lambda submitted, created_ms: fold.status("a", submitted, created_ms))
+    document = BatchEntry(status, manifest.created_ms, manifest).as_json()
+    assert {key: document[key] for key in ("status", "completed_at", "forgotten_at", "request_counts")} == {
+        "status": "forgotten", "completed_at": 1_700_000_500, "forgotten_at": 1_700_000_900,
+        "request_counts": {"total": 3, "completed": 2, "failed": 1}}
+    assert "forgotten" in format_batches([BatchEntry(status, manifest.created_ms, manifest)])

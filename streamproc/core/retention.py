@@ -1,0 +1,68 @@
+"""Forgetting finished batches (design §8, "State size"): which batches may go, and what is kept of one that went.
+
+The state table keeps one entry per request ever handled, so its changelog, every restore from scratch and every
+fold of ``status`` grow with all history. ``streamproc forget`` (and the workers' automatic retention) removes a
+finished batch's states; its manifest keeps a :class:`Forgotten` summary, so the batch is still reported, as
+forgotten, and a request that arrives for it later is refused (``batch_forgotten``) instead of started again.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from streamproc.core.batch_status import BatchStatus
+from streamproc.core.durations import parse_duration_ms
+
+BATCH_FORGOTTEN: Final = "batch_forgotten"
+"""The business failure of a request whose batch was forgotten: it is refused, never called nor given a state."""
+
+_DAYS: Final = re.compile(r"(\d+(?:\.\d+)?)d")
+_DAY_MS: Final = 86_400_000
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What the manifest of a forgotten batch keeps of it: when it was forgotten, when it had finished, its counts."""
+
+    at_ms: int
+    finished_ms: int
+    succeeded: int
+    failed: Mapping[str, int] = field(default_factory=dict)  # terminal failures by layer
+
+    def status(self, batch_id: str) -> BatchStatus:
+        """The batch's counts as they were when it was forgotten: nothing waits any more."""
+        failed = dict(self.failed)
+        return BatchStatus(batch_id=batch_id, submitted=self.succeeded + sum(failed.values()),
+                           succeeded=self.succeeded, failed=failed, retrying=0, in_flight=0, pending=0,
+                           last_progress_ms=self.finished_ms)
+
+
+def forgotten_at(status: BatchStatus, now_ms: int) -> Forgotten:
+    """The summary a batch's manifest keeps once it is forgotten at ``now_ms``."""
+    return Forgotten(now_ms, status.last_progress_ms, status.succeeded,
+                     {layer: count for layer, count in status.failed.items() if count})
+
+
+def refusal(status: BatchStatus, force: bool) -> str | None:
+    """Why the batch may not be forgotten (its requests are not all ended), or None; ``force`` forgets it anyway."""
+    if force or status.converged:
+        return None
+    return (f"batch {status.batch_id!r} has not finished ({status.ended} of {status.submitted} requests ended): "
+            "only a finished batch is forgotten, unless --force")
+
+
+def finished_before(status: BatchStatus, cutoff_ms: int) -> bool:
+    """Whether the batch finished (every request ended) before ``cutoff_ms``."""
+    return status.converged and status.last_progress_ms < cutoff_ms
+
+
+def parse_retention_ms(text: str) -> int | None:
+    """A retention such as ``30d``, ``12h``, ``90m`` or bare seconds, in ms; None when it is none of these."""
+    text = text.strip()
+    days = _DAYS.fullmatch(text)
+    if days is not None:
+        return round(float(days.group(1)) * _DAY_MS)
+    return parse_duration_ms(text)

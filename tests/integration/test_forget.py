@@ -1,0 +1,115 @@
+"""``streamproc forget`` end to end: a finished batch's states leave the changelog and the workers' disks (a restart
+on the same disk and a restore from scratch hold none of them), status says forgotten, its export is untouched, and
+a request of it that arrives again is refused with the reason."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from rocksdict import AccessType, Rdict
+
+from streamproc.settings import Settings
+from tests.integration.pipeline import (
+    OutcomeReader,
+    Outcomes,
+    WorkerProcess,
+    chat_request,
+    produce_requests,
+    start_mock,
+    worker_env,
+)
+from tests.integration.test_operations import batch_file, cli, status_of, wait_converged
+
+pytestmark = pytest.mark.integration
+
+PURGE_WAIT_S = 8  # a worker purges forgotten batches every 5 s
+LIVE_IDS = sorted(f"live/c-{i}" for i in range(10))
+
+
+def stored_ids(data_dir: Path) -> list[str]:
+    """The request ids in a stopped worker's state table (every partition's RocksDB on its disk)."""
+    ids = []
+    for path in sorted(data_dir.glob("faust/*/v1/tables/request_state-*.db")):
+        db = Rdict(str(path), access_type=AccessType.read_only())
+        try:
+            ids += [key.decode() for key in db.keys() if isinstance(key, bytes) and not key.startswith(b"__faust")]  # noqa: SIM118
+        finally:
+            db.close()
+    return sorted(ids)
+
+
+def test_a_forgotten_batch_leaves_the_state_and_its_requests_are_refused(settings: Settings, tmp_path: Path) -> None:
+    assert cli(settings, "submit", str(batch_file(tmp_path / "old.jsonl", 30)), "--batch-id", "old").returncode == 0
+    assert cli(settings, "submit", str(batch_file(tmp_path / "live.jsonl", 10)), "--batch-id", "live").returncode == 0
+    mock = start_mock("clean", 5)
+    disk = tmp_path / "w1"
+    worker = WorkerProcess(worker_env(settings, mock.url, disk), tmp_path / "worker.log")
+    worker.start()
+    try:
+        wait_converged(settings, "old", 120, worker)
+        wait_converged(settings, "live", 120, worker)
+        unknown = cli(settings, "forget", "--batch-id", "never-submitted")
+        forgotten = cli(settings, "forget", "--batch-id", "old", "--json")
+        time.sleep(PURGE_WAIT_S)
+    finally:
+        worker.stop()
+    assert unknown.returncode == 2 and "no batch 'never-submitted' here" in unknown.stderr, unknown.stderr
+    assert forgotten.returncode == 0, forgotten.stderr
+    [outcome] = json.loads(forgotten.stdout)
+    assert (outcome["batch_id"], outcome["forgotten"], outcome["states_removed"]) == ("old", True, 30)
+    assert stored_ids(disk) == LIVE_IDS  # the running worker purged its disk
+
+    restarted = WorkerProcess(worker_env(settings, mock.url, disk), tmp_path / "restarted.log")
+    fresh_disk = tmp_path / "w2"
+    fresh = WorkerProcess(worker_env(settings, mock.url, fresh_disk), tmp_path / "fresh.log")
+    restarted.start()
+    fresh.start()  # no disk: it restores its partitions from the changelog
+    try:
+        calls_before = mock.stats()["calls"]
+        again = chat_request("old/c-1", 1, batch_id="old")  # a request of the forgotten batch, sent again
+        another = chat_request("old/c-2", 2, batch_id="old")
+        asyncio.run(produce_requests(str(settings.kafka_bootstrap), settings, [again, another]))
+        outcomes = asyncio.run(_refused([again.request_id, another.request_id], settings, restarted, fresh))
+        calls_after = mock.stats()["calls"]
+        status = status_of(settings, "old")
+        live = status_of(settings, "live")
+        listed = json.loads(cli(settings, "batches", "--json").stdout)
+        resubmitted = cli(settings, "submit", str(tmp_path / "old.jsonl"), "--batch-id", "old")
+        exported = cli(settings, "results", "--batch-id", "old", "--output", str(tmp_path / "out.jsonl"))
+        time.sleep(PURGE_WAIT_S)
+    finally:
+        restarted.stop()
+        fresh.stop()
+        mock.stop()
+    for request_id in (again.request_id, another.request_id):
+        [refusal] = outcomes.terminal(request_id)
+        assert (refusal.layer.value, refusal.error_code) == ("business", "batch_forgotten")
+        assert "batch 'old' was forgotten" in refusal.message
+    assert calls_after == calls_before  # refused, never called
+    assert (status["status"], status["converged"], status["succeeded"], status["submitted"]) == (
+        "forgotten", True, 30, 30), status
+    assert status["forgotten_at"] is not None and status["completed_at"] is not None
+    assert live["status"] == "completed" and live["succeeded"] == 10
+    assert {entry["id"]: entry["status"] for entry in listed["data"]} == {"old": "forgotten", "live": "completed"}
+    assert resubmitted.returncode != 0 and "forgotten since" in resubmitted.stderr, resubmitted.stderr
+    assert exported.returncode == 0, exported.stderr
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 30  # the results stay on their topic
+    restored = stored_ids(disk) + stored_ids(fresh_disk)  # the two workers split the partitions (and standbys)
+    assert not [request_id for request_id in restored if request_id.startswith("old/")], restored
+    assert set(restored) == set(LIVE_IDS)
+
+
+async def _refused(ids: list[str], settings: Settings, *workers: WorkerProcess) -> Outcomes:
+    """Everything on the outcome topics once each of ``ids`` has a terminal failure (their results of the first
+    run are there already)."""
+    deadline = time.monotonic() + 120
+    async with OutcomeReader(str(settings.kafka_bootstrap), settings) as reader:
+        while time.monotonic() < deadline and all(worker.alive() for worker in workers):
+            await reader.poll()
+            if all(reader.outcomes.terminal(request_id) for request_id in ids):
+                break
+        return reader.outcomes

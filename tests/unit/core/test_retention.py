@@ -1,0 +1,52 @@
+"""Forgetting finished batches (core.retention): which may go, what their manifest keeps, the retention setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamproc.core.batch_status import BatchStatus, StatusFold
+from streamproc.core.events import RequestState
+from streamproc.core.retention import Forgotten, finished_before, forgotten_at, parse_retention_ms, refusal
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+
+
+def _status(*ended: RequestStatus, submitted: int = 3) -> BatchStatus:
+    fold = StatusFold("b")
+    fold.apply(RequestState(f"b/{index}", status, "h", batch_id="b", created_ms=10, updated_ms=100 + index,
+                            last_layer=FailureLayer.SERVICE if status is RequestStatus.FAILED else None)
+               for index, status in enumerate(ended))
+    return fold.status(submitted, 5)
+
+
+def test_only_a_finished_batch_may_be_forgotten_unless_forced() -> None:
+    running = _status(RequestStatus.SUCCEEDED, RequestStatus.IN_FLIGHT)
+    assert refusal(running, force=False) == ("batch 'b' has not finished (1 of 3 requests ended): only a finished "
+                                             "batch is forgotten, unless --force")
+    assert refusal(running, force=True) is None
+    assert refusal(_status(RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.SUCCEEDED), False) is None
+
+
+def test_finished_before_compares_the_last_end_with_the_cutoff() -> None:
+    finished = _status(RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.SUCCEEDED)  # last end at 102
+    assert finished_before(finished, 103) and not finished_before(finished, 102)
+    assert not finished_before(_status(RequestStatus.SUCCEEDED), 10**15)  # not finished: never
+
+
+def test_a_forgotten_batch_keeps_its_counts_and_reports_them_as_ended() -> None:
+    status = _status(RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.SUCCEEDED)
+    kept = forgotten_at(status, 9_000)
+    assert kept == Forgotten(9_000, 102, 2, {"service": 1})
+    again = kept.status("b")
+    assert (again.submitted, again.succeeded, again.failed, again.converged, again.last_progress_ms) == (
+        3, 2, {"service": 1}, True, 102)
+
+
+@pytest.mark.parametrize(("text", "ms"), [("30d", 30 * 86_400_000), ("1.5d", 129_600_000), ("12h", 43_200_000),
+                                          ("90m", 5_400_000), ("45", 45_000), (" 2d ", 172_800_000)])
+def test_retention_in_days_hours_minutes_or_seconds(text: str, ms: int) -> None:
+    assert parse_retention_ms(text) == ms
+
+
+@pytest.mark.parametrize("text", ["", "d", "30 days", "-3d", "3w"])
+def test_anything_else_is_no_retention(text: str) -> None:
+    assert parse_retention_ms(text) is None
