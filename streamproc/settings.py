@@ -12,10 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamproc.core.replication import ReplicationRequest
+from streamproc.core.retention import parse_retention_ms
 from streamproc.core.retry_policy import RetryPolicy
 from streamproc.core.topology import DEFAULT_PREFIX, Topology, default_app_id, parse_tiers
 
@@ -255,6 +256,10 @@ class Settings(BaseSettings):
     state_block_cache_mb: float = Field(
         default=1.0, gt=0, description="RocksDB block cache of each request_state partition (faust's default: 2 GB; "
         "the reconciler's full sweep fills it, and the worker reads mostly keys that are not there yet).")
+    retain_finished: str | None = Field(
+        default=None, description="Forget a finished batch (its request states, as streamproc forget does) this "
+        "long after its last request ended, e.g. 30d or 12h. Unset: batches are forgotten only by streamproc "
+        "forget.")
     stall_after_s: float = Field(
         default=120.0, gt=0, description="How long no request of a batch may end, while some have not, before "
         "status and run say the batch is not moving, how many of its requests wait and why.")
@@ -325,6 +330,20 @@ class Settings(BaseSettings):
             prefix = values.get("topic_prefix") or DEFAULT_PREFIX
             return {**values, "app_id": default_app_id(prefix) if isinstance(prefix, str) else None}
         return values
+
+    @field_validator("retain_finished")
+    @classmethod
+    def _retention(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not parse_retention_ms(value):
+            raise ValueError(f"{value!r} is not a retention such as 30d, 12h or 90m")
+        return value
+
+    @property
+    def retain_finished_ms(self) -> int | None:
+        """STREAMPROC_RETAIN_FINISHED in ms; None: off."""
+        return None if self.retain_finished is None else parse_retention_ms(self.retain_finished)
 
     @property
     def llm_endpoint(self) -> LLMEndpoint:

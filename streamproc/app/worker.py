@@ -34,11 +34,13 @@ from tenacity import (
 
 from streamproc import codec
 from streamproc.app import log_redaction
+from streamproc.app.auto_forget import AutoForget
 from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.dispatcher import Dispatcher
 from streamproc.app.faust_app import make_faust_app
 from streamproc.app.faust_fixes import watch_skipped_records
 from streamproc.app.fleet import FleetMember, FleetTopic
+from streamproc.app.forgetting import BatchForgetter
 from streamproc.app.handler import Disposition, Handler, HandlerOptions, Record, StateWriteFailed
 from streamproc.app.manifest_follower import BatchSizes
 from streamproc.app.metrics import LagSource, serve_worker_metrics, watch_worker
@@ -54,6 +56,7 @@ from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResu
 from streamproc.core.model_list import ModelList
 from streamproc.core.outcome import ConfigurationProblem
 from streamproc.core.request_state import RecordRef
+from streamproc.core.retention import check_interval_s
 from streamproc.core.retry_policy import Tier, due_within_tier
 from streamproc.core.spend_cap import Cap, SpendLedger
 from streamproc.core.sweep_scope import SweepScope
@@ -233,7 +236,7 @@ class WorkerRuntime:
         self.sweep_scope = SweepScope()  # the table's writes, for the reconciler
         store = TableStore(self.table, self.app.producer, self.sweep_scope)
         self.table_purge = TablePurge(self.table, self.app.producer, lambda: self.batch_sizes.forgotten_batches,
-                                      self._owned_partitions)
+                                      self.owned_partitions)
         day_cap = None if settings.max_cost_usd_per_day is None else Cap(settings.max_cost_usd_per_day)
         self.spend = SpendGate(self.batch_sizes.cap, settings.model_prices, self.guards.estimator, day_cap, spend)
         self.handler = Handler(self.guards, self.sink, store, Retries(settings.retry_policy()),
@@ -254,7 +257,7 @@ class WorkerRuntime:
             return True, generation
         return not any(tp.topic in self.topology.inputs for tp in assignment), generation
 
-    def _owned_partitions(self) -> set[int]:
+    def owned_partitions(self) -> set[int]:
         """The partitions of the state table this worker writes now (those of its requests partitions)."""
         try:
             assignment = self.app.consumer.assignment()
@@ -277,7 +280,7 @@ class WorkerRuntime:
         submitted = self.batch_sizes.submitted(batch_id)
         if not submitted:
             return 0.0
-        return submitted * len(self._owned_partitions()) / self.settings.partitions
+        return submitted * len(self.owned_partitions()) / self.settings.partitions
 
     # -- agents ------------------------------------------------------------------------------------------
     def _register_agents(self) -> None:
@@ -527,6 +530,11 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
                                                      [topology.requests, *map(topology.retry, topology.tiers)]),
                      in_flight=lambda: runtime.dispatcher.in_flight,
                      stall_after_s=topology.tiers[-1].delay_ms / 1000 + settings.llm_timeout_s)
+    if settings.retain_finished_ms is not None:  # the owner of partition 0 forgets what finished long enough ago
+        forgetter = BatchForgetter(kafka, topology, settings.durability.producer_options())
+        retention = AutoForget(forgetter, settings.retain_finished_ms, lambda: 0 in runtime.owned_partitions())
+        runtime.app.timer(check_interval_s(settings.retain_finished_ms), name="streamproc.app.auto-forget")(
+            retention.run_once)
     if settings.reconcile_interval_s > 0:
         links = ReconcilerLinks(runtime.sweep_scope, metrics.on_redriven if metrics is not None else None,
                                 runtime.guards.restore_spent)

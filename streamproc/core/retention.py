@@ -66,3 +66,9 @@ def parse_retention_ms(text: str) -> int | None:
     if days is not None:
         return round(float(days.group(1)) * _DAY_MS)
     return parse_duration_ms(text)
+
+
+def check_interval_s(retain_ms: int) -> float:
+    """How often automatic retention looks for batches to forget: a tenth of the retention, at least every hour and
+    at most every 10 s (each look reads the whole changelog)."""
+    return min(3600.0, max(10.0, retain_ms / 10_000))

@@ -113,3 +113,25 @@ async def _refused(ids: list[str], settings: Settings, *workers: WorkerProcess) 
             if all(reader.outcomes.terminal(request_id) for request_id in ids):
                 break
         return reader.outcomes
+
+
+def test_workers_forget_batches_finished_longer_ago_than_the_retention(settings: Settings, tmp_path: Path) -> None:
+    assert cli(settings, "submit", str(batch_file(tmp_path / "in.jsonl", 10)), "--batch-id", "brief").returncode == 0
+    mock = start_mock("clean", 5)
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", retain_finished="15s"),
+                           tmp_path / "worker.log")
+    worker.start()
+    try:
+        finished = wait_converged(settings, "brief", 120, worker)[-1]
+        deadline = time.monotonic() + 90  # 15 s after its end, at the next look (every 10 s)
+        while (current := status_of(settings, "brief"))["status"] != "forgotten" and time.monotonic() < deadline:
+            time.sleep(2)
+        time.sleep(PURGE_WAIT_S)
+    finally:
+        worker.stop()
+        mock.stop()
+    assert current["status"] == "forgotten", worker.log_tail()
+    assert current["forgotten_at"] - current["completed_at"] >= 15 and current["succeeded"] == 10
+    assert current["completed_at"] == finished["completed_at"]
+    assert "automatic retention: forgot batch brief" in worker.log_tail(1_000_000)
+    assert stored_ids(tmp_path / "w1") == []

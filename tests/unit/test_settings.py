@@ -119,3 +119,16 @@ def test_the_values_are_frozen() -> None:
         guards.hedge_ratio = 1.0  # type: ignore[misc]
     with pytest.raises(ValidationError, match="frozen"):
         guards.rate.share = 0.1  # type: ignore[misc]
+
+
+def test_retention_of_finished_batches_is_off_unless_set_and_refuses_what_is_no_duration(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().retain_finished_ms is None
+    monkeypatch.setenv("STREAMPROC_RETAIN_FINISHED", "")
+    assert Settings().retain_finished_ms is None
+    monkeypatch.setenv("STREAMPROC_RETAIN_FINISHED", "30d")
+    assert Settings().retain_finished_ms == 30 * 86_400_000
+    for wrong in ("a month", "0", "0d"):
+        monkeypatch.setenv("STREAMPROC_RETAIN_FINISHED", wrong)
+        with pytest.raises(ValidationError, match="is not a retention such as 30d"):
+            Settings()

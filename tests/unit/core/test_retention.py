@@ -50,3 +50,9 @@ def test_retention_in_days_hours_minutes_or_seconds(text: str, ms: int) -> None:
 @pytest.mark.parametrize("text", ["", "d", "30 days", "-3d", "3w"])
 def test_anything_else_is_no_retention(text: str) -> None:
     assert parse_retention_ms(text) is None
+
+
+def test_retention_looks_every_tenth_of_it_between_10_s_and_an_hour() -> None:
+    from streamproc.core.retention import check_interval_s
+
+    assert [check_interval_s(ms) for ms in (30 * 86_400_000, 5 * 60_000, 20_000, 1_000)] == [3600.0, 30.0, 10.0, 10.0]
