@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, SecretStr, 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamproc.core.replication import ReplicationRequest
-from streamproc.core.retention import parse_retention_ms
+from streamproc.core.retention import outcomes_retention_ms, parse_retention_ms
 from streamproc.core.retry_policy import RetryPolicy
 from streamproc.core.topology import DEFAULT_PREFIX, Topology, default_app_id, parse_tiers
 
@@ -258,8 +258,8 @@ class Settings(BaseSettings):
         "the reconciler's full sweep fills it, and the worker reads mostly keys that are not there yet).")
     retain_finished: str | None = Field(
         default=None, description="Forget a finished batch (its request states, as streamproc forget does) this "
-        "long after its last request ended, e.g. 30d or 12h. Unset: batches are forgotten only by streamproc "
-        "forget.")
+        "long after its last request ended, e.g. 30d or 12h; the results and failure topics created while it is "
+        "set keep their records 7 days longer. Unset: batches are forgotten only by streamproc forget.")
     stall_after_s: float = Field(
         default=120.0, gt=0, description="How long no request of a batch may end, while some have not, before "
         "status and run say the batch is not moving, how many of its requests wait and why.")
@@ -394,7 +394,8 @@ class Settings(BaseSettings):
 
     def topology(self) -> Topology:
         """Every topic name and size, derived from these settings in one place."""
-        return Topology(self.topic_prefix, self.partitions, parse_tiers(self.retry_tiers), self.app_id)
+        return Topology(self.topic_prefix, self.partitions, parse_tiers(self.retry_tiers), self.app_id,
+                        outcomes_retention_ms(self.retain_finished_ms))
 
     def retry_policy(self) -> RetryPolicy:
         """The retry policy the workers apply: the tiers and the backoff base."""

@@ -113,7 +113,8 @@ FLEET = {"cleanup.policy": "compact,delete", "segment.ms": str(60 * 1000), "rete
 async def ensure_pipeline_topics(kafka: KafkaConnection, topology: Topology,
                                  replication: ReplicationRequest = AUTOMATIC) -> Replication:
     """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests and the workers'
-    beats compacted.
+    beats compacted, the results and failure topics kept longer than automatic retention keeps a batch (when it is
+    on: ``Topology.keep_outcomes_ms``).
 
     The state table's changelog is created here too, before any worker starts: when faust creates it
     itself, its consumer can cache metadata taken while the new topic has no partitions yet, and then
@@ -121,8 +122,10 @@ async def ensure_pipeline_topics(kafka: KafkaConnection, topology: Topology,
     A namespace that would take over the work of the legacy shared group is refused first (app/namespace).
     """
     await refuse_legacy_takeover(kafka, topology)
+    kept = ({} if topology.keep_outcomes_ms is None else
+            {topic: {"retention.ms": str(topology.keep_outcomes_ms)} for topic in topology.outcomes})
     return await ensure_topics(kafka, {**topology.all_topics(), topology.state_changelog: topology.partitions,
                                            topology.batches: 1, topology.fleet: 1},
-                               configs={topology.batches: COMPACTED, topology.state_changelog: STATE_CHANGELOG,
+                               configs={**kept, topology.batches: COMPACTED, topology.state_changelog: STATE_CHANGELOG,
                                         topology.fleet: FLEET},
                                replication=replication)

@@ -21,6 +21,9 @@ BATCH_FORGOTTEN: Final = "batch_forgotten"
 
 _DAYS: Final = re.compile(r"(\d+(?:\.\d+)?)d")
 _DAY_MS: Final = 86_400_000
+OUTCOMES_MARGIN_MS: Final = 7 * _DAY_MS
+"""How much longer than a batch's retention its results and failures are kept: a week to export it after it is
+forgotten, and room for a batch that ran for days (a record's retention counts from when it was written)."""
 
 
 @dataclass(frozen=True)
@@ -72,3 +75,9 @@ def check_interval_s(retain_ms: int) -> float:
     """How often automatic retention looks for batches to forget: a tenth of the retention, at least every hour and
     at most every 10 s (each look reads the whole changelog)."""
     return min(3600.0, max(10.0, retain_ms / 10_000))
+
+
+def outcomes_retention_ms(retain_ms: int | None) -> int | None:
+    """The retention the results and failure topics are created with: longer than a finished batch is kept (None: no
+    automatic retention, the broker's default)."""
+    return None if retain_ms is None else retain_ms + OUTCOMES_MARGIN_MS

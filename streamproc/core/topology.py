@@ -32,6 +32,8 @@ class Topology:
     partitions: int
     tiers: tuple[Tier, ...]
     app_id: str = LEGACY_APP_ID
+    keep_outcomes_ms: int | None = None  # retention of the results and failure topics they are created with (None:
+    # the broker's default); longer than automatic retention keeps a batch, so a batch is exported before it goes
 
     @property
     def requests(self) -> str:
@@ -71,6 +73,11 @@ class Topology:
 
     def retry(self, tier: Tier) -> str:
         return f"{self.prefix}.retry.{tier.name}"
+
+    @property
+    def outcomes(self) -> list[str]:
+        """Where requests end: the results and the failure topics (what exports, the sink and backfill read)."""
+        return [self.results, *(self.failed(layer) for layer in FailureLayer)]
 
     def all_topics(self) -> dict[str, int]:
         """Name -> partition count, for creation and the startup check."""

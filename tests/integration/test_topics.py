@@ -37,3 +37,16 @@ async def test_the_state_changelog_is_compacted_with_hourly_segments_and_the_req
     assert configs[topology.state_changelog] == {"cleanup.policy": "compact", "segment.ms": "3600000"}
     assert configs[topology.batches] == {"cleanup.policy": "compact", "segment.ms": "604800000"}  # the default
     assert configs[topology.requests] == {"cleanup.policy": "delete", "segment.ms": "604800000"}
+
+
+async def test_with_automatic_retention_the_outcome_topics_keep_their_records_a_week_longer(
+        settings: Settings) -> None:
+    assert settings.kafka_bootstrap is not None
+    retained = settings.model_copy(update={"retain_finished": "30d"})
+    topology = retained.topology()
+    await ensure_pipeline_topics(KafkaConnection(bootstrap=settings.kafka_bootstrap), topology)
+    configs = await topic_configs(settings.kafka_bootstrap, [*topology.outcomes, topology.requests],
+                                  {"retention.ms"})
+    assert {topic: configs[topic]["retention.ms"] for topic in topology.outcomes} == dict.fromkeys(
+        topology.outcomes, str(37 * 86_400_000))
+    assert configs[topology.requests] == {"retention.ms": "604800000"}  # the broker's default

@@ -56,3 +56,10 @@ def test_retention_looks_every_tenth_of_it_between_10_s_and_an_hour() -> None:
     from streamproc.core.retention import check_interval_s
 
     assert [check_interval_s(ms) for ms in (30 * 86_400_000, 5 * 60_000, 20_000, 1_000)] == [3600.0, 30.0, 10.0, 10.0]
+
+
+def test_results_and_failures_outlive_automatic_retention_by_a_week() -> None:
+    from streamproc.core.retention import outcomes_retention_ms
+
+    assert outcomes_retention_ms(None) is None
+    assert outcomes_retention_ms(30 * 86_400_000) == 37 * 86_400_000
