@@ -470,9 +470,9 @@ def forget_command(batch_ids: tuple[str, ...], finished_before: datetime | None,
     Only a finished batch (every request ended: a result or a terminal failure) is forgotten, unless --force.
     Its states are tombstoned on the state changelog, the workers delete them from their disks and their
     answers from the result index, and its manifest is marked forgotten: status and batches report it as
-    forgotten, with the counts it ended with. Its results and failures stay on their topics, so exports and
-    the sink are untouched. A request of a forgotten batch that arrives later (a resubmission, a backfill
-    replay) is refused as the business failure batch_forgotten, never started again. With
+    forgotten, with the counts and usage it ended with. Its results and failures stay on their topics, so
+    exports and the sink are untouched. A request of a forgotten batch that arrives later (a resubmission, a
+    backfill replay) is refused as the business failure batch_forgotten, never started again. With
     STREAMPROC_RETAIN_FINISHED set, the workers forget finished batches themselves after that long.
 
     \b

@@ -45,7 +45,7 @@ def decode_manifest(data: bytes) -> BatchManifest:
                              expires_ms=_optional_int(fields.get("expires_ms")),
                              reuse_results=fields.get("reuse_results") is True,
                              forgotten=_forgotten(fields.get("forgotten")))
-    except (KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"not a batch manifest: {exc}") from None
 
 
@@ -58,4 +58,6 @@ def _forgotten(value: Any) -> Forgotten | None:
         return None
     return Forgotten(at_ms=int(value["at_ms"]), finished_ms=int(value["finished_ms"]),
                      succeeded=int(value["succeeded"]),
-                     failed={str(layer): int(count) for layer, count in value.get("failed", {}).items()})
+                     failed={str(layer): int(count) for layer, count in value.get("failed", {}).items()},
+                     usage={str(model): (int(prompt), int(completion))
+                            for model, (prompt, completion) in value.get("usage", {}).items()})

@@ -34,19 +34,20 @@ class Forgotten:
     finished_ms: int
     succeeded: int
     failed: Mapping[str, int] = field(default_factory=dict)  # terminal failures by layer
+    usage: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # per model: prompt, completion tokens
 
     def status(self, batch_id: str) -> BatchStatus:
-        """The batch's counts as they were when it was forgotten: nothing waits any more."""
+        """The batch's counts and usage as they were when it was forgotten: nothing waits any more."""
         failed = dict(self.failed)
         return BatchStatus(batch_id=batch_id, submitted=self.succeeded + sum(failed.values()),
                            succeeded=self.succeeded, failed=failed, retrying=0, in_flight=0, pending=0,
-                           last_progress_ms=self.finished_ms)
+                           last_progress_ms=self.finished_ms, usage=dict(self.usage))
 
 
 def forgotten_at(status: BatchStatus, now_ms: int) -> Forgotten:
     """The summary a batch's manifest keeps once it is forgotten at ``now_ms``."""
     return Forgotten(now_ms, status.last_progress_ms, status.succeeded,
-                     {layer: count for layer, count in status.failed.items() if count})
+                     {layer: count for layer, count in status.failed.items() if count}, dict(status.usage))
 
 
 def refusal(status: BatchStatus, force: bool) -> str | None:

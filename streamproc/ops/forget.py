@@ -2,8 +2,8 @@
 stop growing with all history (design §8, "State size"); the work is :class:`streamproc.app.forgetting.BatchForgetter`.
 
 A forgotten batch's results and failures stay on their topics (exports and the sink are untouched); ``status`` and
-``batches`` report it as forgotten with the counts it ended with; a request of it that arrives later is refused
-as the business failure ``batch_forgotten``.
+``batches`` report it as forgotten with the counts and usage it ended with; a request of it that arrives later is
+refused as the business failure ``batch_forgotten``.
 """
 
 from __future__ import annotations

@@ -903,6 +903,18 @@ async def test_a_replay_of_a_cancelled_batch_is_called() -> None:
     assert len(rig.sink.results) == 1  # backfill is a new decision of the user's
 
 
+async def test_a_request_of_a_forgotten_batch_is_refused_and_leaves_no_state_even_as_a_replay() -> None:
+    rig = Rig([answer("ok")])
+    rig.handler = Handler(rig.caller, rig.sink, rig.store, Retries(rig.policy, random.Random(SEED)),
+                          rig.problems.append, HandlerOptions(clock_ms=rig.clock, closed=lambda batch_id: (
+                              "batch_forgotten" if batch_id == "gone" else None)))
+    request = replace(make_request(), batch_id="gone")
+    for record in (submission(request), submission(request, hdrs={headers.REPLAY: b"1"})):
+        assert await rig.handle(record) is Disposition.ACK
+    assert [(event.error_code, event.terminal) for event, _ in rig.sink.failures] == [("batch_forgotten", True)] * 2
+    assert rig.caller.calls == [] and rig.store.get(request.request_id) is None
+
+
 async def test_a_success_keeps_the_answers_model_and_usage_in_the_state() -> None:
     rig = Rig([answer("ok")])
     await rig.handle(submission(make_request()))

@@ -13,7 +13,9 @@ from streamproc.core.vocabulary import FailureLayer, RequestStatus
 def _status(*ended: RequestStatus, submitted: int = 3) -> BatchStatus:
     fold = StatusFold("b")
     fold.apply(RequestState(f"b/{index}", status, "h", batch_id="b", created_ms=10, updated_ms=100 + index,
-                            last_layer=FailureLayer.SERVICE if status is RequestStatus.FAILED else None)
+                            last_layer=FailureLayer.SERVICE if status is RequestStatus.FAILED else None,
+                            model="m" if status is RequestStatus.SUCCEEDED else None, prompt_tokens=10,
+                            completion_tokens=3)
                for index, status in enumerate(ended))
     return fold.status(submitted, 5)
 
@@ -35,10 +37,10 @@ def test_finished_before_compares_the_last_end_with_the_cutoff() -> None:
 def test_a_forgotten_batch_keeps_its_counts_and_reports_them_as_ended() -> None:
     status = _status(RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.SUCCEEDED)
     kept = forgotten_at(status, 9_000)
-    assert kept == Forgotten(9_000, 102, 2, {"service": 1})
+    assert kept == Forgotten(9_000, 102, 2, {"service": 1}, {"m": (20, 6)})
     again = kept.status("b")
-    assert (again.submitted, again.succeeded, again.failed, again.converged, again.last_progress_ms) == (
-        3, 2, {"service": 1}, True, 102)
+    assert (again.submitted, again.succeeded, again.failed, again.converged, again.last_progress_ms, again.usage) == (
+        3, 2, {"service": 1}, True, 102, {"m": (20, 6)})
 
 
 @pytest.mark.parametrize(("text", "ms"), [("30d", 30 * 86_400_000), ("1.5d", 129_600_000), ("12h", 43_200_000),
