@@ -706,8 +706,8 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
              as_json: bool) -> None:
     """Replay terminal failures from the failure topics, or the sink's database (after printing the plan).
 
-    Requests that succeeded since are skipped; semantic failures are replayed with a repair prompt;
-    business failures only with --include-business. Running it twice is safe.
+    Requests that succeeded since, and those of forgotten batches, are skipped; semantic failures are
+    replayed with a repair prompt; business failures only with --include-business. Running it twice is safe.
 
     \b
     Example:
@@ -715,7 +715,7 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
       streamproc backfill --batch-id labels-2026-11 --from-db sqlite:///outcomes.db
     """
     from streamproc.app.bootstrap import resolve_connection
-    from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, replay
+    from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, read_forgotten, replay
     from streamproc.ops.progress import Progress
     from streamproc.sink.ledger import read_ledger
     from streamproc.sink.target import parse_target
@@ -729,7 +729,8 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
         failures, statuses = _run(read_for_backfill(resolve_connection(settings), settings.topology()))
     else:
         failures, statuses = read_ledger(parse_target(from_db), batch_id)
-    plan = plan_backfill(failures, statuses, selection)
+    forgotten = _run(read_forgotten(resolve_connection(settings), settings.topology()))
+    plan = plan_backfill(failures, statuses, selection, forgotten)
     if not as_json:
         click.echo(f"backfill plan: {len(plan.replays)} to replay, {plan.to_skip} to skip")
         for row in plan.rows():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +28,11 @@ from streamproc.kafka.clients import kafka_producer
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.repair import build_repair_request
 from streamproc.ops.progress import Progress
+from streamproc.ops.status import decode_records
 from streamproc.settings import Durability
 
 REPLAY = "replay"
+FORGOTTEN = "skip: batch forgotten"
 
 
 @dataclass(frozen=True)
@@ -70,16 +72,18 @@ class BackfillPlan:
 
 
 def plan_backfill(failures: Iterable[FailureEvent], statuses: Mapping[str, RequestStatus],
-                  selection: BackfillFilter) -> BackfillPlan:
+                  selection: BackfillFilter, forgotten: Collection[str] = frozenset()) -> BackfillPlan:
     """The latest matching terminal failure per request id, and what to do with it given the request's
-    status now (from the state table, or from the sink's database with ``--from-db``)."""
+    status now (from the state table, or from the sink's database with ``--from-db``); a request of a
+    ``forgotten`` batch is skipped (a worker would refuse it: ``batch_forgotten``)."""
     latest: dict[str, FailureEvent] = {}
     for failure in failures:
         if failure.terminal and selection.matches(failure):
             latest[failure.request.request_id] = failure
     plan = BackfillPlan()
     for request_id, failure in latest.items():
-        decision = _decide(failure, statuses.get(request_id), selection)
+        decision = (FORGOTTEN if failure.request.batch_id in forgotten
+                    else _decide(failure, statuses.get(request_id), selection))
         plan.counts[(failure.layer.value, failure.error_code, decision)] += 1
         if decision == REPLAY:
             request = failure.request
@@ -101,6 +105,13 @@ def _decide(failure: FailureEvent, status: RequestStatus | None, selection: Back
     if not failure.request.body_json:
         return "skip: the original record was undecodable"
     return REPLAY
+
+
+async def read_forgotten(kafka: KafkaConnection, topology: Topology) -> frozenset[str]:
+    """The batches forgotten so far (``streamproc forget``), from their manifests."""
+    async with TopicReader(kafka, [topology.batches]) as reader:
+        manifests, _ = decode_records(await reader.read_to_end(), topology)
+    return frozenset(manifest.batch_id for manifest in manifests if manifest.forgotten is not None)
 
 
 async def read_for_backfill(kafka: KafkaConnection,

@@ -52,3 +52,11 @@ def test_latest_terminal_failure_per_id_wins_and_undecodable_records_are_skipped
     assert [(r.request_id, r.repair is not None) for r in plan.replays] == [("x", True)]
     assert plan.counts[("transport", "read_timeout", "skip: the original record was undecodable")] == 1
     assert sum(1 for (_, _, d) in plan.counts if d == REPLAY) == 1
+
+
+def test_a_forgotten_batchs_failures_are_skipped_since_a_worker_would_refuse_them() -> None:
+    failures = [failure("gone/1", FailureLayer.TRANSPORT, "read_timeout", batch_id="gone"),
+                failure("kept/1", FailureLayer.TRANSPORT, "read_timeout", batch_id="kept")]
+    plan = plan_backfill(failures, {"gone/1": RequestStatus.FAILED}, BackfillFilter(), forgotten={"gone"})
+    assert [r.request_id for r in plan.replays] == ["kept/1"]
+    assert plan.counts[("transport", "read_timeout", "skip: batch forgotten")] == 1
