@@ -17,7 +17,7 @@ import base64
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
 
@@ -50,6 +50,7 @@ from streamproc.core.decision import (
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.record_size import CARRIED_BYTES, response_too_large, result_record_bytes
+from streamproc.core.request_line import LineLimits
 from streamproc.core.request_state import RecordRef, Skip, on_terminal_failure, superseded
 from streamproc.core.retry_policy import CompletionBudget, Tier
 from streamproc.core.spend_cap import Charge
@@ -81,6 +82,18 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: Mapping[str, bytes]
+
+
+@dataclass(frozen=True)
+class _Unreadable:
+    """A record that holds no request: the id it still names (None: none can be known), the failure code and why."""
+
+    request_id: str | None
+    code: str
+    reason: str
+
+
+INVALID_JSON_REQUEST = "invalid_json_request"  # a JSON record that is no valid request (submit's reasons)
 
 
 class Sink(Protocol):
@@ -125,14 +138,15 @@ def _never(batch_id: str | None) -> str | None:
 class HandlerOptions:
     """What a handler may be given besides its seams, each with a default: the clock, the metrics, why a batch no
     longer has its requests called (``closed``: batch id -> ``batch_cancelled``, ``batch_expired``,
-    ``batch_forgotten``, or None), and the earlier answers for the batches that reuse them, and the spend caps (none:
-    no call is capped)."""
+    ``batch_forgotten``, or None), the earlier answers for the batches that reuse them, the spend caps (none: no call
+    is capped), and what a JSON request on the request topic may hold (the limits ``submit`` checks a line with)."""
 
     clock_ms: Callable[[], int] = _now_ms
     observer: Observer | None = None
     closed: Callable[[str | None], str | None] = _never
     reuse: Reuse | None = None
     spend: SpendGate | None = None
+    json_limits: LineLimits = field(default_factory=LineLimits)
 
 
 class Handler:
@@ -153,6 +167,7 @@ class Handler:
         self._closed = options.closed
         self._reuse = options.reuse
         self._spend = options.spend
+        self._json_limits = options.json_limits
 
     async def handle(self, record: Record) -> Disposition:
         """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
@@ -326,11 +341,10 @@ class Handler:
         """The record's request, or None once a poison record has been turned into its failure."""
         key = _text(record.key)
         first = headers.Hop(origin=hop.origin)  # a record that is no request of its own: its first attempt
-        try:
-            request = codec.decode(record.value, InferenceRequest)
-        except codec.CodecError as exc:
-            request_id = key or codec.peek_request_id(record.value)
-            reason = f"record {record.topic}[{record.partition}]@{record.offset}: {exc}"
+        request = self._read(record)
+        if isinstance(request, _Unreadable):
+            request_id = key or request.request_id
+            reason = f"record {record.topic}[{record.partition}]@{record.offset}: {request.reason}"
             if request_id is None:
                 failure = Failure(FailureLayer.BUSINESS, "unreadable_record", f"{reason}; no request id")
                 if record.value is not None and len(record.value) > CARRIED_BYTES:  # it stays at its origin
@@ -341,7 +355,7 @@ class Handler:
                 self._observer.on_failure(failure.layer.value, failure.code, True)
                 return None
             placeholder = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
-            failure = Failure(FailureLayer.BUSINESS, "undecodable_record", reason)
+            failure = Failure(FailureLayer.BUSINESS, request.code, reason)
             unreadable = Attempt(placeholder, first, source, self._clock_ms())
             await self._carry_out(record, unreadable, terminal_failure(unreadable, failure))
             return None
@@ -354,12 +368,24 @@ class Handler:
             return None
         return request
 
+    def _read(self, record: Record) -> InferenceRequest | _Unreadable:
+        """The request a record's value holds, an Avro frame or a JSON request (design §3), or why it holds none."""
+        if codec.is_json(record.value):
+            assert record.value is not None
+            read = codec.read_json_request(record.value, record.headers, self._json_limits, self._clock_ms())
+            if isinstance(read, codec.InvalidJsonRequest):
+                return _Unreadable(read.request_id, INVALID_JSON_REQUEST, read.reason)
+            return read
+        try:
+            return codec.decode(record.value, InferenceRequest)
+        except codec.CodecError as exc:
+            return _Unreadable(codec.peek_request_id(record.value), "undecodable_record", str(exc))
+
     async def _internal_error(self, record: Record, exc: Exception) -> Disposition:
         """Last resort for a bug: a terminal business failure that backfill can replay once it is fixed."""
         request_id = _text(record.key) or ""
-        try:
-            request = codec.decode(record.value, InferenceRequest)
-        except codec.CodecError:
+        request = self._read(record)
+        if isinstance(request, _Unreadable):
             request = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
         failure = Failure(FailureLayer.BUSINESS, "internal_error", f"{type(exc).__name__}: {exc}"[:1000])
         hop = headers.read_hop(record.headers, here=_place(record))  # provenance is carried, never rewritten (§3)

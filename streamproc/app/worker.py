@@ -55,6 +55,7 @@ from streamproc.core.decision import Retries
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.core.model_list import ModelList
 from streamproc.core.outcome import ConfigurationProblem
+from streamproc.core.request_line import LineLimits
 from streamproc.core.request_state import RecordRef
 from streamproc.core.retention import check_interval_s
 from streamproc.core.retry_policy import Tier, due_within_tier
@@ -242,7 +243,8 @@ class WorkerRuntime:
         self.handler = Handler(self.guards, self.sink, store, Retries(settings.retry_policy()),
                                self._on_configuration_problem, HandlerOptions(
                                    observer=observer, closed=self.batch_sizes.closed,
-                                   reuse=ResultReuse(self.result_index, self.batch_sizes.reuses), spend=self.spend))
+                                   reuse=ResultReuse(self.result_index, self.batch_sizes.reuses), spend=self.spend,
+                                   json_limits=LineLimits(settings.max_body_bytes, settings.default_model)))
         self._register_agents()
 
     def _membership(self) -> tuple[bool, int]:

@@ -3,8 +3,8 @@ fleet beats.
 
 One concept a module: ``records`` (events as Avro records), ``writer_schemas`` (the schemas, parsed once),
 ``framing`` (the bytes on the wire, and the ``Codec``), ``codec_error`` (why a payload does not decode),
-``manifest`` (batch manifests) and ``fleet_beat`` (the workers' beats). The public API is re-exported here, so
-callers write
+``json_request`` (a request a producer wrote as JSON), ``manifest`` (batch manifests) and ``fleet_beat`` (the
+workers' beats). The public API is re-exported here, so callers write
 ``from streamproc import codec`` and ``codec.decode``.
 """
 
@@ -22,6 +22,7 @@ from streamproc.codec.framing import (
     peek_request_id,
     register_writer_schema,
 )
+from streamproc.codec.json_request import InvalidJsonRequest, is_json, read_json_request
 from streamproc.codec.records import Event, from_avro, to_avro
 from streamproc.codec.writer_schemas import FINGERPRINT_ALGORITHM, avro_schema, schema_fingerprint
 
@@ -33,13 +34,16 @@ __all__ = [
     "CodecError",
     "CodecErrorCode",
     "Event",
+    "InvalidJsonRequest",
     "SchemaLookup",
     "avro_schema",
     "decode",
     "encode",
     "encode_confluent",
     "from_avro",
+    "is_json",
     "peek_request_id",
+    "read_json_request",
     "register_writer_schema",
     "schema_fingerprint",
     "to_avro",

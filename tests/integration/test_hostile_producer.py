@@ -28,8 +28,10 @@ from hypothesis import strategies as st
 
 from streamproc import codec
 from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.codec.json_request import BATCH_HEADER, PRIORITY_HEADER, TENANT_HEADER
 from streamproc.core import headers
 from streamproc.core.events import InferenceRequest
+from streamproc.core.request_line import LineLimits
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 from tests.integration.pipeline import OutcomeReader, Outcomes, WorkerProcess, chat_request, worker_env
@@ -169,7 +171,7 @@ _HEADER_NAMES = st.one_of(
     st.sampled_from([headers.ATTEMPT, headers.DUE_TS, headers.FIRST_FAILURE_TS, headers.REPLAY, headers.DEFERRED,
                      headers.MAX_TOKENS, headers.RUN, headers.REDRIVEN, headers.ORIG_TOPIC, headers.ORIG_PARTITION,
                      headers.ORIG_OFFSET, headers.FAILURE_LAYER, headers.ERROR_CODE, headers.REQUEST_ID,
-                     "authorization", "content-type"]),
+                     BATCH_HEADER, TENANT_HEADER, PRIORITY_HEADER, "authorization", "content-type"]),
     st.text(max_size=20),
 )
 _HEADER_VALUES = st.one_of(
@@ -184,7 +186,7 @@ class Hostile:
     """One record as a hostile producer writes it; the request id is given when it is produced."""
 
     key: str  # id | mismatch | none | empty | non-utf8
-    encoding: str  # avro | truncated | flipped | bad-utf8 | json | random | empty | tombstone
+    encoding: str  # avro | truncated | flipped | bad-utf8 | json | json-line | random | empty | tombstone
     url: str
     body_json: str
     batch_id: str | None
@@ -206,6 +208,7 @@ class Hostile:
             "flipped": encoded[:at] + bytes([encoded[at] ^ 0x01]) + encoded[at + 1:] if at < len(encoded) else encoded,
             "bad-utf8": encoded.replace(inner_id.encode(), b"\xff" + inner_id.encode()[1:], 1),
             "json": json.dumps(asdict(request)).encode(),
+            "json-line": _json_line(request),
             "random": self.noise,
             "empty": b"",
             "tombstone": None,
@@ -215,11 +218,20 @@ class Hostile:
         return key, b"" if key is None and value is None else value  # the producer refuses a record with neither
 
 
+def _json_line(request: InferenceRequest) -> bytes:
+    """The request as a producer of its own writes it as JSON: an OpenAI Batch line around the hostile body (which
+    may be no JSON at all), under its batch, and as a stream request (keyed by its custom_id) without one."""
+    fields = {"custom_id": request.request_id, "method": "POST", "url": request.url}
+    if request.batch_id is not None:
+        fields["batch_id"] = request.batch_id
+    return (json.dumps(fields)[:-1] + f', "body": {request.body_json}}}').encode("utf-8", "surrogatepass")
+
+
 _HOSTILE = st.builds(
     Hostile,
     key=st.sampled_from(["id", "id", "id", "mismatch", "none", "empty", "non-utf8"]),
-    encoding=st.sampled_from(["avro"] * 6 + ["truncated", "flipped", "bad-utf8", "json", "random", "empty",
-                                             "tombstone"]),
+    encoding=st.sampled_from(["avro"] * 6 + ["json-line"] * 3 + ["truncated", "flipped", "bad-utf8", "json",
+                                                                 "random", "empty", "tombstone"]),
     url=_URLS,
     body_json=_bodies(),
     batch_id=st.one_of(st.none(), st.text(max_size=30), st.just("normal")),
@@ -241,14 +253,18 @@ class Written:
     end_id: str | None
 
 
-def _end_id(key: bytes | None, value: bytes | None) -> str | None:
-    """The id the worker files this record's end under: its key when that is text, else the id it decodes to
-    (None when neither: its end is found by its position)."""
+def _end_id(key: bytes | None, value: bytes | None, record_headers: list[tuple[str, bytes]]) -> str | None:
+    """The id the worker files this record's end under: its key when that is text, else the id it decodes to or,
+    for JSON, names (None when neither: its end is found by its position)."""
     if key:
         try:
             return key.decode("utf-8")
         except UnicodeDecodeError:
             pass
+    if codec.is_json(value):
+        assert value is not None
+        read = codec.read_json_request(value, headers.as_mapping(record_headers), LineLimits(), 0)
+        return read.request_id
     try:
         return codec.decode(value, InferenceRequest).request_id
     except codec.CodecError:
@@ -304,8 +320,8 @@ def test_a_worker_ends_every_hostile_record_once_and_calls_only_the_provider(
         batch.append((key, value, list(record.headers)))
     order.shuffle(batch)
     positions = asyncio.run(_produce(settings, batch))
-    written = [Written(partition, offset, _end_id(key, value))
-               for (key, value, _), (partition, offset) in zip(batch, positions, strict=True)]
+    written = [Written(partition, offset, _end_id(key, value, record_headers))
+               for (key, value, record_headers), (partition, offset) in zip(batch, positions, strict=True)]
 
     worker = WorkerProcess(worker_env(settings, f"http://127.0.0.1:{provider.port}/v1", tmp_path / "worker",
                                       llm_http=stack, llm_api_key="sk-hostile-test",

@@ -656,13 +656,13 @@ async def test_undecodable_record_with_a_key_is_a_business_failure_keeping_the_r
     assert (state.status, state.last_error_code) == (RequestStatus.FAILED, "undecodable_record")
 
 
-async def test_json_text_without_a_key_is_a_failure_for_the_id_it_names() -> None:
+async def test_an_invalid_json_request_without_a_key_is_a_failure_for_the_id_it_names() -> None:
     rig = Rig()
     value = json.dumps({"custom_id": "req-json", "body": BODY}).encode()
     assert await rig.handle(Record(REQUESTS, PARTITION, OFFSET, None, value, {})) is Disposition.ACK
     event, _ = only_failure(rig)
-    assert (event.request.request_id, event.error_code) == ("req-json", "undecodable_record")
-    assert "looks like JSON text" in event.message
+    assert (event.request.request_id, event.error_code) == ("req-json", "invalid_json_request")
+    assert event.message == f"record {REQUESTS}[{PARTITION}]@{OFFSET}: missing method (only POST is supported)"
 
 
 async def test_undecodable_record_without_any_id_goes_to_the_dead_letters_with_the_reason() -> None:

@@ -364,7 +364,8 @@ def test_any_record_and_answer_end_in_exactly_one_documented_outcome(case: Case)
         case "terminal failure":
             [(event, _)] = sink.failures
             ended = store.states.get(event.request.request_id)
-            if event.error_code not in ("conflicting_duplicate", "undecodable_record", "key_mismatch"):
+            if event.error_code not in ("conflicting_duplicate", "undecodable_record", "invalid_json_request",
+                                        "key_mismatch"):
                 assert ended is not None and ended.status is RequestStatus.FAILED, (event, ended)
         case "dead letter":
             assert sink.dead_letters[0][0] is case.record and not store.states.keys() - (
