@@ -23,6 +23,7 @@ from streamproc.core.topology import DEFAULT_PREFIX, Topology, default_app_id, p
 DEFAULT_KAFKA_VERSION = "3.9.2"
 
 LLMHttp = Literal["aiohttp", "httpcore"]
+RecordFormat = Literal["avro", "json"]
 
 
 class SettingsValue(BaseModel):
@@ -271,6 +272,9 @@ class Settings(BaseSettings):
         default="uvloop", description="The worker's event loop: uvloop (less CPU per request) or asyncio's own.")
     default_model: str = Field(default="mock-small", description="Model of simple-form input lines without one.")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body submit accepts.")
+    record_format: RecordFormat = Field(
+        default="avro", description="How the worker writes the results and failure topics: Avro single-object "
+        "encoding, or one JSON object a record (schemas/*.schema.json); every reader reads both.")
     # -- guards (design §5): protect the provider and the budget --------------------------------------------
     llm_rpm: float = Field(default=0, ge=0, description="Requests/min per model this account may send; 0 = learn "
                            "it from the provider's x-ratelimit-limit-requests header.")

@@ -86,11 +86,13 @@ class Record:
 
 @dataclass(frozen=True)
 class _Unreadable:
-    """A record that holds no request: the id it still names (None: none can be known), the failure code and why."""
+    """A record that holds no request: the id it still names (None: none can be known), the failure code and why,
+    and the batch it names."""
 
     request_id: str | None
     code: str
     reason: str
+    batch_id: str | None = None
 
 
 INVALID_JSON_REQUEST = "invalid_json_request"  # a JSON record that is no valid request (submit's reasons)
@@ -139,7 +141,8 @@ class HandlerOptions:
     """What a handler may be given besides its seams, each with a default: the clock, the metrics, why a batch no
     longer has its requests called (``closed``: batch id -> ``batch_cancelled``, ``batch_expired``,
     ``batch_forgotten``, or None), the earlier answers for the batches that reuse them, the spend caps (none: no call
-    is capped), and what a JSON request on the request topic may hold (the limits ``submit`` checks a line with)."""
+    is capped), what a JSON request on the request topic may hold (the limits ``submit`` checks a line with), and how
+    the sink encodes a result (whose size decides whether it can be carried)."""
 
     clock_ms: Callable[[], int] = _now_ms
     observer: Observer | None = None
@@ -147,6 +150,7 @@ class HandlerOptions:
     reuse: Reuse | None = None
     spend: SpendGate | None = None
     json_limits: LineLimits = field(default_factory=LineLimits)
+    encode_result: Callable[[InferenceResult], bytes] = codec.encode  # how the sink writes a result: its size
 
 
 class Handler:
@@ -168,6 +172,7 @@ class Handler:
         self._reuse = options.reuse
         self._spend = options.spend
         self._json_limits = options.json_limits
+        self._encode_result = options.encode_result
 
     async def handle(self, record: Record) -> Disposition:
         """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
@@ -302,7 +307,7 @@ class Handler:
             deployment=called.deployment or None,
         )
         too_large = response_too_large(request.request_id, len(called.response_body),
-                                       result_record_bytes(result, codec.encode), outcome)
+                                       result_record_bytes(result, self._encode_result), outcome)
         if too_large is not None:  # the producer would refuse the result: keep what a failure event can
             log.warning("request %s: %s", request.request_id, too_large.message)
         return Answered(outcome, result, too_large)
@@ -354,7 +359,8 @@ class Handler:
                 await self._sink.dead_letter(record, dead | {headers.ERROR_MESSAGE: reason.encode()[:1000]})
                 self._observer.on_failure(failure.layer.value, failure.code, True)
                 return None
-            placeholder = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
+            placeholder = InferenceRequest(request_id=request_id, body_json="", batch_id=request.batch_id,
+                                           metadata=_raw_value(record.value))
             failure = Failure(FailureLayer.BUSINESS, request.code, reason)
             unreadable = Attempt(placeholder, first, source, self._clock_ms())
             await self._carry_out(record, unreadable, terminal_failure(unreadable, failure))
@@ -374,7 +380,7 @@ class Handler:
             assert record.value is not None
             read = codec.read_json_request(record.value, record.headers, self._json_limits, self._clock_ms())
             if isinstance(read, codec.InvalidJsonRequest):
-                return _Unreadable(read.request_id, INVALID_JSON_REQUEST, read.reason)
+                return _Unreadable(read.request_id, INVALID_JSON_REQUEST, read.reason, read.batch_id)
             return read
         try:
             return codec.decode(record.value, InferenceRequest)

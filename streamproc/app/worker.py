@@ -82,9 +82,11 @@ _PURGE_INTERVAL_S = 5.0  # how soon a forgotten batch leaves this worker's disk 
 class FaustSink:
     """Sends outcomes through the app's producer and waits until the broker acknowledged each one."""
 
-    def __init__(self, app: faust.App, topology: Topology) -> None:
+    def __init__(self, app: faust.App, topology: Topology,
+                 encode_outcome: Callable[[InferenceResult | FailureEvent], bytes] = codec.encode) -> None:
         self._app = app
         self._topology = topology
+        self._encode_outcome = encode_outcome  # STREAMPROC_RECORD_FORMAT: results and failures only (design §3)
         # an ACL taken away mid-run: every later write would fail the same way (the worker stops, design §6)
         self.on_not_authorized: Callable[[BaseException], None] = lambda _exc: None
         self._topics: dict[str, Any] = {
@@ -108,12 +110,12 @@ class FaustSink:
         return RecordRef(name, written.offset)
 
     async def result(self, result: InferenceResult) -> None:
-        await self._send(self._topology.results, result.request_id.encode(), codec.encode(result),
+        await self._send(self._topology.results, result.request_id.encode(), self._encode_outcome(result),
                          {headers.REQUEST_ID: result.request_id.encode()})
 
     async def failure(self, event: FailureEvent, hdrs: headers.Headers) -> None:
         await self._send(self._topology.failed(event.layer), event.request.request_id.encode(),
-                         codec.encode(event), hdrs)
+                         self._encode_outcome(event), hdrs)
 
     async def retry(self, tier: Tier, request: InferenceRequest, hdrs: headers.Headers) -> RecordRef:
         return await self._send(self._topology.retry(tier), request.request_id.encode(), codec.encode(request),
@@ -217,7 +219,8 @@ class WorkerRuntime:
         # The store and the changelog topic are created lazily, so setting them here covers both.
         untyped_table: Any = self.table  # TableT does not declare the serializer attributes
         untyped_table.key_serializer = untyped_table.value_serializer = "raw"
-        self.sink = FaustSink(self.app, self.topology)
+        encode_outcome = codec.encode_json if settings.record_format == "json" else codec.encode
+        self.sink = FaustSink(self.app, self.topology, encode_outcome)
         self.sink.on_not_authorized = self._on_not_authorized
         self.dispatcher = Dispatcher(records_in_hand(settings.in_flight), on_stuck=self._on_stuck,
                                      waiting_room=self.app.conf.stream_buffer_maxsize)
@@ -244,7 +247,8 @@ class WorkerRuntime:
                                self._on_configuration_problem, HandlerOptions(
                                    observer=observer, closed=self.batch_sizes.closed,
                                    reuse=ResultReuse(self.result_index, self.batch_sizes.reuses), spend=self.spend,
-                                   json_limits=LineLimits(settings.max_body_bytes, settings.default_model)))
+                                   json_limits=LineLimits(settings.max_body_bytes, settings.default_model),
+                                   encode_result=encode_outcome))
         self._register_agents()
 
     def _membership(self) -> tuple[bool, int]:

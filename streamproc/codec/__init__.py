@@ -3,8 +3,9 @@ fleet beats.
 
 One concept a module: ``records`` (events as Avro records), ``writer_schemas`` (the schemas, parsed once),
 ``framing`` (the bytes on the wire, and the ``Codec``), ``codec_error`` (why a payload does not decode),
-``json_request`` (a request a producer wrote as JSON), ``manifest`` (batch manifests) and ``fleet_beat`` (the
-workers' beats). The public API is re-exported here, so callers write
+``json_events`` (results and failures as JSON), ``json_schema`` (their JSON Schemas), ``json_request`` (a
+request a producer wrote as JSON), ``manifest`` (batch manifests) and ``fleet_beat`` (the workers' beats). The
+public API is re-exported here, so callers write
 ``from streamproc import codec`` and ``codec.decode``.
 """
 
@@ -22,6 +23,7 @@ from streamproc.codec.framing import (
     peek_request_id,
     register_writer_schema,
 )
+from streamproc.codec.json_events import JSON_EVENT_TYPES, encode_json
 from streamproc.codec.json_request import InvalidJsonRequest, is_json, read_json_request
 from streamproc.codec.records import Event, from_avro, to_avro
 from streamproc.codec.writer_schemas import FINGERPRINT_ALGORITHM, avro_schema, schema_fingerprint
@@ -29,6 +31,7 @@ from streamproc.codec.writer_schemas import FINGERPRINT_ALGORITHM, avro_schema, 
 __all__ = [
     "CONFLUENT_MAGIC",
     "FINGERPRINT_ALGORITHM",
+    "JSON_EVENT_TYPES",
     "SINGLE_OBJECT_MAGIC",
     "Codec",
     "CodecError",
@@ -40,6 +43,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_confluent",
+    "encode_json",
     "from_avro",
     "is_json",
     "peek_request_id",

@@ -8,6 +8,9 @@ Two framings (design §3):
 * Confluent wire format, for deployments with a schema registry: ``00`` + a 4-byte big-endian schema id +
   the body. Decoding it needs a lookup ``schema id -> schema``.
 
+A result or a failure event may also be a JSON object (first byte ``{``, :mod:`streamproc.codec.json_events`),
+which :meth:`Codec.decode` reads too.
+
 The :class:`Codec` keeps the writer schemas it knows; the module-level functions share one instance.
 """
 
@@ -22,6 +25,7 @@ from fastavro import schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
 
 from streamproc.codec.codec_error import CodecError, CodecErrorCode, shorten
+from streamproc.codec.json_events import JSON_EVENT_TYPES, JSON_START, decode_json
 from streamproc.codec.records import AvroRecord, E, Event, from_avro, to_avro
 from streamproc.codec.writer_schemas import (
     CURRENT_WRITERS,
@@ -94,9 +98,12 @@ class Codec:
     def decode(
         self, data: bytes | None, expected: type[E], *, schema_lookup: SchemaLookup | None = None
     ) -> E:
-        """Decode a framed record into ``expected``, resolving from the writer's schema to the current one."""
+        """Decode a framed record into ``expected``, resolving from the writer's schema to the current one; a result
+        or a failure event may also be JSON (:mod:`streamproc.codec.json_events`)."""
         reader = current_schema(expected).writer  # the current schema, as a writer schema
         data = _non_empty(data)
+        if data[:1] == JSON_START and expected in JSON_EVENT_TYPES:  # a JSON outcome (design §3, "JSON out")
+            return decode_json(data, expected)
         writer, offset = self._writer_of(data, schema_lookup)
         if writer.name != reader.name:
             raise CodecError(

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from streamproc.codec.json_events import JSON_START
 from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import batch_id_problem, request_id_for
 from streamproc.core.request_line import (
@@ -29,7 +30,6 @@ from streamproc.core.request_line import (
 __all__ = ["BATCH_HEADER", "PRIORITY_HEADER", "TENANT_HEADER", "InvalidJsonRequest", "is_json",
            "read_json_request"]
 
-JSON_START: Final = b"{"
 BATCH_HEADER: Final = "x-batch-id"
 TENANT_HEADER: Final = "x-tenant"
 PRIORITY_HEADER: Final = "x-priority"
@@ -39,10 +39,12 @@ MAX_LABEL_BYTES: Final = 256  # a tenant or a priority names a group of requests
 
 @dataclass(frozen=True)
 class InvalidJsonRequest:
-    """Why a JSON record is no request; ``request_id`` when the record names one (its failure is filed there)."""
+    """Why a JSON record is no request; ``request_id`` when the record names one (its failure is filed there), and
+    the batch it names (its failure counts in that batch)."""
 
     request_id: str | None
     reason: str
+    batch_id: str | None = None
 
 
 def is_json(value: bytes | None) -> bool:
@@ -68,7 +70,7 @@ def read_json_request(value: bytes, record_headers: Mapping[str, bytes], limits:
     except InvalidLine as invalid:
         named = invalid.custom_id or (plausible_id(parsed) if isinstance(parsed, dict) else None)
         return InvalidJsonRequest(_request_id(batch_id, named) if batch_known and named is not None else None,
-                                  invalid.reason)
+                                  invalid.reason, batch_id if batch_known else None)
     return InferenceRequest(_request_id(batch_id, asked.custom_id), asked.body_json, url=asked.url,
                             batch_id=batch_id, submitted_ms=submitted_ms, metadata=metadata)
 

@@ -35,6 +35,7 @@ __all__ = [
     "avro_schema",
     "current_schema",
     "parse_writer_schema",
+    "record_of",
     "schema_fingerprint",
 ]
 
@@ -84,7 +85,7 @@ def _is_record(avro_type: Any) -> bool:
     return isinstance(avro_type, dict) and avro_type.get("type") == "record"
 
 
-def _record_of(avro_type: Any) -> AvroRecord | None:
+def record_of(avro_type: Any) -> AvroRecord | None:
     """The record a type stands for: a record, or a union with exactly one inline record branch."""
     if _is_record(avro_type):
         return cast(AvroRecord, avro_type)
@@ -97,7 +98,7 @@ def _record_of(avro_type: Any) -> AvroRecord | None:
 
 def _missing_fields(writer: Any, reader: Any, prefix: str = "") -> list[str]:
     """Reader fields the writer lacks that have no default: all of them (fastavro names only the first)."""
-    written, read = _record_of(writer), _record_of(reader)
+    written, read = record_of(writer), record_of(reader)
     if written is None or read is None:
         return []
     writer_fields = {field["name"]: field["type"] for field in written["fields"]}

@@ -32,7 +32,8 @@ RESPONSE_TOO_LARGE = "response_too_large"
 # faust's producer refuses a record whose key and value pass max.request.size (1,000,000 bytes, kept by
 # app.faust_app) with aiokafka's few bytes of framing; 1 KiB of room leaves them out of the sum
 RECORD_BYTES: Final = 1_000_000 - 1_024
-_FIXED_BYTES: Final = 128  # a result's numbers, string lengths and framing, at most
+_FIXED_BYTES: Final = 512  # a result's numbers, string lengths and framing (or its JSON field names), at most
+_BYTES_A_CHARACTER: Final = 6  # UTF-8 takes 4 at most, and JSON writes a control character as a 6-byte escape
 _STR_FIELDS: Final = tuple(f.name for f in fields(InferenceResult) if "str" in str(f.type))
 
 
@@ -56,11 +57,11 @@ def without_body(request: InferenceRequest, where: str) -> InferenceRequest:
 
 
 def result_record_bytes(result: InferenceResult, encode: Callable[[InferenceResult], bytes]) -> int:
-    """The bytes of the result's record (key and value). A bound (4 bytes a character at most in UTF-8) answers
+    """The bytes of the result's record (key and value), Avro or JSON. A bound (:data:`_BYTES_A_CHARACTER`) answers
     for the usual small result; only one that might not fit is encoded to be measured (an encoding the sink
     repeats, for rare big answers only)."""
     key = len(result.request_id.encode("utf-8", "surrogatepass"))
-    bound = key + _FIXED_BYTES + 4 * sum(len(getattr(result, name) or "") for name in _STR_FIELDS)
+    bound = key + _FIXED_BYTES + _BYTES_A_CHARACTER * sum(len(getattr(result, name) or "") for name in _STR_FIELDS)
     return bound if bound <= RECORD_BYTES else key + len(encode(result))
 
 

@@ -67,7 +67,7 @@ async def test_an_invalid_json_request_is_a_business_failure_with_submits_reason
     assert await rig.handle(record) is Disposition.ACK
     event, _ = only_failure(rig)
     assert (event.layer, event.error_code, event.terminal) == (FailureLayer.BUSINESS, "invalid_json_request", True)
-    assert event.request.request_id == "b/r-1"
+    assert (event.request.request_id, event.request.batch_id) == ("b/r-1", "b")  # counted in its batch
     assert event.message.startswith(f"record {REQUESTS}[{PARTITION}]@{OFFSET}: unsupported url '/v1/completions'")
     assert base64.b64decode(event.request.metadata["raw_value_base64"]) == record.value
     assert rig.caller.calls == [] and rig.state("b/r-1").last_error_code == "invalid_json_request"

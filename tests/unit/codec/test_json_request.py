@@ -119,6 +119,7 @@ def test_an_invalid_request_names_the_id_its_failure_is_filed_under_when_it_can_
     invalid = read(value, hdrs)
     assert isinstance(invalid, codec.InvalidJsonRequest)
     assert invalid.request_id == request_id
+    assert invalid.batch_id == (request_id.partition("/")[0] if request_id and "/" in request_id else None)
 
 
 def test_invalid_utf8_and_text_that_is_no_json_name_no_id() -> None:

@@ -1,0 +1,127 @@
+"""JSON in and out on the real broker (design §3): requests written as JSON by a producer of its own are called,
+refused with submit's reasons or ended as stream requests; a worker with STREAMPROC_RECORD_FORMAT=json writes its
+results and failures as JSON that follows schemas/*.schema.json; and every reader of those topics (the export,
+the sink, backfill) reads them beside Avro records on the same topics."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from jsonschema import Draft202012Validator
+
+from streamproc import codec
+from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.codec.json_schema import json_schema
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.kafka.connection import KafkaConnection
+from streamproc.settings import Settings
+from tests.integration.pipeline import OutcomeReader, WorkerProcess, produce, start_mock, worker_env
+from tests.integration.test_operations import cli
+
+pytestmark = pytest.mark.integration
+
+BODY = {"model": "mock-small", "max_tokens": 32, "messages": [{"role": "user", "content": "Label this item."}]}
+
+
+def batch_line(custom_id: str, batch_id: str, **more: Any) -> bytes:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": BODY,
+                       "batch_id": batch_id, **more}).encode()
+
+
+async def raw_values(settings: Settings, topics: list[str]) -> list[bytes]:
+    """Every value on the topics so far."""
+    assert settings.kafka_bootstrap is not None
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=settings.kafka_bootstrap, group_id=None,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    values: list[bytes] = []
+    try:
+        while batch := await consumer.getmany(timeout_ms=1500):
+            values += [message.value for messages in batch.values() for message in messages]
+    finally:
+        await consumer.stop()
+    return values
+
+
+def test_json_requests_in_and_json_outcomes_out_read_by_every_reader_beside_avro(settings: Settings,
+                                                                                   tmp_path: Path) -> None:
+    assert settings.kafka_bootstrap is not None
+    bootstrap, topology = settings.kafka_bootstrap, settings.topology()
+    asyncio.run(ensure_pipeline_topics(KafkaConnection(bootstrap=bootstrap), topology))
+    batch = f"js-{uuid.uuid4().hex[:8]}"
+    stream_id = f"stream-{uuid.uuid4().hex[:8]}"
+    called = [f"{batch}/ok-{i}" for i in range(5)]
+    requests: list[tuple[bytes | None, bytes | None]] = [
+        (f"{batch}/ok-{i}".encode(), batch_line(f"ok-{i}", batch, tenant="team-a")) for i in range(5)]
+    requests.append((f"{batch}/bad-url".encode(),
+                     batch_line("bad-url", batch).replace(b"/v1/chat/completions", b"/v1/completions")))
+    requests.append((stream_id.encode(), json.dumps({"id": stream_id, "prompt": "Label this stream item."}).encode()))
+    asyncio.run(produce(bootstrap, topology.requests, requests))
+
+    mock = start_mock("clean")
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "worker", record_format="json"),
+                           tmp_path / "worker.log")
+    worker.start()
+    try:
+        async def ended() -> Any:
+            async with OutcomeReader(bootstrap, settings) as reader:
+                return await reader.wait_until_ended([*called, f"{batch}/bad-url", stream_id], 120, worker)
+        outcomes = asyncio.run(ended())
+    finally:
+        worker.stop()
+        mock.stop()
+
+    assert all(len(outcomes.results[i]) == 1 for i in called), worker.log_tail()
+    assert outcomes.results[stream_id][0].batch_id is None
+    [refused] = outcomes.terminal(f"{batch}/bad-url")
+    assert refused.error_code == "invalid_json_request" and "unsupported url '/v1/completions'" in refused.message
+    written = asyncio.run(raw_values(settings, [topology.results, topology.failed(FailureLayer.BUSINESS)]))
+    ours = [json.loads(value) for value in written if batch.encode() in value or stream_id.encode() in value]
+    assert len(ours) == 7 and all(value.startswith(b"{") for value in written if batch.encode() in value)
+    for value in ours:
+        kind = FailureEvent if "layer" in value else InferenceResult
+        Draft202012Validator(json_schema(kind)).validate(value)
+
+    # Avro records on the same topics, as a worker with the default format writes them, and a JSON transport failure
+    avro_result = dataclasses.replace(outcomes.results[called[0]][0], request_id=f"{batch}/avro-ok")
+    failed_request = InferenceRequest(f"{batch}/avro-failed", json.dumps(BODY), batch_id=batch)
+    now = int(time.time() * 1000)
+    transport = FailureEvent(failed_request, FailureLayer.TRANSPORT, "read_timeout", "timed out", 4, True, now, now)
+    json_transport = dataclasses.replace(transport, request=dataclasses.replace(failed_request,
+                                                                                request_id=f"{batch}/json-failed"))
+    asyncio.run(produce(bootstrap, topology.results, [(avro_result.request_id.encode(), codec.encode(avro_result))]))
+    asyncio.run(produce(bootstrap, topology.failed(FailureLayer.TRANSPORT), [
+        (b"a", codec.encode(transport)), (b"j", codec.encode_json(json_transport))]))
+
+    exported = cli(settings, "results", "--batch-id", batch, "--output", str(tmp_path / "out.jsonl"),
+                   "--errors", str(tmp_path / "errors.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == sorted([*(f"ok-{i}" for i in range(5)), "avro-ok"])
+    assert sorted(line["custom_id"] for line in errors) == ["avro-failed", "bad-url", "json-failed"]
+
+    database = tmp_path / "outcomes.db"
+    sunk = cli(settings, "sink", "--to", f"sqlite:///{database}", "--until-idle")
+    assert sunk.returncode == 0, sunk.stderr
+    with sqlite3.connect(database) as db:
+        results = {row[0] for row in db.execute("SELECT custom_id FROM results WHERE batch = ?", (batch,))}
+        failures = {row[0] for row in db.execute("SELECT custom_id FROM failures WHERE batch = ? AND terminal",
+                                                 (batch,))}
+        rejected = db.execute("SELECT count(*) FROM rejected_rows").fetchone()[0]
+    assert results == {*(f"ok-{i}" for i in range(5)), "avro-ok"}
+    assert failures == {"avro-failed", "bad-url", "json-failed"} and rejected == 0
+
+    planned = cli(settings, "backfill", "--batch-id", batch, "--layer", "transport", "--dry-run")
+    assert planned.returncode == 0, planned.stderr
+    assert "backfill plan: 2 to replay, 0 to skip" in planned.stdout, planned.stdout
