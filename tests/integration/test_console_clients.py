@@ -1,11 +1,15 @@
-"""Clients we did not write (issue 32): Kafka's own console producer (what ``bin/kafka-console-producer.sh`` runs,
-from the jars the built-in broker already fetched) writes JSON requests, keyed and with a header, and Kafka's own
-console consumer reads the JSON results a worker with STREAMPROC_RECORD_FORMAT=json writes."""
+"""Clients we did not write (design §3): Kafka's own console producer (what ``bin/kafka-console-producer.sh`` runs,
+from the jars the built-in broker already fetched) writes JSON requests, keyed and with headers, and Kafka's own
+console consumer reads the JSON results a worker with STREAMPROC_RECORD_FORMAT=json writes; a Java program on
+Apache Avro's library (``java/AvroClient.java``, compiled here with javac) writes Avro requests the worker
+processes and reads the Avro results, with the schemas of ``schemas/`` and nothing of ours."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -17,6 +21,7 @@ from jsonschema import Draft202012Validator
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.json_schema import json_schema
 from streamproc.core.events import InferenceResult
+from streamproc.devstack.broker import ensure_jars, fetch_jars, require_tool
 from streamproc.devstack.secure_broker import ensure_tools_jars, tool_command
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
@@ -26,6 +31,36 @@ pytestmark = pytest.mark.integration
 
 CONSOLE_PRODUCER = "kafka.tools.ConsoleProducer"  # what bin/kafka-console-producer.sh runs in Kafka 3.9
 CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"  # bin/kafka-console-consumer.sh
+AVRO_VERSION = "1.12.0"
+AVRO_POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>streamproc</groupId><artifactId>avro-client</artifactId><version>1</version><packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.avro</groupId><artifactId>avro</artifactId><version>{AVRO_VERSION}</version></dependency>
+  </dependencies>
+</project>
+"""
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def answered(settings: Settings, tmp_path: Path, ids: list[str], **worker_settings: str) -> Outcomes:
+    """The outcomes once a worker (against the mock) has answered every request of ``ids``, each once."""
+    assert settings.kafka_bootstrap is not None
+    bootstrap = settings.kafka_bootstrap
+    mock = start_mock("clean")
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "worker", **worker_settings),
+                           tmp_path / "worker.log")
+    worker.start()
+    try:
+        async def ended() -> Outcomes:
+            async with OutcomeReader(bootstrap, settings) as reader:
+                return await reader.wait_until_ended(ids, 120, worker)
+        outcomes = asyncio.run(ended())
+    finally:
+        worker.stop()
+        mock.stop()
+    assert all(len(outcomes.results[i]) == 1 for i in ids), (outcomes.failures, worker.log_tail())
+    return outcomes
 
 
 def console_lines(batch: str, count: int) -> str:
@@ -59,20 +94,8 @@ def test_kafkas_console_producer_writes_json_requests_and_its_console_consumer_r
         input=console_lines(batch, count), capture_output=True, text=True, timeout=120, check=False)
     assert produced.returncode == 0, produced.stderr
 
-    mock = start_mock("clean")
-    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "worker", record_format="json"),
-                           tmp_path / "worker.log")
-    worker.start()
     ids = [f"{batch}/c-{i}" for i in range(count)]
-    try:
-        async def ended() -> Outcomes:
-            async with OutcomeReader(bootstrap, settings) as reader:
-                return await reader.wait_until_ended(ids, 120, worker)
-        outcomes = asyncio.run(ended())
-    finally:
-        worker.stop()
-        mock.stop()
-    assert all(len(outcomes.results[i]) == 1 for i in ids), (outcomes.failures, worker.log_tail())
+    answered(settings, tmp_path, ids, record_format="json")
 
     consumed = subprocess.run(
         tool_command(settings, tmp_path / "tools", CONSOLE_CONSUMER,
@@ -89,3 +112,35 @@ def test_kafkas_console_producer_writes_json_requests_and_its_console_consumer_r
         schema.validate(result)
         assert (result["request_id"], result["batch_id"]) == (key, batch)
         assert json.loads(result["response_json"])["choices"][0]["message"]["content"] == result["content"]
+
+
+def test_a_java_program_on_apache_avro_writes_requests_the_worker_processes_and_reads_the_results(
+        settings: Settings, tmp_path: Path) -> None:
+    assert settings.kafka_bootstrap is not None
+    bootstrap, topology = settings.kafka_bootstrap, settings.topology()
+    asyncio.run(ensure_pipeline_topics(KafkaConnection(bootstrap=bootstrap), topology))
+    avro_jars = fetch_jars(AVRO_POM, settings.cache_dir / f"avro-{AVRO_VERSION}" / "libs", "avro-*.jar",
+                           f"Apache Avro {AVRO_VERSION}")
+    classpath = os.pathsep.join([str(avro_jars / "*"), str(ensure_jars(settings) / "*"), str(tmp_path / "classes")])
+    compiled = subprocess.run([require_tool("javac", "a JDK 17 (Debian: apt-get install openjdk-17-jdk-headless)"),
+                               "-cp", classpath, "-d", str(tmp_path / "classes"),
+                               str(ROOT / "tests" / "integration" / "java" / "AvroClient.java")],
+                              capture_output=True, text=True, timeout=180, check=False)
+    assert compiled.returncode == 0, compiled.stderr
+    batch, count = f"java-{uuid.uuid4().hex[:8]}", 5
+
+    def java(mode: str, topic: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["java", "-Xmx256m", "-cp", classpath, "AvroClient", mode, bootstrap, topic,
+                               str(ROOT / "schemas"), batch, str(count)],
+                              capture_output=True, text=True, timeout=180, check=False)
+
+    produced = java("produce", topology.requests)
+    assert produced.returncode == 0, produced.stderr
+    ids = [f"{batch}/j-{i}" for i in range(count)]
+    outcomes = answered(settings, tmp_path, ids)
+
+    consumed = java("consume", topology.results)
+    assert consumed.returncode == 0, consumed.stderr
+    read = {request_id: base64.b64decode(content).decode() for request_id, content in
+            (line.split("\t") for line in consumed.stdout.splitlines())}
+    assert read == {i: outcomes.results[i][0].content for i in ids}, consumed.stdout + consumed.stderr
