@@ -149,8 +149,8 @@ async def wait_for_calls(mock: MockServer, calls: int, timeout_s: float = 60) ->
 
 async def test_poison_records_become_precise_failures(settings: Settings, clean_mock: MockServer,
                                                       tmp_path: Path) -> None:
-    """Random bytes, a wrong schema, JSON instead of Avro: each becomes a business failure naming the record
-    (or a dead letter when no request id can be read), and the valid requests around them succeed."""
+    """Random bytes, a wrong schema, a JSON request submit would refuse: each becomes a business failure naming
+    the record (or a dead letter when no request id can be read), and the valid requests around them succeed."""
     assert settings.kafka_bootstrap is not None
     valid = [chat_request(f"v-{i}", i) for i in range(20)]
     wrong_schema = codec.encode(InferenceResult("p-2", None, "m", "{}", "x", 1, 1, 1, "h"))
@@ -174,9 +174,11 @@ async def test_poison_records_become_precise_failures(settings: Settings, clean_
     finally:
         worker.stop()
     assert all(len(outcomes.results[r.request_id]) == 1 for r in valid), worker.log_tail()
-    for request_id, reason in (("p-1", "unknown framing"), ("p-2", "InferenceResult"), ("p-3", "unknown framing")):
+    for request_id, code, reason in (("p-1", "undecodable_record", "unknown framing"),
+                                     ("p-2", "undecodable_record", "InferenceResult"),
+                                     ("p-3", "invalid_json_request", "missing method (only POST is supported)")):
         (failure,) = outcomes.terminal(request_id)
-        assert failure.layer is FailureLayer.BUSINESS and failure.error_code == "undecodable_record"
+        assert failure.layer is FailureLayer.BUSINESS and failure.error_code == code
         assert f"{settings.topic_prefix}.requests[" in failure.message and "]@" in failure.message
         assert reason.lower() in failure.message.lower(), failure.message
         assert failure.request.metadata["raw_value_base64"]  # the bad record is kept
