@@ -322,9 +322,11 @@ class Handler:
         return sent
 
     async def _emit_failure(self, emission: EmitFailure, made: CallResult | None = None) -> None:
-        """Send a failure event, with what the provider answered when the call got an HTTP answer (not an
-        exception)."""
+        """Send a failure event, with the deployment the call was made to, and what the provider answered when the
+        call got an HTTP answer (not an exception)."""
         event = emission.event
+        if made is not None:
+            event = replace(event, deployment=made.deployment or None)
         if made is not None and event.http_status is not None:
             event = replace(event, response_body=kept_body(made.response_body),
                             provider_request_id=provider_request_id(made.headers))

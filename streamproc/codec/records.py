@@ -100,6 +100,7 @@ def _failure_to_avro(failure: FailureEvent) -> AvroRecord:
         "response_body": failure.response_body,
         "provider_request_id": failure.provider_request_id,
         "run": failure.run,
+        "deployment": failure.deployment,
     }
 
 
@@ -118,6 +119,7 @@ def _failure_from_avro(datum: AvroRecord) -> FailureEvent:
         response_body=datum["response_body"],
         provider_request_id=datum["provider_request_id"],
         run=datum["run"],
+        deployment=datum["deployment"],
     )
 
 

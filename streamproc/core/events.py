@@ -70,6 +70,7 @@ class FailureEvent:
     provider_request_id: str | None = None  # the provider's id for the call (its x-request-id header), if sent
     # the run of the request this attempt belongs to (attempts restart at 1 in each run); 0: unknown
     run: int = 0
+    deployment: str | None = None  # the deployment of the model list the failed call went to (<model_name>@<n>)
 
 
 @dataclass(frozen=True)

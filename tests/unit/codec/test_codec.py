@@ -76,6 +76,7 @@ FAILURE = FailureEvent(
     last_failure_ms=1_735_689_602_500,
     http_status=429,
     retry_after_ms=1200,
+    deployment="gpt-4o-mini@2",
 )
 STATE = RequestState(
     request_id="req-1",

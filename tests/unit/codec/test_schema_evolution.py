@@ -355,7 +355,7 @@ _NEW_SAMPLES: dict[type[Event], Event] = {
     **SAMPLES,
     InferenceResult: dataclasses.replace(RESULT, provider_request_id="req_abc", reused_from="batch-0/req-1"),
     FailureEvent: dataclasses.replace(FAILURE, response_body='{"choices": []}', provider_request_id="req_abc",
-                                      run=2),
+                                      run=2, deployment="gpt@2"),
     RequestState: dataclasses.replace(STATE, next_topic="llm.retry.5s", next_offset=3, retries_spent=2,
                                       model="m", prompt_tokens=5, completion_tokens=7, reused=True, run=3,
                                       replay_topic="llm.requests", replay_offset=41),
