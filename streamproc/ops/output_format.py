@@ -51,6 +51,7 @@ class HeldFailure(NamedTuple):
     http_status: int | None
     response_body: str | None
     provider_request_id: str | None
+    deployment: str | None  # the deployment of the model list the failed call was made to
 
     @classmethod
     def of(cls, failure: FailureEvent) -> HeldFailure:
@@ -58,7 +59,8 @@ class HeldFailure(NamedTuple):
         batch_id = failure.request.batch_id
         return cls(None if batch_id is None else sys.intern(batch_id), failure.layer.value,
                    sys.intern(failure.error_code), failure.message, failure.attempt, failure.first_failure_ms,
-                   failure.last_failure_ms, failure.http_status, failure.response_body, failure.provider_request_id)
+                   failure.last_failure_ms, failure.http_status, failure.response_body, failure.provider_request_id,
+                   failure.deployment)
 
     def body_object(self) -> dict[str, Any] | None:
         """The provider's body when it is a JSON object (as every OpenAI-compatible answer is); else None."""
@@ -71,10 +73,14 @@ class HeldFailure(NamedTuple):
         return body if isinstance(body, dict) else None
 
     def ours(self) -> dict[str, Any]:
-        """Our diagnosis, the ``"streamproc"`` object of a failure line in every format."""
-        return {"layer": self.layer, "error_code": self.error_code, "message": self.message,
+        """Our diagnosis, the ``"streamproc"`` object of a failure line in every format; ``deployment`` only when the
+        call went to one of a model list, as on a result's line."""
+        ours = {"layer": self.layer, "error_code": self.error_code, "message": self.message,
                 "attempts": self.attempts, "first_failure_ms": self.first_failure_ms,
                 "last_failure_ms": self.last_failure_ms, "batch_id": self.batch_id}
+        if self.deployment is not None:
+            ours["deployment"] = self.deployment
+        return ours
 
 
 class LineFormat(Protocol):

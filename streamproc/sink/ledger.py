@@ -46,6 +46,7 @@ class LedgerRow(NamedTuple):
     retry_after_ms: int | None
     provider_body: str | None
     provider_request_id: str | None
+    deployment: str | None
     status: str  # the requests view's: succeeded, failed or retrying
 
 
@@ -70,7 +71,8 @@ def failure_event(row: LedgerRow) -> FailureEvent:
     return FailureEvent(request, FailureLayer(row.layer), row.code, row.message, row.attempt, bool(row.terminal),
                         first_failure_ms=epoch_ms(row.first_failed_at), last_failure_ms=epoch_ms(row.failed_at),
                         http_status=row.http_status, retry_after_ms=row.retry_after_ms,
-                        response_body=row.provider_body, provider_request_id=row.provider_request_id, run=row.run)
+                        response_body=row.provider_body, provider_request_id=row.provider_request_id, run=row.run,
+                        deployment=row.deployment)
 
 
 def read_ledger(target: Target, batch_id: str | None) -> tuple[list[FailureEvent], dict[str, RequestStatus]]:

@@ -98,6 +98,7 @@ class FailureRow(NamedTuple):
     provider_request_id: str | None
     submitted_ms: int  # the request's own, so a replay from the database is the record a topic replay sends
     repair: str | None  # the request's repair context as JSON ({"bad_output", "reason"}), when it carried one
+    deployment: str | None  # the deployment of the model list the failed call was made to (migration 6)
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -151,7 +152,8 @@ def failure_row(failure: FailureEvent) -> FailureRow:
         url=request.url, body=request.body_json, metadata=json.dumps(request.metadata, sort_keys=True),
         provider_body=failure.response_body, provider_request_id=failure.provider_request_id,
         submitted_ms=request.submitted_ms,
-        repair=None if request.repair is None else json.dumps(asdict(request.repair), sort_keys=True))
+        repair=None if request.repair is None else json.dumps(asdict(request.repair), sort_keys=True),
+        deployment=failure.deployment)
 
 
 def dead_letter_row(record: Record) -> DeadLetterRow:

@@ -127,6 +127,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "results keep the deployment of the model list that answered", (
         "ALTER TABLE results ADD COLUMN deployment TEXT",
     )),
+    # the deployment of the model list a failed call was made to; rows from before read NULL
+    Migration(6, "failures keep the deployment of the model list the failed call was made to", (
+        "ALTER TABLE failures ADD COLUMN deployment TEXT",
+    )),
 )
 
 

@@ -94,3 +94,9 @@ def test_a_rejected_answer_is_errored_and_keeps_the_answer_under_streamproc() ->
 def test_a_body_that_is_not_json_is_kept_as_text() -> None:
     line = error_line("req-1", HeldFailure.of(replace(failure(body="<html>502</html>"), http_status=502)))
     assert line["streamproc"]["response_body"] == "<html>502</html>"
+
+
+def test_an_errored_line_names_the_deployment_the_call_failed_on() -> None:
+    line = error_line("req-1", HeldFailure.of(replace(failure(body=OPENAI_429), deployment="gpt-4o@1")))
+    assert isinstance(parsed(line), MessageBatchErroredResult)
+    assert line["streamproc"]["deployment"] == "gpt-4o@1"

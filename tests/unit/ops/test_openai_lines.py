@@ -144,3 +144,11 @@ def test_lines_carry_the_users_custom_id_not_the_batch_scoped_request_id() -> No
     scoped = output_line(result("batch-1/req-1"))
     assert scoped == output_line(result("req-1"))  # the same line as an id written before ids were scoped
     assert scoped["custom_id"] == "req-1"
+
+
+def test_an_error_line_names_the_deployment_the_call_failed_on_only_when_there_was_one() -> None:
+    event = replace(failure(status=503, layer=FailureLayer.SERVICE, code="server_error"), deployment="gpt-4o@2")
+    line = error_line("req-1", HeldFailure.of(event))
+    parse_openai_line(json.dumps(line))
+    assert line["streamproc"]["deployment"] == "gpt-4o@2"
+    assert "deployment" not in error_line("req-1", HeldFailure.of(failure()))["streamproc"]  # none called

@@ -28,13 +28,13 @@ def result(custom_id: str = "req-1", batch: str | None = "b1", *, completed_ms: 
 def failure(custom_id: str = "req-1", batch: str | None = "b1", *, attempt: int = 1, run: int = 1,
             terminal: bool = False, failed_ms: int = 5_000, layer: FailureLayer = FailureLayer.SERVICE,
             code: str = "rate_limit_exceeded", status: int | None = 429,
-            message: str = "HTTP 429 rate_limit_exceeded") -> FailureEvent:
+            message: str = "HTTP 429 rate_limit_exceeded", deployment: str | None = None) -> FailureEvent:
     request_id = custom_id if batch is None else request_id_for(batch, custom_id)
     request = InferenceRequest(request_id, BODY, batch_id=batch, submitted_ms=1_000, metadata={"team": "x"})
     return FailureEvent(request, layer, code, message, attempt, terminal, first_failure_ms=4_000,
                         last_failure_ms=failed_ms, http_status=status, retry_after_ms=None,
                         response_body=None if status is None else '{"error": {"code": "rate_limit_exceeded"}}',
-                        provider_request_id=None if status is None else "req_abc", run=run)
+                        provider_request_id=None if status is None else "req_abc", run=run, deployment=deployment)
 
 
 @dataclass

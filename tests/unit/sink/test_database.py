@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from streamproc.core.events import FailureEvent, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.sink.database import DatabaseError, SinkDatabase, open_database
-from streamproc.sink.rows import iso_ms
+from streamproc.sink.rows import FailureRow, failure_row, iso_ms
 from streamproc.sink.schema import CREATE_VERSION_TABLE, MIGRATIONS, SchemaTooNewError
 from streamproc.sink.target import SqliteTarget
 from tests.unit.sink.events import failure, result, rows_of
@@ -115,20 +116,40 @@ def test_a_version_2_database_upgrades_keeping_its_failures_as_run_0(path: Path)
                   "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'failures'")
 
 
-def test_results_store_the_deployment_and_a_version_4_database_migrates_with_null_for_its_rows(path: Path) -> None:
+def database_at(path: Path, version: int, old_row: str, values: Sequence[object] = ()) -> None:
+    """A database as the sink of schema ``version`` left it, with one row it wrote (``old_row``, an INSERT)."""
     with sqlite3.connect(path, isolation_level=None) as connection:
         connection.execute(CREATE_VERSION_TABLE)
-        for migration in MIGRATIONS[:4]:
+        for migration in MIGRATIONS[:version]:
             for statement in migration.statements:
                 connection.execute(statement)
             connection.execute(f"INSERT INTO schema_version VALUES ({migration.version}, 'v', '{iso_ms(0)}')")
-        connection.execute("INSERT INTO results (batch, custom_id, request_id, model, content, response, attempt, "
-                           f"latency_ms, finished_at, input_hash) VALUES ('b1', 'old', 'b1/old', 'm', 'x', '{{}}', 1, "
-                           f"5, '{iso_ms(1_000)}', 'h')")
+        connection.execute(old_row, values)
+
+
+def write_once(path: Path, *events: InferenceResult | FailureEvent) -> None:
+    """Open the database (migrating it), write the events, close it."""
     database = open_database(SqliteTarget(path))
     try:
-        write(database, result("req-1", deployment="mock-small@2"), result("req-2"))
+        write(database, *events)
     finally:
         database.close()
+
+
+def test_results_store_the_deployment_and_a_version_4_database_migrates_with_null_for_its_rows(path: Path) -> None:
+    database_at(path, 4, "INSERT INTO results (batch, custom_id, request_id, model, content, response, attempt, "
+                f"latency_ms, finished_at, input_hash) VALUES ('b1', 'old', 'b1/old', 'm', 'x', '{{}}', 1, 5, "
+                f"'{iso_ms(1_000)}', 'h')")
+    write_once(path, result("req-1", deployment="mock-small@2"), result("req-2"))
     assert query(path, "SELECT custom_id, deployment FROM results ORDER BY custom_id") == [
+        ("old", None), ("req-1", "mock-small@2"), ("req-2", None)]
+
+
+def test_failures_store_the_deployment_and_a_version_5_database_migrates_with_null_for_its_rows(path: Path) -> None:
+    before = FailureRow._fields[:-1]  # a version-5 row: all but the deployment
+    assert FailureRow._fields[-1] == "deployment"
+    database_at(path, 5, f"INSERT INTO failures ({', '.join(before)}) VALUES ({', '.join('?' for _ in before)})",
+                failure_row(failure("old"))[:-1])
+    write_once(path, failure("req-1", deployment="mock-small@2"), failure("req-2"))
+    assert query(path, "SELECT custom_id, deployment FROM failures ORDER BY custom_id") == [
         ("old", None), ("req-1", "mock-small@2"), ("req-2", None)]

@@ -29,6 +29,11 @@ def test_a_result_row_keeps_the_deployment_that_answered() -> None:
     assert result_row(result()).deployment is None  # the single endpoint, or a reused answer
 
 
+def test_a_failure_row_keeps_the_deployment_the_call_was_made_to() -> None:
+    assert failure_row(failure(deployment="mock-small@2")).deployment == "mock-small@2"
+    assert failure_row(failure()).deployment is None  # the single endpoint, or no call made
+
+
 def test_an_unscoped_id_has_the_empty_batch_and_odd_usage_gives_no_tokens() -> None:
     row = result_row(result("legacy-1", None, response='{"usage": {"prompt_tokens": "9", "total_tokens": true}}'))
     assert row.key == ("", "legacy-1")
