@@ -409,7 +409,8 @@ def status(batch_id: str, as_json: bool) -> None:
     When no request of the batch ended for STREAMPROC_STALL_AFTER_S (120 s) although some have not, it also
     says how many wait and why (no worker consuming, an open breaker, a paused model, its spend cap (budget_exhausted),
     skipped duplicates...). It names each deployment out of rotation at the live workers (its circuit breaker
-    open after failures or hangs), and why, as their beats say.
+    open after failures or hangs, or paused because its first calls all failed alike), and why, as their beats
+    say.
 
     \b
     Example:

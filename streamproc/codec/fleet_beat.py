@@ -5,7 +5,7 @@ reads, and one that an older worker must still read after a newer one added fiel
 writer's schema; a JSON reader skips what it does not know). So ``v`` stays 1 while fields are only added
 (``spend``: per capped batch and per day, US dollars and tokens, as
 ``{"batch": {id: [usd, tokens]}, "day": {date: [usd, tokens]}}``; ``limit_told`` per model; ``out``: the
-deployments whose breaker is open or half-open at that worker, and why, as ``{key: reason}``,
+deployments whose breaker is open or half-open, or that are paused, at that worker, and why, as ``{key: reason}``,
 core.deployments_out), and a reader that meets a higher ``v`` (a change it cannot read) counts that worker as
 wanting everything rather than as absent.
 """

@@ -1,9 +1,10 @@
 """Which deployments are out of rotation, and why: what a worker's beat says and what ``status`` shows.
 
-A deployment is out while its circuit breaker is open or half-open (design §5.10): its calls go to the model's
-other deployments, so the batch moves and ``status`` would otherwise show nothing of it. Each worker says in its
-beat which of its breakers are out and the last failure that counted against each; ``status`` merges the live
-workers' beats. Bounded: at most ``MAX_OUT`` deployments per beat and in the merge, reasons cut to
+A deployment is out while its circuit breaker is open or half-open, or while it is paused because its first
+calls all failed alike (design §5.5, §5.10): its calls go to the model's other deployments, so the batch moves and
+``status`` would otherwise show nothing of it. Each worker says in its beat which of its deployments are out and
+why (the last failure that counted against its breaker, or the failure that paused it); ``status`` merges the
+live workers' beats. Bounded: at most ``MAX_OUT`` deployments per beat and in the merge, reasons cut to
 ``MAX_REASON`` characters (a beat stays small, and a reason is free text from a failure).
 
 Pure: the worker names its breakers' states and failures, the reader gives the beats it read.
@@ -35,6 +36,17 @@ def out_reason(state: str, last_failure: str | None) -> str:
     if last_failure:
         why += f" after {last_failure}"
     return why[:MAX_REASON]
+
+
+def paused_reason(pause_reason: str) -> str:
+    """Why a paused deployment is out (``pause_reason``: the failure its first calls all gave)."""
+    return f"paused: {pause_reason}"[:MAX_REASON]
+
+
+def worker_out(breakers_out: Mapping[str, str], paused: Mapping[str, str]) -> dict[str, str]:
+    """A worker's deployments out: those whose breaker is out, and those paused (each ``key -> pause reason``).
+    One that is both gives its breaker's reason: that it fails or hangs matters before what it refused."""
+    return {**{key: paused_reason(reason) for key, reason in paused.items()}, **breakers_out}
 
 
 def bounded(out: Mapping[str, str]) -> dict[str, str]:

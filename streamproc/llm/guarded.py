@@ -31,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from streamproc.core.deployments_out import worker_out
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.guards.budget import RetryBudget
@@ -201,9 +202,10 @@ class Guards:
         return {key: limit for key, limit in limits.items() if key != ANY_MODEL}
 
     def out(self) -> dict[str, str]:
-        """The deployments (models, for the single endpoint) out of rotation, their breaker open or half-open, and
-        why: what this worker's fleet beat says for ``status`` (core.deployments_out)."""
-        return self._breakers.out()
+        """The deployments (models, for the single endpoint) out of rotation, their breaker open or half-open or
+        paused, and why: what this worker's fleet beat says for ``status`` (core.deployments_out)."""
+        paused = {key: pause.reason for key, pause in self.pauses.paused().items()}
+        return worker_out(self._breakers.out(), paused)
 
     def breaker_states(self) -> dict[str, BreakerState]:
         return {model: breaker.state for model, breaker in self.breakers.items()}

@@ -5,11 +5,14 @@ from __future__ import annotations
 from streamproc.core.deployments_out import (
     HEARD_WITHIN_MS,
     MAX_OUT,
+    MAX_REASON,
     DeploymentOut,
     FleetOutView,
     failure_kind,
     fleet_out,
     out_reason,
+    paused_reason,
+    worker_out,
 )
 
 
@@ -20,6 +23,14 @@ def test_a_reason_says_whether_the_deployment_hangs_refuses_or_answers_5xx() -> 
     assert out_reason("open", "calls that hang (read_timeout)") == (
         "circuit breaker open after calls that hang (read_timeout)")
     assert out_reason("half_open", None) == "circuit breaker half_open"
+
+
+def test_a_worker_s_deployments_out_are_its_breakers_out_and_its_paused_ones() -> None:
+    refused = "its first 3 calls all failed alike: model_not_found (HTTP 404): no such model"
+    out = worker_out({"m@1": "circuit breaker open", "m@3": "circuit breaker half_open"},
+                     {"m@2": refused, "m@3": refused})
+    assert out == {"m@1": "circuit breaker open", "m@2": f"paused: {refused}", "m@3": "circuit breaker half_open"}
+    assert len(paused_reason("x" * 1000)) == MAX_REASON and worker_out({}, {}) == {}
 
 
 def test_the_fleet_s_deployments_out_merge_by_key_with_the_reason_most_workers_give() -> None:

@@ -33,21 +33,25 @@ MODELS = parse_model_list({"model_list": [
 ]})
 BREAKERS = BreakerSettings(failure_rate=0.5, window_s=10, min_calls=3, open_s=5, hold_s=0)
 DOWN = Failure(FailureLayer.TRANSPORT, "connect_error", "connection refused")
+REFUSED = Failure(FailureLayer.BUSINESS, "invalid_request_error", "HTTP 400: unsupported parameter", 400)
 
 
 class Deployments:
-    """The caller below the guards: answers per deployment key, a failure for the keys in ``down``."""
+    """The caller below the guards: answers per deployment key, a failure for the keys in ``down``, a refusal for
+    those in ``refusing``."""
 
-    def __init__(self, down: set[str] | None = None, latency_ms: dict[str, int] | None = None) -> None:
+    def __init__(self, down: set[str] | None = None, latency_ms: dict[str, int] | None = None,
+                 refusing: set[str] | None = None) -> None:
         self.down = down or set()
+        self.refusing = refusing or set()
         self.latency_ms = latency_ms or {}
         self.calls: list[str] = []
 
     async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:
         key = body["model"]
         self.calls.append(key)
-        if key in self.down:
-            return CallResult(DOWN, b"", 1, model=key)
+        if key in self.down or key in self.refusing:
+            return CallResult(DOWN if key in self.down else REFUSED, b"", 1, model=key)
         return CallResult(Success("ok", key, 1, 1), b"{}", self.latency_ms.get(key, 100), model=key)
 
 
@@ -109,6 +113,18 @@ async def test_without_a_fallback_a_model_whose_deployments_are_all_out_is_defer
     deferred = await guarded.call(REQUEST, BODY, 1)
     assert isinstance(deferred, Deferred) and deferred.code == "circuit_open"
     assert "every deployment of gpt is out" in deferred.reason and "gpt@1, gpt@2" in deferred.reason
+
+
+async def test_a_deployment_paused_for_failing_alike_is_out_with_the_failure_that_paused_it() -> None:
+    """Its calls go to the other deployment while it waits for its probe; the fleet beat (and so status) names it."""
+    caller = Deployments(refusing={"gpt@1"})
+    guarded, _ = guards(caller)
+    for _ in range(8):
+        await guarded.call(REQUEST, BODY, 1)
+    assert caller.calls.count("gpt@1") == 3  # its first three calls, then paused
+    assert guarded.breaker_states()["gpt@1"].value == "closed"  # a refusal is no breaker's business
+    assert guarded.out() == {"gpt@1": "paused: its first 3 calls all failed alike: invalid_request_error (HTTP 400): "
+                                      "HTTP 400: unsupported parameter"}
 
 
 async def test_a_slower_deployment_gets_fewer_calls() -> None:
