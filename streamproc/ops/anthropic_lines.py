@@ -6,7 +6,8 @@ into a Message (the answer as one text block, ``finish_reason`` as ``stop_reason
 tokens). An error keeps the provider's own message and request id; a failure with no provider message
 (no answer, a rejected 200, no call) carries ours. ``batch_cancelled`` and ``batch_expired`` are
 ``canceled`` and ``expired``. Our diagnosis, and the provider's body as received (a rejected answer was paid
-for), go under ``"streamproc"``.
+for), go under ``"streamproc"``, and so do a result's marks (the deployment that answered, a reused answer's
+origin), as in the OpenAI format.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Final
 
 from streamproc.app.manifest_follower import BATCH_CANCELLED, BATCH_EXPIRED
 from streamproc.core.events import InferenceResult
-from streamproc.ops.output_format import HeldFailure, result_custom_id
+from streamproc.ops.output_format import HeldFailure, result_custom_id, result_marks
 
 _STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                         "function_call": "tool_use", "content_filter": "refusal"}
@@ -52,7 +53,11 @@ def output_line(result: InferenceResult) -> dict[str, Any]:
         "usage": {"input_tokens": _tokens(usage, "prompt_tokens"),
                   "output_tokens": _tokens(usage, "completion_tokens")},
     }
-    return {"custom_id": result_custom_id(result), "result": {"type": "succeeded", "message": message}}
+    line: dict[str, Any] = {"custom_id": result_custom_id(result), "result": {"type": "succeeded", "message": message}}
+    marks = result_marks(result)
+    if marks:
+        line["streamproc"] = marks
+    return line
 
 
 def error_line(custom_id: str, failure: HeldFailure) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import json
 from typing import Any
 
 from streamproc.core.events import InferenceResult
-from streamproc.ops.output_format import HeldFailure, line_id, result_custom_id
+from streamproc.ops.output_format import HeldFailure, line_id, result_custom_id, result_marks
 
 
 def output_line(result: InferenceResult) -> dict[str, Any]:
@@ -40,12 +40,9 @@ def output_line(result: InferenceResult) -> dict[str, Any]:
         "response": {"status_code": 200, "request_id": result.provider_request_id, "body": body},
         "error": None,
     }
-    # reused_from: answered from an earlier identical request, without a call (core.reuse); deployment: the one of
-    # the model list that answered
-    extra = {name: value for name, value in (("reused_from", result.reused_from), ("deployment", result.deployment))
-             if value is not None}
-    if extra:
-        line["streamproc"] = extra
+    marks = result_marks(result)
+    if marks:
+        line["streamproc"] = marks
     return line
 
 

@@ -33,6 +33,14 @@ def result_custom_id(result: InferenceResult) -> str:
     return custom_id_of(result.request_id, result.batch_id)
 
 
+def result_marks(result: InferenceResult) -> dict[str, str]:
+    """What a result's line carries under ``"streamproc"``, in every format: ``reused_from`` (answered from an
+    earlier identical request, without a call: core.reuse) and ``deployment`` (the one of the model list that
+    answered), each only when set."""
+    return {name: value for name, value in (("reused_from", result.reused_from), ("deployment", result.deployment))
+            if value is not None}
+
+
 def failure_custom_id(failure: FailureEvent) -> str:
     return custom_id_of(failure.request.request_id, failure.request.batch_id)
 

@@ -100,3 +100,10 @@ def test_an_errored_line_names_the_deployment_the_call_failed_on() -> None:
     line = error_line("req-1", HeldFailure.of(replace(failure(body=OPENAI_429), deployment="gpt-4o@1")))
     assert isinstance(parsed(line), MessageBatchErroredResult)
     assert line["streamproc"]["deployment"] == "gpt-4o@1"
+
+
+def test_a_succeeded_line_names_the_deployment_that_answered_and_a_reused_answer_its_origin() -> None:
+    line = output_line(replace(result(), deployment="gpt-4o@2", reused_from="earlier/req-1"))
+    assert isinstance(parsed(line), MessageBatchSucceededResult)
+    assert line["streamproc"] == {"reused_from": "earlier/req-1", "deployment": "gpt-4o@2"}
+    assert "streamproc" not in output_line(result())
