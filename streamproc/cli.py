@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from streamproc.core.durations import parse_duration_ms
+from streamproc.core.stream_status import MAX_HOURS
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.errors import ExitCode, UserFacingError, exit_codes_help
 
@@ -400,11 +401,15 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
 
 @cli.command("status")
 @kafka_options
-@click.option("--batch-id", required=True)
+@click.option("--batch-id", help="The batch to report.")
+@click.option("--stream", is_flag=True,
+              help="Report the stream instead: the requests that name no batch (JSON requests without batch_id).")
+@click.option("--hours", default=24, show_default=True, type=click.IntRange(1, MAX_HOURS),
+              help="With --stream: how many clock hours (UTC) of arrivals and ends to show, the current one last.")
 @json_option("the counts")
-def status(batch_id: str, as_json: bool) -> None:
-    """Counts of a batch: submitted, succeeded, failed per layer, retrying, in flight, pending, converged, and
-    what its results cost (spend) beside its spend cap.
+def status(batch_id: str | None, stream: bool, hours: int, as_json: bool) -> None:
+    """Counts of a batch: submitted, succeeded, failed per layer, retrying, in flight, pending,
+    converged, and what its results cost (spend) beside its spend cap.
 
     When no request of the batch ended for STREAMPROC_STALL_AFTER_S (120 s) although some have not, it also
     says how many wait and why (no worker consuming, an open breaker, a paused model, its spend cap (budget_exhausted),
@@ -412,20 +417,28 @@ def status(batch_id: str, as_json: bool) -> None:
     open after failures or hangs, or paused because its first calls all failed alike), and why, as their beats
     say.
 
+    With --stream, the requests that name no batch instead: their counts per outcome (failures per layer and
+    code), and per hour how many arrived, succeeded and failed.
+
     \b
     Example:
       streamproc status --batch-id labels-2026-11 --json
+      streamproc status --stream --hours 6
     """
+    if stream == (batch_id is not None):
+        raise click.UsageError("give --batch-id or --stream")
     from streamproc.app.bootstrap import resolve_connection
-    from streamproc.ops.status import read_status
+    from streamproc.ops.status import read_status, read_stream_status
 
     settings = _settings()
-    current = _run(read_status(resolve_connection(settings), settings.topology(), batch_id,
-                               stall_after_s=settings.stall_after_s, prices=settings.model_prices))
+    connection, topology = resolve_connection(settings), settings.topology()
+    report = (_run(read_stream_status(connection, topology, hours=hours)) if batch_id is None else
+              _run(read_status(connection, topology, batch_id, stall_after_s=settings.stall_after_s,
+                               prices=settings.model_prices)))
     if as_json:
-        _echo_json(current.as_json())
+        _echo_json(report.as_json())
         return
-    click.echo(current.format())
+    click.echo(report.format())
 
 
 @cli.command("cancel")

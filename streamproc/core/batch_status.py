@@ -93,8 +93,8 @@ def format_status(status: BatchStatus) -> str:
     return "\n".join(f"{name:<10} {value}" for name, value in rows)
 
 
-class _Entry(NamedTuple):
-    """What the status needs of a request's latest state."""
+class LatestState(NamedTuple):
+    """What a status needs of a request's latest state: one small entry per request id held by a fold."""
 
     status: RequestStatus
     layer: FailureLayer | None
@@ -106,20 +106,23 @@ class _Entry(NamedTuple):
     completion_tokens: int
     reused: bool
 
+    @classmethod
+    def of(cls, state: RequestState) -> LatestState:
+        return cls(state.status, state.last_layer, state.last_error_code, state.created_ms, state.updated_ms,
+                   state.model, state.prompt_tokens, state.completion_tokens, state.reused)
+
 
 @dataclass
 class StatusFold:
     """The latest status per request id of one batch; ``apply`` takes changelog values in log order."""
 
     batch_id: str
-    _latest: dict[str, _Entry] = field(default_factory=dict)
+    _latest: dict[str, LatestState] = field(default_factory=dict)
 
     def apply(self, states: Iterable[RequestState]) -> None:
         for state in states:
             if state.batch_id == self.batch_id:
-                self._latest[state.request_id] = _Entry(state.status, state.last_layer, state.last_error_code,
-                                                        state.created_ms, state.updated_ms, state.model,
-                                                        state.prompt_tokens, state.completion_tokens, state.reused)
+                self._latest[state.request_id] = LatestState.of(state)
 
     @property
     def first_created_ms(self) -> int:

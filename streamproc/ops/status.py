@@ -1,6 +1,7 @@
 """``status`` against Kafka: the batch manifest plus the request-state changelog, folded incrementally, and,
 once the batch has not moved for a while, the workers' consumer group, to say why (core.batch_stall); and the
-deployments out of rotation at the live workers, from their fleet beats (core.deployments_out)."""
+deployments out of rotation at the live workers, from their fleet beats (core.deployments_out). And the stream:
+the requests that name no batch, folded from the same changelog (core.stream_status)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from streamproc.core.batch_status import BatchStatus, StatusFold, format_status
 from streamproc.core.deployments_out import DeploymentOut, FleetOutView
 from streamproc.core.events import RequestState
 from streamproc.core.spend_cap import Cap, spend_json, spend_of
+from streamproc.core.stream_status import StreamFold, StreamStatus
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.connection import KafkaConnection
@@ -117,6 +119,15 @@ async def read_status(kafka: KafkaConnection, topology: Topology, batch_id: str,
         raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {topology.batches} and "
                                 "no request state names it)")
     return StatusReport(current, stall, reader.manifest, reader.cap, prices or {}, out)
+
+
+async def read_stream_status(kafka: KafkaConnection, topology: Topology, *, hours: int) -> StreamStatus:
+    """The requests without a batch: their counts, and what arrived and ended in each of the last ``hours``."""
+    fold = StreamFold()
+    async with TopicReader(kafka, [topology.state_changelog]) as reader:
+        async for chunk in reader.chunks_to_end():
+            fold.apply(decode_records(chunk, topology)[1])
+    return fold.status(int(time.time() * 1000), hours)
 
 
 class BatchStatusReader:

@@ -125,3 +125,52 @@ def test_json_requests_in_and_json_outcomes_out_read_by_every_reader_beside_avro
     planned = cli(settings, "backfill", "--batch-id", batch, "--layer", "transport", "--dry-run")
     assert planned.returncode == 0, planned.stderr
     assert "backfill plan: 2 to replay, 0 to skip" in planned.stdout, planned.stdout
+
+
+def test_requests_without_a_batch_are_counted_by_the_stream_view(settings: Settings, tmp_path: Path) -> None:
+    assert settings.kafka_bootstrap is not None
+    bootstrap, topology = settings.kafka_bootstrap, settings.topology()
+    asyncio.run(ensure_pipeline_topics(KafkaConnection(bootstrap=bootstrap), topology))
+    tag = uuid.uuid4().hex[:8]
+    called = [f"flow-{tag}-{i}" for i in range(3)]
+    refused = f"flow-{tag}-bad"
+    requests: list[tuple[bytes | None, bytes | None]] = [
+        (called[0].encode(), json.dumps({"id": called[0], "prompt": "Label this stream item."}).encode()),
+        *((request_id.encode(), json.dumps({"custom_id": request_id, "method": "POST", "url": "/v1/chat/completions",
+                                            "body": BODY}).encode()) for request_id in called[1:]),
+        (refused.encode(), json.dumps({"custom_id": refused, "method": "POST", "url": "/v1/completions",
+                                       "body": BODY}).encode()),
+        (f"in-a-batch/{tag}".encode(), batch_line(tag, "in-a-batch")),  # not the stream's
+    ]
+    asyncio.run(produce(bootstrap, topology.requests, requests))
+
+    mock = start_mock("clean")
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "worker"), tmp_path / "worker.log")
+    worker.start()
+    try:
+        async def ended() -> Any:
+            async with OutcomeReader(bootstrap, settings) as reader:
+                return await reader.wait_until_ended([*called, refused, f"in-a-batch/{tag}"], 120, worker)
+        outcomes = asyncio.run(ended())
+        assert all(len(outcomes.results[request_id]) == 1 for request_id in called), worker.log_tail()
+        deadline, view = time.monotonic() + 30, {}
+        while time.monotonic() < deadline:  # a state is written after its outcome: wait for the last ones
+            shown = cli(settings, "status", "--stream", "--hours", "2", "--json")
+            assert shown.returncode == 0, shown.stderr
+            view = json.loads(shown.stdout)
+            if view["succeeded"] + view["failed"]["business"] == 4:
+                break
+            time.sleep(1)
+    finally:
+        worker.stop()
+        mock.stop()
+
+    assert [view[key] for key in ("requests", "succeeded", "retrying", "in_flight", "pending")] == [4, 3, 0, 0, 0]
+    assert view["failed"] == {"transport": 0, "service": 0, "semantic": 0, "business": 1}
+    assert view["failed_codes"] == {"invalid_json_request": 1}
+    hours = view["hours"]
+    assert len(hours) == 2 and hours[-1]["start_ms"] <= time.time() * 1000 < hours[-1]["start_ms"] + 3_600_000
+    assert [sum(hour[key] for hour in hours) for key in ("arrived", "succeeded", "failed")] == [4, 3, 1]
+    text = cli(settings, "status", "--stream")
+    assert text.returncode == 0 and "requests   4\nsucceeded  3\nfailed     1 (" in text.stdout, text.stdout
+    assert "invalid_json_request 1" in text.stdout and "last 24h   4 ended" in text.stdout

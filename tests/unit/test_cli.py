@@ -76,6 +76,13 @@ def test_an_unknown_flag_is_a_usage_error() -> None:
     assert result.exit_code == ExitCode.USAGE and "No such option: --no-such-flag" in result.output
 
 
+@pytest.mark.parametrize("args", [(), ("--batch-id", "b", "--stream"), ("--stream", "--hours", "0")])
+def test_status_reports_one_batch_or_the_stream(args: tuple[str, ...]) -> None:
+    result = invoke("status", *args, "-b", NOTHING_LISTENS)
+    assert result.exit_code == ExitCode.USAGE
+    assert "give --batch-id or --stream" in result.output or "--hours" in result.output
+
+
 def test_an_invalid_input_file_is_an_input_error(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text("{not json\n")
@@ -117,8 +124,8 @@ def test_no_broker_anywhere_is_refused_configuration() -> None:
     assert "no Kafka broker: pass -b host:port" in result.stderr
 
 
-@pytest.mark.parametrize("args", [("status", "--batch-id", "b"), ("batches",), ("lag", "--no-rate"),
-                                  ("backfill", "--dry-run", "--since", "2026-11-29T08:00")])
+@pytest.mark.parametrize("args", [("status", "--batch-id", "b"), ("status", "--stream"), ("batches",),
+                                  ("lag", "--no-rate"), ("backfill", "--dry-run", "--since", "2026-11-29T08:00")])
 def test_bootstrap_server_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]) -> None:
     """The address -b names is the one tried (nothing listens there: refused configuration, one line)."""
     monkeypatch.setenv("STREAMPROC_KAFKA_BOOTSTRAP", "127.0.0.1:2")
