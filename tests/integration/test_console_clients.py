@@ -2,7 +2,8 @@
 from the jars the built-in broker already fetched) writes JSON requests, keyed and with headers, and Kafka's own
 console consumer reads the JSON results a worker with STREAMPROC_RECORD_FORMAT=json writes; a Java program on
 Apache Avro's library (``java/AvroClient.java``, compiled here with javac) writes Avro requests the worker
-processes and reads the Avro results, with the schemas of ``schemas/`` and nothing of ours."""
+processes and reads the Avro results, with the schemas of ``schemas/`` and nothing of ours; and the README's Java
+snippet (Jackson and Kafka's StringSerializer) writes a JSON request the worker answers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -41,6 +43,7 @@ AVRO_POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
 </project>
 """
 ROOT = Path(__file__).resolve().parents[2]
+JAVA_BLOCK = re.compile(r"^```java\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def answered(settings: Settings, tmp_path: Path, ids: list[str], **worker_settings: str) -> Outcomes:
@@ -61,6 +64,28 @@ def answered(settings: Settings, tmp_path: Path, ids: list[str], **worker_settin
         mock.stop()
     assert all(len(outcomes.results[i]) == 1 for i in ids), (outcomes.failures, worker.log_tail())
     return outcomes
+
+
+def compile_java(source: Path, classpath: str, classes: Path) -> None:
+    javac = require_tool("javac", "a JDK 17 (Debian: apt-get install openjdk-17-jdk-headless)")
+    compiled = subprocess.run([javac, "-cp", classpath, "-d", str(classes), str(source)],
+                              capture_output=True, text=True, timeout=180, check=False)
+    assert compiled.returncode == 0, compiled.stderr
+
+
+def readme_java(bootstrap: str, topic: str, request_id: str) -> str:
+    """The README's Java snippet as a program (its statements in a main), aimed at the test's broker and topic,
+    with a fresh id and a model the mock serves."""
+    [snippet] = JAVA_BLOCK.findall((ROOT / "README.md").read_text())
+    for shown, used, times in (('"localhost:9092"', bootstrap, 1), ('"llm.requests"', topic, 1),
+                               ('"r-2"', request_id, 2), ('"gpt-4o-mini"', "mock-small", 1)):
+        assert snippet.count(shown) == times, f"the README's Java snippet should name {shown} {times} time(s)"
+        snippet = snippet.replace(shown, json.dumps(used))
+    lines = snippet.splitlines()
+    imports = [line for line in lines if line.startswith("import ")]
+    statements = [f"        {line}" for line in lines if line and not line.startswith("import ")]
+    return "\n".join([*imports, "public final class ReadmeProducer {",
+                      "    public static void main(String[] args) throws Exception {", *statements, "    }", "}"])
 
 
 def console_lines(batch: str, count: int) -> str:
@@ -122,11 +147,7 @@ def test_a_java_program_on_apache_avro_writes_requests_the_worker_processes_and_
     avro_jars = fetch_jars(AVRO_POM, settings.cache_dir / f"avro-{AVRO_VERSION}" / "libs", "avro-*.jar",
                            f"Apache Avro {AVRO_VERSION}")
     classpath = os.pathsep.join([str(avro_jars / "*"), str(ensure_jars(settings) / "*"), str(tmp_path / "classes")])
-    compiled = subprocess.run([require_tool("javac", "a JDK 17 (Debian: apt-get install openjdk-17-jdk-headless)"),
-                               "-cp", classpath, "-d", str(tmp_path / "classes"),
-                               str(ROOT / "tests" / "integration" / "java" / "AvroClient.java")],
-                              capture_output=True, text=True, timeout=180, check=False)
-    assert compiled.returncode == 0, compiled.stderr
+    compile_java(ROOT / "tests" / "integration" / "java" / "AvroClient.java", classpath, tmp_path / "classes")
     batch, count = f"java-{uuid.uuid4().hex[:8]}", 5
 
     def java(mode: str, topic: str) -> subprocess.CompletedProcess[str]:
@@ -144,3 +165,22 @@ def test_a_java_program_on_apache_avro_writes_requests_the_worker_processes_and_
     read = {request_id: base64.b64decode(content).decode() for request_id, content in
             (line.split("\t") for line in consumed.stdout.splitlines())}
     assert read == {i: outcomes.results[i][0].content for i in ids}, consumed.stdout + consumed.stderr
+
+
+def test_the_readmes_java_snippet_writes_a_json_request_with_jackson_that_the_worker_answers(
+        settings: Settings, tmp_path: Path) -> None:
+    """Kafka's Java client with its StringSerializer and Jackson (both from the broker's jars), as the README shows."""
+    assert settings.kafka_bootstrap is not None
+    bootstrap, topology = settings.kafka_bootstrap, settings.topology()
+    asyncio.run(ensure_pipeline_topics(KafkaConnection(bootstrap=bootstrap), topology))
+    request_id = f"readme-{uuid.uuid4().hex[:8]}"
+    source = tmp_path / "ReadmeProducer.java"
+    source.write_text(readme_java(bootstrap, topology.requests, request_id))
+    classpath = os.pathsep.join([str(ensure_jars(settings) / "*"), str(tmp_path / "classes")])
+    compile_java(source, classpath, tmp_path / "classes")
+    produced = subprocess.run(["java", "-Xmx256m", "-cp", classpath, "ReadmeProducer"],
+                              capture_output=True, text=True, timeout=180, check=False)
+    assert produced.returncode == 0, produced.stderr
+
+    [result] = answered(settings, tmp_path, [request_id]).results[request_id]
+    assert result.batch_id is None and result.content  # a stream request, answered
