@@ -1,6 +1,7 @@
 """What happens to one record: admit it against the state table, call the LLM, emit exactly one outcome.
 
-The handler never raises. Every record ends as a result, a retry record, a failure event or a dead letter,
+The handler never raises. Every record ends as a result, a retry record, a failure event or a dead letter (a
+request record whose key names no id is first written again under its id, design §3),
 and every send is awaited before the handler returns, so the dispatcher may ack the record afterwards.
 The only exception is a configuration problem of the account (bad key, no quota, a wrong endpoint): that
 record is held unacked and the worker is told to stop, so the batch is not burnt into failure records. A
@@ -106,6 +107,8 @@ class Sink(Protocol):
     async def retry(self, tier: Tier, request: InferenceRequest, headers: headers.Headers) -> RecordRef | None:
         """Returns where the record was written (the state remembers it for the reconciler), if known."""
     async def dead_letter(self, record: Record, headers: headers.Headers) -> None: ...
+    async def rekey(self, record: Record, request_id: str, headers: headers.Headers) -> None:
+        """Write the record again, unchanged, to its own topic under the key ``request_id`` (design §3)."""
 
 
 class Reuse(Protocol):
@@ -349,6 +352,9 @@ class Handler:
         key = _text(record.key)
         first = headers.Hop(origin=hop.origin)  # a record that is no request of its own: its first attempt
         request = self._read(record)
+        if key is None and request.request_id:
+            await self._rekey(record, request.request_id, hop)
+            return None
         if isinstance(request, _Unreadable):
             request_id = key or request.request_id
             reason = f"record {record.topic}[{record.partition}]@{record.offset}: {request.reason}"
@@ -375,6 +381,17 @@ class Handler:
             await self._carry_out(record, mismatched, terminal_failure(mismatched, failure))
             return None
         return request
+
+    async def _rekey(self, record: Record, request_id: str, hop: headers.Hop) -> None:
+        """A record whose key names no id sits on the partition its producer chose, not on its id's: handled
+        there, its state would be written on that partition while its retries go to the id's, and dedupe between
+        the two would be lost (design §3). So it is written again, keyed by its id, with its origin, and the
+        keyed copy is the one handled. A crash before this record is acked writes a second copy, which the
+        state on the id's partition skips as a duplicate, as it skips a producer's retried send."""
+        assert hop.origin is not None  # read_hop was given the record's own place
+        await self._sink.rekey(record, request_id, dict(record.headers) | hop.origin.headers())
+        log.debug("%s[%d]@%d had no key: written again under its id %s", record.topic, record.partition,
+                  record.offset, request_id)
 
     def _read(self, record: Record) -> InferenceRequest | _Unreadable:
         """The request a record's value holds, an Avro frame or a JSON request (design §3), or why it holds none."""

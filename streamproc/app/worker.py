@@ -124,6 +124,9 @@ class FaustSink:
     async def dead_letter(self, record: Record, hdrs: headers.Headers) -> None:
         await self._send(self._topology.dead_letters, record.key, record.value, hdrs)
 
+    async def rekey(self, record: Record, request_id: str, hdrs: headers.Headers) -> None:
+        await self._send(record.topic, request_id.encode(), record.value, hdrs)
+
     async def requeue(self, record: Record) -> None:
         """Put a tier record back at the tail of its topic, unchanged (its due time travels in headers)."""
         await self._send(record.topic, record.key, record.value, dict(record.headers))

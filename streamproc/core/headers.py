@@ -42,6 +42,11 @@ class Origin:
     def __str__(self) -> str:
         return f"{self.topic}[{self.partition}]@{self.offset}"
 
+    def headers(self) -> Headers:
+        """The headers that carry this origin on to the records a request's journey writes."""
+        return {ORIG_TOPIC: self.topic.encode(), ORIG_PARTITION: str(self.partition).encode(),
+                ORIG_OFFSET: str(self.offset).encode()}
+
 
 @dataclass(frozen=True)
 class Hop:
@@ -81,9 +86,7 @@ class Hop:
             ERROR_CODE: failure.code.encode(),
         }
         if self.origin is not None:
-            headers[ORIG_TOPIC] = self.origin.topic.encode()
-            headers[ORIG_PARTITION] = str(self.origin.partition).encode()
-            headers[ORIG_OFFSET] = str(self.origin.offset).encode()
+            headers |= self.origin.headers()
         if self.first_failure_ms is not None:
             headers[FIRST_FAILURE_TS] = str(self.first_failure_ms).encode()
         if self.due_ms is not None:

@@ -84,9 +84,7 @@ def redrive_headers(original: Mapping[str, bytes], redrive: Redrive, partition: 
         copy.pop(headers.REPLAY, None)
         copy.pop(headers.DEFERRED, None)
         if headers.read_hop(original).origin is None:
-            copy[headers.ORIG_TOPIC] = redrive.record.topic.encode()
-            copy[headers.ORIG_PARTITION] = str(partition).encode()
-            copy[headers.ORIG_OFFSET] = str(redrive.record.offset).encode()
+            copy |= headers.Origin(redrive.record.topic, partition, redrive.record.offset).headers()
     if redrive.run > 0:  # a replay record (no run of its own) continues the run it started
         copy[headers.RUN] = str(redrive.run).encode()
     copy[headers.REDRIVEN] = redrive.why.value.encode()

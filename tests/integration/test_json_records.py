@@ -16,16 +16,19 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord
 from jsonschema import Draft202012Validator
 
 from streamproc import codec
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.json_schema import json_schema
+from streamproc.core import headers
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 from tests.integration.pipeline import OutcomeReader, WorkerProcess, produce, start_mock, worker_env
+from tests.integration.test_console_clients import answered
 from tests.integration.test_operations import cli
 
 pytestmark = pytest.mark.integration
@@ -38,19 +41,19 @@ def batch_line(custom_id: str, batch_id: str, **more: Any) -> bytes:
                        "batch_id": batch_id, **more}).encode()
 
 
-async def raw_values(settings: Settings, topics: list[str]) -> list[bytes]:
-    """Every value on the topics so far."""
+async def raw_records(settings: Settings, topics: list[str]) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record on the topics so far, with its partition, key and headers."""
     assert settings.kafka_bootstrap is not None
     consumer = AIOKafkaConsumer(*topics, bootstrap_servers=settings.kafka_bootstrap, group_id=None,
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
-    values: list[bytes] = []
+    records: list[ConsumerRecord[bytes, bytes]] = []
     try:
         while batch := await consumer.getmany(timeout_ms=1500):
-            values += [message.value for messages in batch.values() for message in messages]
+            records += [message for messages in batch.values() for message in messages]
     finally:
         await consumer.stop()
-    return values
+    return records
 
 
 def test_json_requests_in_and_json_outcomes_out_read_by_every_reader_beside_avro(settings: Settings,
@@ -85,7 +88,8 @@ def test_json_requests_in_and_json_outcomes_out_read_by_every_reader_beside_avro
     assert outcomes.results[stream_id][0].batch_id is None
     [refused] = outcomes.terminal(f"{batch}/bad-url")
     assert refused.error_code == "invalid_json_request" and "unsupported url '/v1/completions'" in refused.message
-    written = asyncio.run(raw_values(settings, [topology.results, topology.failed(FailureLayer.BUSINESS)]))
+    outcome_topics = [topology.results, topology.failed(FailureLayer.BUSINESS)]
+    written = [record.value for record in asyncio.run(raw_records(settings, outcome_topics))]
     ours = [json.loads(value) for value in written if batch.encode() in value or stream_id.encode() in value]
     assert len(ours) == 7 and all(value.startswith(b"{") for value in written if batch.encode() in value)
     for value in ours:
@@ -174,3 +178,36 @@ def test_requests_without_a_batch_are_counted_by_the_stream_view(settings: Setti
     text = cli(settings, "status", "--stream")
     assert text.returncode == 0 and "requests   4\nsucceeded  3\nfailed     1 (" in text.stdout, text.stdout
     assert "invalid_json_request 1" in text.stdout and "last 24h   4 ended" in text.stdout
+
+
+def test_keyless_requests_are_written_again_under_their_id_so_each_state_lives_on_one_partition(
+        settings: Settings, tmp_path: Path) -> None:
+    """A console producer's default (design §3): the worker re-keys each keyless request, the keyed copy carries
+    the original's place, and the request's states are all on the id's partition."""
+    assert settings.kafka_bootstrap is not None
+    bootstrap, topology = settings.kafka_bootstrap, settings.topology()
+    asyncio.run(ensure_pipeline_topics(KafkaConnection(bootstrap=bootstrap), topology))
+    tag = uuid.uuid4().hex[:8]
+    ids = [f"nokey-{tag}-{i}" for i in range(8)]
+    asyncio.run(produce(bootstrap, topology.requests, [
+        (None, json.dumps({"id": request_id, "prompt": "Label this keyless item."}).encode()) for request_id in ids]))
+
+    answered(settings, tmp_path, ids)  # each once
+
+    records = asyncio.run(raw_records(settings, [topology.requests, topology.state_changelog]))
+    requests = [record for record in records if record.topic == topology.requests]
+    originals = {json.loads(record.value)["id"]: record for record in requests if record.key is None}
+    copies = {record.key.decode(): record for record in requests if record.key is not None}
+    assert sorted(originals) == sorted(copies) == sorted(ids)
+    moved = 0
+    for request_id, copy in copies.items():
+        original = originals[request_id]
+        assert copy.value == original.value
+        assert dict(copy.headers) == {headers.ORIG_TOPIC: topology.requests.encode(),
+                                      headers.ORIG_PARTITION: str(original.partition).encode(),
+                                      headers.ORIG_OFFSET: str(original.offset).encode()}
+        states = {record.partition for record in records
+                  if record.topic == topology.state_changelog and record.key == request_id.encode()}
+        assert states == {copy.partition}, (request_id, states, copy.partition)
+        moved += original.partition != copy.partition
+    assert moved > 0  # else the producer happened to choose every id's own partition, and nothing was shown

@@ -123,6 +123,7 @@ class RecordingSink:
         self.failures: list[tuple[FailureEvent, headers.Headers]] = []
         self.retries: list[SentRetry] = []
         self.dead_letters: list[tuple[Record, headers.Headers]] = []
+        self.rekeyed: list[Record] = []  # the copies, as the worker reads them back (at the offset after)
 
     def _maybe_fail(self, what: str) -> None:
         if self.fail_sends > 0:
@@ -151,9 +152,16 @@ class RecordingSink:
         self.log.append("dead_letter")
         self.dead_letters.append((record, dict(hdrs)))
 
+    async def rekey(self, record: Record, request_id: str, hdrs: headers.Headers) -> None:
+        self._maybe_fail("rekey")
+        self.log.append(f"rekey {request_id}")
+        self.rekeyed.append(Record(record.topic, PARTITION, record.offset + 1, request_id.encode(), record.value,
+                                   dict(hdrs)))
+
     @property
     def sent(self) -> int:
-        return len(self.results) + len(self.failures) + len(self.retries) + len(self.dead_letters)
+        return (len(self.results) + len(self.failures) + len(self.retries) + len(self.dead_letters)
+                + len(self.rekeyed))
 
 
 class DictStore:
@@ -660,9 +668,47 @@ async def test_an_invalid_json_request_without_a_key_is_a_failure_for_the_id_it_
     rig = Rig()
     value = json.dumps({"custom_id": "req-json", "body": BODY}).encode()
     assert await rig.handle(Record(REQUESTS, PARTITION, OFFSET, None, value, {})) is Disposition.ACK
-    event, _ = only_failure(rig)
+    [copy] = rig.sink.rekeyed  # keyed by its id first: its failure and state belong on the id's partition
+    assert rig.sink.failures == [] and rig.store.states == {}
+    assert await rig.handle(copy) is Disposition.ACK
+    event, hdrs = only_failure(rig)
     assert (event.request.request_id, event.error_code) == ("req-json", "invalid_json_request")
-    assert event.message == f"record {REQUESTS}[{PARTITION}]@{OFFSET}: missing method (only POST is supported)"
+    assert event.message == f"record {REQUESTS}[{PARTITION}]@{OFFSET + 1}: missing method (only POST is supported)"
+    assert headers.read_hop(hdrs).origin == headers.Origin(REQUESTS, PARTITION, OFFSET)  # the keyless original
+    assert rig.state("req-json").status is RequestStatus.FAILED
+
+
+@pytest.mark.parametrize("key", [None, b"", b"\xff\xfe"])
+async def test_a_request_whose_key_names_no_id_is_written_again_under_its_id_and_nothing_else(
+        key: bytes | None) -> None:
+    """Handled where its producer put it, its state would sit on another partition than its retries (design §3)."""
+    rig = Rig([answer("ham")])
+    record = Record(REQUESTS, PARTITION, OFFSET, key, codec.encode(make_request()), {"x-tenant": b"team-a"})
+    assert await rig.handle(record) is Disposition.ACK
+    assert rig.log == ["rekey req-1"] and rig.caller.calls == []
+    [copy] = rig.sink.rekeyed
+    assert (copy.topic, copy.key, copy.value) == (REQUESTS, b"req-1", record.value)
+    assert copy.headers == {"x-tenant": b"team-a", headers.ORIG_TOPIC: REQUESTS.encode(),
+                            headers.ORIG_PARTITION: str(PARTITION).encode(), headers.ORIG_OFFSET: str(OFFSET).encode()}
+    assert await rig.handle(copy) is Disposition.ACK
+    assert [result.request_id for result in rig.sink.results] == ["req-1"]
+    assert rig.state().status is RequestStatus.SUCCEEDED
+    rig.log.clear()
+    assert await rig.handle(record) is Disposition.ACK  # the original read again (a crash before its ack)
+    [_, second] = rig.sink.rekeyed
+    assert await rig.handle(replace(second, offset=OFFSET + 2)) is Disposition.ACK
+    # the second copy is a duplicate of an ended request: skipped (its state written again), not called
+    assert rig.log == ["rekey req-1", "state succeeded"] and len(rig.sink.results) == len(rig.caller.calls) == 1
+
+
+async def test_a_copy_that_cannot_be_sent_is_an_internal_error_as_any_failed_send() -> None:
+    rig = Rig(fail_sends=1)
+    record = Record(REQUESTS, PARTITION, OFFSET, None, codec.encode(make_request()), {})
+    assert await rig.handle(record) is Disposition.ACK
+    event, _ = only_failure(rig)
+    assert (event.error_code, event.request.request_id) == ("internal_error", "req-1")
+    assert "while sending rekey" in event.message
+    assert rig.sink.rekeyed == [] and rig.store.states == {}  # no state on the producer's partition
 
 
 async def test_undecodable_record_without_any_id_goes_to_the_dead_letters_with_the_reason() -> None:

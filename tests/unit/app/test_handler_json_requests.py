@@ -45,9 +45,11 @@ async def test_a_json_batch_line_is_called_and_answered_under_its_scoped_id() ->
     assert rig.state("b-1/r-1").status is RequestStatus.SUCCEEDED
 
 
-async def test_a_keyless_json_request_without_a_batch_is_a_stream_request() -> None:
+async def test_a_keyless_json_request_without_a_batch_is_a_stream_request_keyed_by_its_id() -> None:
     rig = Rig([answer("ham")])
     assert await rig.handle(json_record({"id": "s-1", "prompt": "Label this"})) is Disposition.ACK
+    [copy] = rig.sink.rekeyed
+    assert copy.key == b"s-1" and await rig.handle(copy) is Disposition.ACK
     [result] = rig.sink.results
     assert (result.request_id, result.batch_id) == ("s-1", None)
 

@@ -12,6 +12,7 @@ documented outcome (design §5.2):
 * one terminal failure event (state ``failed``, or left as it is for a conflict or a record rejected before
   admission);
 * a dead letter (no request id can be known);
+* a record whose key names no id, written again under the id it holds, nothing else (state untouched);
 * a deferral: the record parked with ``x-deferred``, no failure event (state ``retrying``, a deferral code);
 * a skip: nothing sent, the state untouched;
 * or ``HOLD`` with nothing sent, only for a configuration problem of the account.
@@ -81,6 +82,10 @@ class EncodingSink(RecordingSink):
         _check_headers(hdrs)
         await super().dead_letter(record, hdrs)
 
+    async def rekey(self, record: Record, request_id: str, hdrs: headers.Headers) -> None:
+        _check_headers(hdrs)
+        await super().rekey(record, request_id, hdrs)
+
 
 class EncodingStore(DictStore):
     """The state table as TableStore keeps it: Avro-encoded."""
@@ -88,6 +93,14 @@ class EncodingStore(DictStore):
     async def put(self, state: RequestState) -> None:
         codec.decode(codec.encode(state), RequestState)
         await super().put(state)
+
+
+def _names_no_id(key: bytes | None) -> bool:
+    """No key, an empty one, or one that is no text."""
+    try:
+        return not key or not key.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
 
 
 def _check_headers(hdrs: headers.Headers) -> None:
@@ -306,21 +319,23 @@ def _handle(case: Case) -> Handled:
 def _outcome_of(handled: Handled) -> str:
     """The one documented outcome the sends add up to, or what they were."""
     sink = handled.sink
-    sent = (len(sink.results), len(sink.retries), len(sink.failures), len(sink.dead_letters))
+    sent = (len(sink.results), len(sink.retries), len(sink.failures), len(sink.dead_letters), len(sink.rekeyed))
     deferred = [retry for retry in sink.retries if retry.headers.get(headers.DEFERRED) == b"1"]
     terminal = [event for event, _ in sink.failures if event.terminal]
     match sent:
-        case (1, 0, 0, 0):
+        case (1, 0, 0, 0, 0):
             return "result"
-        case (0, 1, 1, 0) if not deferred and not terminal:
+        case (0, 1, 1, 0, 0) if not deferred and not terminal:
             return "retry"
-        case (0, 1, 0, 0) if deferred:
+        case (0, 1, 0, 0, 0) if deferred:
             return "deferral"
-        case (0, 0, 1, 0) if terminal:
+        case (0, 0, 1, 0, 0) if terminal:
             return "terminal failure"
-        case (0, 0, 0, 1):
+        case (0, 0, 0, 1, 0):
             return "dead letter"
-        case (0, 0, 0, 0):
+        case (0, 0, 0, 0, 1):
+            return "rekeyed"
+        case (0, 0, 0, 0, 0):
             return "nothing"
     return f"several: {sink.log}"
 
@@ -344,7 +359,7 @@ def test_any_record_and_answer_end_in_exactly_one_documented_outcome(case: Case)
         return
     assert handled.disposition is Disposition.ACK
     assert not handled.problems
-    assert outcome in ("result", "retry", "deferral", "terminal failure", "dead letter", "nothing"), outcome
+    assert outcome in ("result", "retry", "deferral", "terminal failure", "dead letter", "rekeyed", "nothing"), outcome
     codes = [event.error_code for event, _ in sink.failures]
     assert "internal_error" not in codes, [event.message for event, _ in sink.failures]
     hop = headers.read_hop(case.record.headers)
@@ -367,6 +382,12 @@ def test_any_record_and_answer_end_in_exactly_one_documented_outcome(case: Case)
             if event.error_code not in ("conflicting_duplicate", "undecodable_record", "invalid_json_request",
                                         "key_mismatch"):
                 assert ended is not None and ended.status is RequestStatus.FAILED, (event, ended)
+        case "rekeyed":  # a key that names no id: the record again under its id, nothing else yet
+            [copy] = sink.rekeyed
+            assert _names_no_id(case.record.key), case.record.key
+            assert copy.key and copy.value == case.record.value and handled.guards.calls == 0
+            assert headers.read_hop(copy.headers).origin is not None
+            assert store.states == ({case.prior.request_id: case.prior} if case.prior else {}), sink.log
         case "dead letter":
             assert sink.dead_letters[0][0] is case.record and not store.states.keys() - (
                 {case.prior.request_id} if case.prior else set())
