@@ -352,8 +352,8 @@ class Handler:
         key = _text(record.key)
         first = headers.Hop(origin=hop.origin)  # a record that is no request of its own: its first attempt
         request = self._read(record)
-        if key is None and request.request_id:
-            await self._rekey(record, request.request_id, hop)
+        if key is None and isinstance(request, InferenceRequest) and request.request_id:
+            await self._rekey(record, request.request_id, hop)  # an unreadable one ends at once, where it is
             return None
         if isinstance(request, _Unreadable):
             request_id = key or request.request_id

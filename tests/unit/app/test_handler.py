@@ -664,17 +664,16 @@ async def test_undecodable_record_with_a_key_is_a_business_failure_keeping_the_r
     assert (state.status, state.last_error_code) == (RequestStatus.FAILED, "undecodable_record")
 
 
-async def test_an_invalid_json_request_without_a_key_is_a_failure_for_the_id_it_names() -> None:
+async def test_an_invalid_json_request_without_a_key_is_a_failure_for_the_id_it_names_where_it_is() -> None:
+    """Not re-keyed: it ends at once, and its failure names the record its producer wrote (design §3)."""
     rig = Rig()
     value = json.dumps({"custom_id": "req-json", "body": BODY}).encode()
     assert await rig.handle(Record(REQUESTS, PARTITION, OFFSET, None, value, {})) is Disposition.ACK
-    [copy] = rig.sink.rekeyed  # keyed by its id first: its failure and state belong on the id's partition
-    assert rig.sink.failures == [] and rig.store.states == {}
-    assert await rig.handle(copy) is Disposition.ACK
+    assert rig.sink.rekeyed == []
     event, hdrs = only_failure(rig)
     assert (event.request.request_id, event.error_code) == ("req-json", "invalid_json_request")
-    assert event.message == f"record {REQUESTS}[{PARTITION}]@{OFFSET + 1}: missing method (only POST is supported)"
-    assert headers.read_hop(hdrs).origin == headers.Origin(REQUESTS, PARTITION, OFFSET)  # the keyless original
+    assert event.message == f"record {REQUESTS}[{PARTITION}]@{OFFSET}: missing method (only POST is supported)"
+    assert headers.read_hop(hdrs).origin == headers.Origin(REQUESTS, PARTITION, OFFSET)
     assert rig.state("req-json").status is RequestStatus.FAILED
 
 
