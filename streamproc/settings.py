@@ -148,6 +148,14 @@ class LocalStackSettings(SettingsValue):
         return self.cache_dir / f"kafka-{self.kafka_version}" / "libs"
 
 
+class RegistryAccess(SettingsValue):
+    """Where a schema registry's Confluent API is, and its HTTP basic auth."""
+
+    url: str
+    username: str | None
+    password: SecretStr | None
+
+
 class Settings(BaseSettings):
     """Configuration of streamproc, from ``STREAMPROC_<FIELD>`` environment variables (or keyword arguments)."""
 
@@ -275,6 +283,11 @@ class Settings(BaseSettings):
     record_format: RecordFormat = Field(
         default="avro", description="How the worker writes the results and failure topics: Avro single-object "
         "encoding, or one JSON object a record (schemas/*.schema.json); every reader reads both.")
+    schema_registry_url: str | None = Field(
+        default=None, pattern=r"^https?://", description="Base URL of a schema registry's Confluent API: the "
+        "worker checks and registers its Avro schemas under <topic>-value at start.")
+    schema_registry_username: str | None = Field(default=None, description="HTTP basic auth user of the registry.")
+    schema_registry_password: SecretStr | None = Field(default=None, description="Its password (never printed).")
     # -- guards (design §5): protect the provider and the budget --------------------------------------------
     llm_rpm: float = Field(default=0, ge=0, description="Requests/min per model this account may send; 0 = learn "
                            "it from the provider's x-ratelimit-limit-requests header.")
@@ -388,6 +401,14 @@ class Settings(BaseSettings):
     @property
     def input_limits(self) -> InputLimits:
         return InputLimits(max_body_bytes=self.max_body_bytes, default_model=self.default_model)
+
+    @property
+    def schema_registry(self) -> RegistryAccess | None:
+        """The schema registry, when one is configured."""
+        if self.schema_registry_url is None:
+            return None
+        return RegistryAccess(url=self.schema_registry_url, username=self.schema_registry_username,
+                              password=self.schema_registry_password)
 
     @property
     def local_stack(self) -> LocalStackSettings:

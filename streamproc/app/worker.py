@@ -67,6 +67,7 @@ from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
 from streamproc.kafka.clients import kafka_admin
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.kafka.diagnose import KafkaRefused, diagnose
+from streamproc.kafka.schema_registry import SchemaRegistry, topic_schemas
 from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.deployments import DeploymentCaller
 from streamproc.llm.guarded import Guards
@@ -489,8 +490,16 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     keys = [check_llm_key(deployment_endpoint(deployment, settings.llm_endpoint)) for deployment in models.deployments]
     kafka = resolve_connection(settings)
     password = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
-    log_redaction.install(secret for secret in (*keys, password) if secret)
+    registry_access = settings.schema_registry
+    registry_password = (registry_access.password.get_secret_value()
+                         if registry_access is not None and registry_access.password else None)
+    log_redaction.install(secret for secret in (*keys, password, registry_password) if secret)
     topology = settings.topology()
+    if registry_access is not None:  # an incompatible schema stops the start here, before anything is written
+        registry = SchemaRegistry(registry_access)
+        schema_ids = registry.register_topics(topic_schemas(topology))
+        log.info("schema registry %s: subjects <topic>-value registered, ids %s", registry_access.url,
+                 ", ".join(f"{topic} {schema_id}" for topic, schema_id in schema_ids.items()))
     try:  # before anything else, so that a taken port fails fast
         metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,
                                         settings.model_prices, [settings.default_model, *models.models(),

@@ -13,10 +13,10 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from streamproc.devstack.broker import free_port
+from streamproc.devstack.throwaway import Throwaway
 from streamproc.errors import UserFacingError
 
 SUPERUSER = "streamproc"
@@ -32,7 +32,7 @@ def server_bin_dir() -> Path:
     return found[-1].parent
 
 
-class ThrowawayPostgres:
+class ThrowawayPostgres(Throwaway):
     """``with ThrowawayPostgres() as pg: pg.url`` -- a running cluster until the block ends."""
 
     def __init__(self) -> None:
@@ -65,14 +65,3 @@ class ThrowawayPostgres:
                 self._pg("pg_ctl", "-D", str(self._data), "-m", "fast", "-w", "stop")
         finally:
             shutil.rmtree(self._root, ignore_errors=True)
-
-    def __enter__(self) -> ThrowawayPostgres:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()

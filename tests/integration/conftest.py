@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from streamproc.devstack.apicurio import ThrowawaySchemaRegistry
 from streamproc.devstack.postgres import ThrowawayPostgres
+from streamproc.settings import Settings
 from tests.integration.pipeline import MockServer, start_mock
 from tests.integration.sink_database import Database
 
@@ -28,3 +30,10 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Databas
         return
     with ThrowawayPostgres() as server:
         yield Database(server.url)
+
+
+@pytest.fixture
+def schema_registry() -> Iterator[ThrowawaySchemaRegistry]:
+    """An empty Apicurio Registry (Confluent API at ``.confluent_url``), built once into the cache directory."""
+    with ThrowawaySchemaRegistry(Settings().cache_dir) as registry:
+        yield registry

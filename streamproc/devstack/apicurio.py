@@ -1,0 +1,174 @@
+"""A throwaway schema registry with the Confluent API: Apicurio Registry, built from Maven Central, run with java.
+
+Apicurio publishes its server only as a container image or as jars; the jars are assembled here by a tiny
+Quarkus project (its POM below), built once with Maven into the cache directory. Every repository Maven is
+asked for is mirrored to Central, because some of the registry's POMs name repositories that are not reachable
+from CI. The registry keeps its schemas in memory: each start is empty. Its Confluent API is
+``<url>/apis/ccompat/v7``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import httpx
+
+from streamproc.devstack.broker import free_port, locked, require_tool
+from streamproc.devstack.throwaway import Throwaway
+from streamproc.errors import UserFacingError
+from streamproc.processes import poll_until, stop_process
+
+APICURIO_VERSION = "2.4.2.Final"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>streamproc</groupId>
+  <artifactId>apicurio-registry-runner</artifactId>
+  <version>1</version>
+  <packaging>jar</packaging>
+  <properties>
+    <maven.compiler.release>17</maven.compiler.release>
+    <project.build.sourceEncoding>UTF-8</project.build.sourceEncoding>
+  </properties>
+  <dependencyManagement>
+    <dependencies>
+      <!-- the registry's POM asks for config-index 0.1.18.Final, which is not on Maven Central; 0.1.10.Final is -->
+      <dependency>
+        <groupId>io.apicurio</groupId><artifactId>apicurio-common-app-components-config-index</artifactId>
+        <version>0.1.10.Final</version>
+      </dependency>
+      <dependency>
+        <groupId>io.apicurio</groupId><artifactId>apicurio-common-app-components-config-index-deployment</artifactId>
+        <version>0.1.10.Final</version>
+      </dependency>
+      <dependency>
+        <groupId>io.apicurio</groupId><artifactId>apicurio-registry</artifactId><version>{version}</version>
+        <type>pom</type><scope>import</scope>
+      </dependency>
+    </dependencies>
+  </dependencyManagement>
+  <dependencies>
+    <dependency>
+      <groupId>io.apicurio</groupId><artifactId>apicurio-registry-app</artifactId><version>{version}</version>
+      <exclusions>
+        <!-- only on jitpack.io; the same classes are on Maven Central as com.github.erosb:everit-json-schema -->
+        <exclusion>
+          <groupId>com.github.everit-org.json-schema</groupId><artifactId>org.everit.json.schema</artifactId>
+        </exclusion>
+      </exclusions>
+    </dependency>
+    <dependency><groupId>com.github.erosb</groupId><artifactId>everit-json-schema</artifactId><version>1.14.2</version></dependency>
+  </dependencies>
+  <build>
+    <plugins>
+      <plugin>
+        <groupId>io.quarkus</groupId><artifactId>quarkus-maven-plugin</artifactId><version>2.16.4.Final</version>
+        <executions><execution><goals><goal>build</goal></goals></execution></executions>
+      </plugin>
+    </plugins>
+  </build>
+</project>
+"""
+
+_APPLICATION_PROPERTIES = """# the registry's classes come in a dependency jar that has no Jandex index
+quarkus.index-dependency.registry-app.group-id=io.apicurio
+quarkus.index-dependency.registry-app.artifact-id=apicurio-registry-app
+quarkus.package.type=fast-jar
+"""
+
+_MAVEN_SETTINGS = """<settings>
+  <mirrors>
+    <mirror><id>central-only</id><mirrorOf>*</mirrorOf><url>https://repo.maven.apache.org/maven2</url></mirror>
+  </mirrors>
+</settings>
+"""
+
+_RUNNER = "quarkus-run.jar"  # Quarkus's fast-jar layout: this jar and its lib/ directory, movable as one
+CONFLUENT_API = "/apis/ccompat/v7"
+
+
+class SchemaRegistryError(UserFacingError):
+    """The local schema registry could not be built or started; the message says why."""
+
+
+def ensure_registry(cache_dir: Path) -> Path:
+    """Build the registry once into ``cache_dir`` and return its runnable jar; later calls are instant.
+    The build appears whole or not at all, so an interrupted one is redone."""
+    home = cache_dir / f"apicurio-registry-{APICURIO_VERSION}"
+    if (home / _RUNNER).exists():
+        return home / _RUNNER
+    with locked(cache_dir / f".{home.name}-build"):  # two test sessions at once build it once
+        if not (home / _RUNNER).exists():
+            _build(home)
+    return home / _RUNNER
+
+
+def _build(home: Path) -> None:
+    require_tool("java", "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
+    mvn = require_tool("mvn", "Maven (Debian: apt-get install maven)")
+    with tempfile.TemporaryDirectory(dir=home.parent) as work:
+        project = Path(work)
+        (project / "pom.xml").write_text(_POM.format(version=APICURIO_VERSION))
+        (project / "settings.xml").write_text(_MAVEN_SETTINGS)
+        resources = project / "src" / "main" / "resources"
+        resources.mkdir(parents=True)
+        (resources / "application.properties").write_text(_APPLICATION_PROPERTIES)
+        proc = subprocess.run([mvn, "-B", "-q", "-s", "settings.xml", "-DskipTests", "package"],
+                              cwd=project, capture_output=True, text=True, check=False)
+        built = project / "target" / "quarkus-app"
+        if proc.returncode != 0 or not (built / _RUNNER).exists():
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            raise SchemaRegistryError(f"Maven could not build Apicurio Registry {APICURIO_VERSION}:\n"
+                                      + "\n".join(tail))
+        if home.exists():
+            shutil.rmtree(home)
+        built.rename(home)
+
+
+class ThrowawaySchemaRegistry(Throwaway):
+    """``with ThrowawaySchemaRegistry(cache_dir) as registry: registry.url`` -- an empty registry on 127.0.0.1
+    and a free port until the block ends; its log is kept in a temporary directory removed on stop."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self._jar = ensure_registry(cache_dir)
+        self._root = Path(tempfile.mkdtemp(prefix="streamproc-registry-"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.confluent_url = self.url + CONFLUENT_API
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 120.0) -> ThrowawaySchemaRegistry:
+        java = require_tool("java", "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
+        with open(self._root / "registry.log", "wb") as log:
+            self._process = subprocess.Popen(
+                [java, "-Xmx256m", "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
+                 "-jar", str(self._jar)],
+                cwd=self._root, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        if not poll_until(self._ready, timeout_s, 0.25):
+            raise SchemaRegistryError(f"the schema registry was not ready within {timeout_s:.0f} s:\n"
+                                      + self._log_tail())
+        return self
+
+    def _ready(self) -> bool:
+        if self._process is not None and self._process.poll() is not None:
+            raise SchemaRegistryError(f"the schema registry exited ({self._process.returncode}):\n"
+                                      + self._log_tail())
+        try:
+            return httpx.get(self.url + "/health/ready", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _log_tail(self, lines: int = 20) -> str:
+        log = self._root / "registry.log"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+
+    def stop(self) -> None:
+        try:
+            if self._process is not None:
+                stop_process(self._process, grace_s=20.0)
+        finally:
+            shutil.rmtree(self._root, ignore_errors=True)

@@ -1,0 +1,119 @@
+"""A client of a schema registry's Confluent API: our Avro schemas registered under the topic-name strategy
+(subject ``<topic>-value``), their ids, and writer schemas looked up by id.
+
+Any registry with the Confluent REST API works (Confluent Schema Registry; Apicurio under
+``/apis/ccompat/v7``): the URL given is the API's base. Ids never change meaning, so each answer is cached for
+the life of the process: one request per id, whatever the number of records.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from streamproc.codec import avro_schema
+from streamproc.codec.records import Event
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
+from streamproc.core.topology import Topology
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.errors import UserFacingError
+from streamproc.settings import RegistryAccess
+
+_CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+_NOTHING_TO_CHECK = {40401, 40402}  # subject not found (Confluent), its latest version not found (Apicurio)
+
+
+class SchemaRegistryRefused(UserFacingError):
+    """The registry is unreachable, refuses our credentials, or says a schema is incompatible: the worker
+    does not start (one line, exit 3)."""
+
+
+def subject(topic: str) -> str:
+    """The topic-name strategy's subject of a topic's record values."""
+    return f"{topic}-value"
+
+
+def topic_schemas(topology: Topology) -> dict[str, type[Event]]:
+    """The Avro topics whose records are registered: requests (with the retry tiers the worker writes back), results
+    and the failure topics."""
+    return {
+        **{topic: InferenceRequest for topic in topology.inputs},
+        topology.results: InferenceResult,
+        **{topology.failed(layer): FailureEvent for layer in FailureLayer},
+    }
+
+
+class SchemaRegistry:
+    """Registers schemas and resolves ids; one HTTP client, and every id's schema cached."""
+
+    def __init__(self, access: RegistryAccess, timeout_s: float = 10.0) -> None:
+        auth = ((access.username, access.password.get_secret_value() if access.password else "")
+                if access.username else None)
+        self._url = access.url.rstrip("/")
+        self._client = httpx.Client(base_url=self._url, auth=auth, timeout=timeout_s,
+                                    headers={"Accept": _CONTENT_TYPE})
+        self._schemas: dict[int, str] = {}
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> httpx.Response:
+        try:
+            return self._client.request(method, path, content=None if body is None else json.dumps(body),
+                                        headers={"Content-Type": _CONTENT_TYPE} if body is not None else None)
+        except httpx.HTTPError as exc:
+            raise SchemaRegistryRefused(f"schema registry {self._url} unreachable: {exc!r}; check "
+                                        "STREAMPROC_SCHEMA_REGISTRY_URL") from exc
+
+    def _answer(self, response: httpx.Response, what: str) -> dict[str, Any]:
+        if response.status_code in (401, 403):
+            raise SchemaRegistryRefused(f"schema registry {self._url} refused the credentials ({response.status_code}) "
+                                        f"on {what}: check STREAMPROC_SCHEMA_REGISTRY_USERNAME/_PASSWORD")
+        if response.is_error:
+            raise SchemaRegistryRefused(f"schema registry {self._url} answered {response.status_code} on {what}: "
+                                        f"{response.text[:300]}")
+        answer = response.json()
+        if not isinstance(answer, dict):
+            raise SchemaRegistryRefused(f"schema registry {self._url} answered {answer!r:.200} on {what}")
+        return answer
+
+    def is_compatible(self, subject_name: str, schema: Mapping[str, Any]) -> bool:
+        """Whether the registry accepts ``schema`` as the next version of ``subject_name`` (a new subject: yes)."""
+        response = self._call("POST", f"/compatibility/subjects/{quote(subject_name, safe='')}/versions/latest",
+                               {"schema": json.dumps(schema), "schemaType": "AVRO"})
+        if response.status_code == 404 and response.json().get("error_code") in _NOTHING_TO_CHECK:
+            return True
+        return bool(self._answer(response, f"the compatibility check of {subject_name}").get("is_compatible"))
+
+    def register(self, subject_name: str, schema: Mapping[str, Any]) -> int:
+        """The id of ``schema`` under ``subject_name``, registered if new (registering the same schema again
+        returns the same id)."""
+        text = json.dumps(schema)
+        answer = self._answer(self._call("POST", f"/subjects/{quote(subject_name, safe='')}/versions",
+                                         {"schema": text, "schemaType": "AVRO"}), f"registering {subject_name}")
+        schema_id = int(answer["id"])
+        self._schemas[schema_id] = text
+        return schema_id
+
+    def schema(self, schema_id: int) -> str:
+        """The writer schema (JSON text) of ``schema_id``: a :data:`streamproc.codec.SchemaLookup`."""
+        cached = self._schemas.get(schema_id)
+        if cached is None:
+            answer = self._answer(self._call("GET", f"/schemas/ids/{schema_id}"), f"schema id {schema_id}")
+            cached = self._schemas[schema_id] = str(answer["schema"])
+        return cached
+
+    def register_topics(self, schemas: Mapping[str, type[Event]]) -> dict[str, int]:
+        """Check every topic's current schema is compatible, then register them; topic -> schema id. An
+        incompatible one refuses before anything is registered."""
+        current = {topic: avro_schema(record_type) for topic, record_type in schemas.items()}
+        refused = [topic for topic, schema in current.items() if not self.is_compatible(subject(topic), schema)]
+        if refused:
+            raise SchemaRegistryRefused(
+                f"schema registry {self._url}: our schema is incompatible with the latest version of "
+                f"{', '.join(subject(topic) for topic in refused)} under the registry's compatibility rule")
+        return {topic: self.register(subject(topic), schema) for topic, schema in current.items()}
