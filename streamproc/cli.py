@@ -597,12 +597,14 @@ def results(batch_id: str, output: Path, errors: Path | None, format_name: str, 
       streamproc results --batch-id labels-2026-11 --format anthropic --output results.jsonl
     """
     from streamproc.app.bootstrap import resolve_connection
+    from streamproc.kafka.schema_registry import reader_lookup
     from streamproc.ops.batches import batch_object
     from streamproc.ops.results import ONE_FILE_FORMATS, export_results
 
     settings = _settings()
     kafka, topology = resolve_connection(settings), settings.topology()
-    report = export_results(kafka, topology, batch_id, output, errors, format_name)
+    report = export_results(kafka, topology, batch_id, output, errors, format_name,
+                            reader_lookup(settings.schema_registry))
     if summary is not None:
         batch = _run(batch_object(kafka, topology, batch_id, stall_after_s=settings.stall_after_s,
                                   prices=settings.model_prices))
@@ -636,13 +638,15 @@ def sink(url: str, group: str | None, until_idle: bool) -> None:
       streamproc sink --to sqlite:///outcomes.db --until-idle
     """
     from streamproc.app.bootstrap import resolve_connection
+    from streamproc.kafka.schema_registry import reader_lookup
     from streamproc.sink.follow import default_group, run_sink
     from streamproc.sink.target import parse_target
 
     settings = _settings()
     target = parse_target(url)
     _run(run_sink(resolve_connection(settings), settings.topology(), settings.durability.replication, target,
-                  group=group or default_group(settings.app_id), until_idle=until_idle, report=click.echo))
+                  group=group or default_group(settings.app_id), until_idle=until_idle, report=click.echo,
+                  schema_lookup=reader_lookup(settings.schema_registry)))
 
 
 def _mock_profile(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -729,6 +733,7 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
       streamproc backfill --batch-id labels-2026-11 --from-db sqlite:///outcomes.db
     """
     from streamproc.app.bootstrap import resolve_connection
+    from streamproc.kafka.schema_registry import reader_lookup
     from streamproc.ops.backfill import BackfillFilter, plan_backfill, read_for_backfill, read_forgotten, replay
     from streamproc.ops.progress import Progress
     from streamproc.sink.ledger import read_ledger
@@ -740,7 +745,8 @@ def backfill(batch_id: str | None, layers: tuple[str, ...], error_codes: tuple[s
         error_codes=frozenset(error_codes), since_ms=_epoch_ms(since), until_ms=_epoch_ms(until),
         include_business=include_business)
     if from_db is None:
-        failures, statuses = _run(read_for_backfill(resolve_connection(settings), settings.topology()))
+        failures, statuses = _run(read_for_backfill(resolve_connection(settings), settings.topology(),
+                                                    reader_lookup(settings.schema_registry)))
     else:
         failures, statuses = read_ledger(parse_target(from_db), batch_id)
     forgotten = _run(read_forgotten(resolve_connection(settings), settings.topology()))

@@ -154,6 +154,7 @@ class HandlerOptions:
     spend: SpendGate | None = None
     json_limits: LineLimits = field(default_factory=LineLimits)
     encode_result: Callable[[InferenceResult], bytes] = codec.encode  # how the sink writes a result: its size
+    schema_lookup: codec.SchemaLookup | None = None  # the registry's, for Confluent-framed requests
 
 
 class Handler:
@@ -175,6 +176,7 @@ class Handler:
         self._reuse = options.reuse
         self._spend = options.spend
         self._json_limits = options.json_limits
+        self._schema_lookup = options.schema_lookup
         self._encode_result = options.encode_result
 
     async def handle(self, record: Record) -> Disposition:
@@ -402,9 +404,10 @@ class Handler:
                 return _Unreadable(read.request_id, INVALID_JSON_REQUEST, read.reason, read.batch_id)
             return read
         try:
-            return codec.decode(record.value, InferenceRequest)
+            return codec.decode(record.value, InferenceRequest, schema_lookup=self._schema_lookup)
         except codec.CodecError as exc:
-            return _Unreadable(codec.peek_request_id(record.value), "undecodable_record", str(exc))
+            return _Unreadable(codec.peek_request_id(record.value, schema_lookup=self._schema_lookup),
+                               "undecodable_record", str(exc))
 
     async def _internal_error(self, record: Record, exc: Exception) -> Disposition:
         """Last resort for a bug: a terminal business failure that backfill can replay once it is fixed."""

@@ -53,8 +53,10 @@ class ResultIndex:
     """input hash -> the first result called for it, read from the results topic into a local RocksDB."""
 
     def __init__(self, path: Path, kafka: KafkaConnection, results_topic: str,
-                 forgotten: Callable[[str | None], bool] = _never) -> None:
+                 forgotten: Callable[[str | None], bool] = _never,
+                 schema_lookup: codec.SchemaLookup | None = None) -> None:
         self._path = path
+        self._schema_lookup = schema_lookup  # the registry's, for Confluent-framed results
         self._forgotten = forgotten  # batch id -> it was forgotten: its answers are not indexed
         self._db: Rdict | None = None  # opened at the first lookup: a worker that never reuses never opens it
         self._offsets: dict[int, int] = {}
@@ -71,7 +73,7 @@ class ResultIndex:
     def get(self, digest: str) -> InferenceResult | None:
         """The answer indexed for ``digest`` so far (no read of the topic)."""
         raw = self._store().get(digest.encode())
-        return None if raw is None else codec.decode(raw, InferenceResult)
+        return None if raw is None else codec.decode(raw, InferenceResult, schema_lookup=self._schema_lookup)
 
     def _store(self) -> Rdict:
         if self._db is None:
@@ -120,7 +122,7 @@ class ResultIndex:
 
     def _add(self, value: bytes | None) -> None:
         try:
-            result = codec.decode(value, InferenceResult)
+            result = codec.decode(value, InferenceResult, schema_lookup=self._schema_lookup)
         except codec.CodecError:
             return  # a foreign record: answers nothing
         key, store = result.input_hash.encode(), self._store()
@@ -141,7 +143,7 @@ class ResultIndex:
         for index, (key, raw) in enumerate(store.items(), 1):
             if key not in (_OFFSETS, _DROPPED):
                 try:
-                    if codec.decode(raw, InferenceResult).batch_id in batches:
+                    if codec.decode(raw, InferenceResult, schema_lookup=self._schema_lookup).batch_id in batches:
                         dropped.append(key)
                 except codec.CodecError:
                     pass

@@ -67,7 +67,7 @@ from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
 from streamproc.kafka.clients import kafka_admin
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.kafka.diagnose import KafkaRefused, diagnose
-from streamproc.kafka.schema_registry import SchemaRegistry, topic_schemas
+from streamproc.kafka.schema_registry import RegisteredSchemas, register_schemas
 from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.deployments import DeploymentCaller
 from streamproc.llm.guarded import Guards
@@ -211,7 +211,8 @@ class WorkerRuntime:
 
     def __init__(self, settings: Settings, kafka: KafkaConnection, replication_factor: int, models: ModelList,
                  observer: Observer | None = None, batch_sizes: BatchSizes | None = None,
-                 fleet: FleetMember | None = None, spend: SpendLedger | None = None) -> None:
+                 fleet: FleetMember | None = None, spend: SpendLedger | None = None,
+                 registered: RegisteredSchemas | None = None) -> None:
         self.settings = settings
         self.topology = settings.topology()
         self._tiers = {self.topology.retry(tier): tier for tier in self.topology.tiers}  # topic -> its tier
@@ -223,7 +224,9 @@ class WorkerRuntime:
         # The store and the changelog topic are created lazily, so setting them here covers both.
         untyped_table: Any = self.table  # TableT does not declare the serializer attributes
         untyped_table.key_serializer = untyped_table.value_serializer = "raw"
-        encode_outcome = codec.encode_json if settings.record_format == "json" else codec.encode
+        encode_outcome = (registered.encode if registered is not None
+                          else codec.encode_json if settings.record_format == "json" else codec.encode)
+        schema_lookup = registered.lookup if registered is not None else None
         self.sink = FaustSink(self.app, self.topology, encode_outcome)
         self.sink.on_not_authorized = self._on_not_authorized
         self.dispatcher = Dispatcher(records_in_hand(settings.in_flight), on_stuck=self._on_stuck,
@@ -237,7 +240,8 @@ class WorkerRuntime:
         if fleet is not None and self.guards.limiter is not None:  # the fleet sets its shares from now on
             fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership, self.guards.out)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
-                                        kafka, self.topology.results, forgotten=self.batch_sizes.forgotten)
+                                        kafka, self.topology.results, forgotten=self.batch_sizes.forgotten,
+                                        schema_lookup=schema_lookup)
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
@@ -252,7 +256,7 @@ class WorkerRuntime:
                                    observer=observer, closed=self.batch_sizes.closed,
                                    reuse=ResultReuse(self.result_index, self.batch_sizes.reuses), spend=self.spend,
                                    json_limits=LineLimits(settings.max_body_bytes, settings.default_model),
-                                   encode_result=encode_outcome))
+                                   encode_result=encode_outcome, schema_lookup=schema_lookup))
         self._register_agents()
 
     def _membership(self) -> tuple[bool, int]:
@@ -495,11 +499,11 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
                          if registry_access is not None and registry_access.password else None)
     log_redaction.install(secret for secret in (*keys, password, registry_password) if secret)
     topology = settings.topology()
+    registered = None
     if registry_access is not None:  # an incompatible schema stops the start here, before anything is written
-        registry = SchemaRegistry(registry_access)
-        schema_ids = registry.register_topics(topic_schemas(topology))
+        registered = register_schemas(registry_access, topology)
         log.info("schema registry %s: subjects <topic>-value registered, ids %s", registry_access.url,
-                 ", ".join(f"{topic} {schema_id}" for topic, schema_id in schema_ids.items()))
+                 ", ".join(f"{record_type.__name__} {schema_id}" for record_type, schema_id in registered.ids.items()))
     try:  # before anything else, so that a taken port fails fast
         metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,
                                         settings.model_prices, [settings.default_model, *models.models(),
@@ -523,7 +527,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     if fleet is not None:
         loop.run_until_complete(fleet.load())
     runtime = WorkerRuntime(settings, kafka, models=models, observer=metrics, batch_sizes=batch_sizes,
-                            replication_factor=replication.factor, fleet=fleet, spend=spend)
+                            replication_factor=replication.factor, fleet=fleet, spend=spend, registered=registered)
 
     async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
         await batch_sizes.follow(kafka, topology.batches)

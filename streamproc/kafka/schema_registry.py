@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from streamproc.codec import avro_schema
+from streamproc import codec
+from streamproc.codec import SchemaLookup, avro_schema
 from streamproc.codec.records import Event
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.core.topology import Topology
@@ -117,3 +119,29 @@ class SchemaRegistry:
                 f"schema registry {self._url}: our schema is incompatible with the latest version of "
                 f"{', '.join(subject(topic) for topic in refused)} under the registry's compatibility rule")
         return {topic: self.register(subject(topic), schema) for topic, schema in current.items()}
+
+
+@dataclass(frozen=True)
+class RegisteredSchemas:
+    """What the worker writes and reads by once its schemas are registered: each event type's schema id, and the
+    registry's lookup of any id. Every topic of a type holds the same schema, so any of their ids names it."""
+
+    ids: Mapping[type[Event], int]
+    lookup: SchemaLookup
+
+    def encode(self, record: Event) -> bytes:
+        """``record`` in the Confluent wire format, under its type's registered id."""
+        return codec.encode_confluent(record, self.ids[type(record)])
+
+
+def register_schemas(access: RegistryAccess, topology: Topology) -> RegisteredSchemas:
+    """Check and register every Avro topic's schema (:meth:`SchemaRegistry.register_topics`)."""
+    registry = SchemaRegistry(access)
+    schemas = topic_schemas(topology)
+    ids = registry.register_topics(schemas)
+    return RegisteredSchemas({record_type: ids[topic] for topic, record_type in schemas.items()}, registry.schema)
+
+
+def reader_lookup(access: RegistryAccess | None) -> SchemaLookup | None:
+    """The lookup a reader of our topics decodes with: the registry's when one is configured."""
+    return None if access is None else SchemaRegistry(access).schema

@@ -114,9 +114,10 @@ async def read_forgotten(kafka: KafkaConnection, topology: Topology) -> frozense
     return frozenset(manifest.batch_id for manifest in manifests if manifest.forgotten is not None)
 
 
-async def read_for_backfill(kafka: KafkaConnection,
-                            topology: Topology) -> tuple[list[FailureEvent], dict[str, RequestStatus]]:
-    """Terminal failures of every layer, and the latest status per request id (the state table's)."""
+async def read_for_backfill(kafka: KafkaConnection, topology: Topology, schema_lookup: codec.SchemaLookup | None = None,
+                            ) -> tuple[list[FailureEvent], dict[str, RequestStatus]]:
+    """Terminal failures of every layer (a Confluent-framed one read with ``schema_lookup``, the registry's), and
+    the latest status per request id (the state table's)."""
     failures: list[FailureEvent] = []
     statuses: dict[str, RequestStatus] = {}
     topics = [topology.failed(layer) for layer in FailureLayer]
@@ -130,7 +131,7 @@ async def read_for_backfill(kafka: KafkaConnection,
                         state = codec.decode(record.value, RequestState)
                         statuses[state.request_id] = state.status
                     else:
-                        event = codec.decode(record.value, FailureEvent)
+                        event = codec.decode(record.value, FailureEvent, schema_lookup=schema_lookup)
                         if event.terminal:
                             failures.append(event)
                 except codec.CodecError:

@@ -42,13 +42,14 @@ class ExportReport:
 
 
 def export_results(kafka: KafkaConnection, topology: Topology, batch_id: str, output: Path, errors: Path | None,
-                   format_name: str = "openai") -> ExportReport:
+                   format_name: str = "openai", schema_lookup: codec.SchemaLookup | None = None) -> ExportReport:
     """Stream results and terminal failures of ``batch_id`` into the files: failures into ``errors``; without
     it, after the results into ``output`` for a one-file format, and nowhere for OpenAI's."""
     line_format = FORMATS[format_name]
     into_output = errors is None and format_name in ONE_FILE_FORMATS
     with open(output, "w", encoding="utf-8") as out:
-        deduper, written = asyncio.run(_write_results(kafka, topology, batch_id, out, line_format))
+        deduper, written = asyncio.run(_write_results(kafka, topology, batch_id, out, line_format,
+                                                             schema_lookup))
         failed = _write_failures(deduper, line_format, out) if into_output else 0
     if errors is not None:
         with open(errors, "w", encoding="utf-8") as err:
@@ -67,7 +68,8 @@ def _write_failures(deduper: ExportDeduper, line_format: LineFormat, out: TextIO
 
 
 async def _write_results(kafka: KafkaConnection, topology: Topology, batch_id: str, out: TextIO,
-                         line_format: LineFormat) -> tuple[ExportDeduper, int]:
+                         line_format: LineFormat, schema_lookup: codec.SchemaLookup | None,
+                         ) -> tuple[ExportDeduper, int]:
     """Write result lines as they are read; hold failures in the deduper (a later result may beat them)."""
     failure_topics = sorted(topology.failed(layer) for layer in FailureLayer)
     deduper = ExportDeduper()
@@ -77,12 +79,12 @@ async def _write_results(kafka: KafkaConnection, topology: Topology, batch_id: s
             for record in chunk:
                 try:
                     if record.topic == topology.results:
-                        result = codec.decode(record.value, InferenceResult)
+                        result = codec.decode(record.value, InferenceResult, schema_lookup=schema_lookup)
                         if result.batch_id == batch_id and deduper.add_result(result):
                             out.write(json.dumps(line_format.output_line(result), ensure_ascii=False) + "\n")
                             written += 1
                     else:
-                        failure = codec.decode(record.value, FailureEvent)
+                        failure = codec.decode(record.value, FailureEvent, schema_lookup=schema_lookup)
                         if failure.request.batch_id == batch_id:
                             deduper.add_failure(failure)
                 except codec.CodecError:

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.codec import SchemaLookup
 from streamproc.core.replication import ReplicationRequest
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
@@ -68,9 +69,10 @@ class SinkTotals:
 
 async def run_sink(kafka: KafkaConnection, topology: Topology, replication: ReplicationRequest, target: Target, *,
                    group: str, until_idle: bool, report: Callable[[str], None], report_every_s: float = 5.0,
-                   stop: asyncio.Event | None = None) -> SinkTotals:
+                   stop: asyncio.Event | None = None, schema_lookup: SchemaLookup | None = None) -> SinkTotals:
     """Follow the outcome topics into ``target`` until ``stop`` is set (by default: SIGTERM or Ctrl-C, after
-    the transaction under way), or, with ``until_idle``, until every record on them is in the database."""
+    the transaction under way), or, with ``until_idle``, until every record on them is in the database;
+    ``schema_lookup`` (the registry's) reads Confluent-framed records."""
     if stop is None:
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -84,7 +86,7 @@ async def run_sink(kafka: KafkaConnection, topology: Topology, replication: Repl
         await consumer.start()
         report(f"sink: {target.describe()} (schema up to date), group {group}, {len(kinds)} topics")
         try:
-            return await _follow(consumer, database, kinds, until_idle, report, report_every_s, stop)
+            return await _follow(consumer, database, kinds, until_idle, report, report_every_s, stop, schema_lookup)
         finally:
             await consumer.stop()
     finally:
@@ -92,7 +94,8 @@ async def run_sink(kafka: KafkaConnection, topology: Topology, replication: Repl
 
 
 async def _follow(consumer: AIOKafkaConsumer, database: SinkDatabase, kinds: dict[str, Kind], until_idle: bool,
-                  report: Callable[[str], None], report_every_s: float, stop: asyncio.Event) -> SinkTotals:
+                  report: Callable[[str], None], report_every_s: float, stop: asyncio.Event,
+                  schema_lookup: SchemaLookup | None) -> SinkTotals:
     totals = SinkTotals()
     next_report = time.monotonic() + report_every_s
     while not stop.is_set():
@@ -101,7 +104,7 @@ async def _follow(consumer: AIOKafkaConsumer, database: SinkDatabase, kinds: dic
             rows = RowBatch()
             for tp, records in polled.items():
                 for record in records:
-                    rows.add(kinds[tp.topic], record, tp.topic)
+                    rows.add(kinds[tp.topic], record, tp.topic, schema_lookup)
             rejected = await asyncio.to_thread(database.write, rows)
             for row in rejected:
                 report(f"sink: {row.topic}[{row.kafka_partition}]@{row.kafka_offset} (request "

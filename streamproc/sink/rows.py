@@ -243,19 +243,21 @@ class RowBatch:
     def __len__(self) -> int:
         return len(self.results) + len(self.failures) + len(self.dead_letters)
 
-    def add(self, kind: Kind, record: Record, topic: str = "") -> None:
-        """The record's row; one that is no event of ours is skipped, one that makes no row (deeply nested
-        JSON: ``RecursionError``, or any other error) is rejected. Never raises."""
+    def add(self, kind: Kind, record: Record, topic: str = "", schema_lookup: codec.SchemaLookup | None = None,
+            ) -> None:
+        """The record's row (a Confluent-framed one read with ``schema_lookup``, the registry's); one that is no
+        event of ours is skipped, one that makes no row (deeply nested JSON: ``RecursionError``, or any other
+        error) is rejected. Never raises."""
         origin = Origin(topic, record.partition, record.offset)
         try:
-            self._add(kind, record, origin)
+            self._add(kind, record, origin, schema_lookup)
         except codec.CodecError:
             self.skipped += 1  # a foreign record on our topic: part of no request's outcome
         except Exception as exc:  # any error: one record never stops the sink
             reason = f"unreadable: {type(exc).__name__}: {exc}"
             self.reject(rejected_row(origin, _header_request_id(record), reason))
 
-    def _add(self, kind: Kind, record: Record, origin: Origin) -> None:
+    def _add(self, kind: Kind, record: Record, origin: Origin, schema_lookup: codec.SchemaLookup | None) -> None:
         if kind is Kind.DEAD_LETTER:
             row = storable_row(dead_letter_row(record))
             if row.key not in self.dead_letters:
@@ -263,12 +265,12 @@ class RowBatch:
                 self.origins[row.key] = origin
             return
         if kind is Kind.RESULT:
-            result = storable_row(result_row(codec.decode(record.value, InferenceResult)))
+            result = storable_row(result_row(codec.decode(record.value, InferenceResult, schema_lookup=schema_lookup)))
             if result.key not in self.results:
                 self.results[result.key] = result
                 self.origins[result.key] = origin
             return
-        failure = storable_row(failure_row(codec.decode(record.value, FailureEvent)))
+        failure = storable_row(failure_row(codec.decode(record.value, FailureEvent, schema_lookup=schema_lookup)))
         held = self.failures.get(failure.key)
         if held is None or held.failed_at <= failure.failed_at:
             self.failures[failure.key] = failure

@@ -135,8 +135,9 @@ class Outcomes:
 class OutcomeReader:
     """Reads results, failures and dead letters from the beginning, incrementally."""
 
-    def __init__(self, bootstrap: str, settings: Settings) -> None:
+    def __init__(self, bootstrap: str, settings: Settings, schema_lookup: codec.SchemaLookup | None = None) -> None:
         topology = settings.topology()
+        self._schema_lookup = schema_lookup  # a registry's, for records in the Confluent wire format
         self._result_topic = topology.results
         self._dead_letter_topic = topology.dead_letters
         self._topics = [topology.results, topology.dead_letters, *(topology.failed(layer) for layer in FailureLayer)]
@@ -156,13 +157,13 @@ class OutcomeReader:
         for tp, messages in batches.items():
             for message in messages:
                 if tp.topic == self._result_topic:
-                    result = codec.decode(message.value, InferenceResult)
+                    result = codec.decode(message.value, InferenceResult, schema_lookup=self._schema_lookup)
                     self.outcomes.results[result.request_id].append(result)
                 elif tp.topic == self._dead_letter_topic:
                     self.outcomes.dead_letters += 1
                     self.outcomes.dead_letter_headers.append(dict(message.headers))
                 else:
-                    event = codec.decode(message.value, FailureEvent)
+                    event = codec.decode(message.value, FailureEvent, schema_lookup=self._schema_lookup)
                     self.outcomes.failures[event.request.request_id].append(event)
 
     async def wait_until_ended(self, ids: Iterable[str], timeout_s: float, *workers: WorkerProcess) -> Outcomes:

@@ -1,24 +1,41 @@
-"""The schema registry client against a real registry (Apicurio Registry's Confluent API, built from Maven
-Central by the devstack): our schemas registered under ``<topic>-value``, records in the Confluent wire format
-read back by id with one lookup per id, and a worker that refuses to start when the registry says incompatible."""
+"""The schema registry against a real registry (Apicurio Registry's Confluent API, built from Maven Central by
+the devstack) and the real broker: our schemas registered under ``<topic>-value``, records in the Confluent wire
+format read back by id with one lookup per id, a worker that writes its results in that format and reads a request
+framed so, the export reading them by id, and a worker that refuses to start when the registry says incompatible."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sqlite3
 import subprocess
 import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from streamproc import codec
-from streamproc.core.events import InferenceResult
+from streamproc.core.events import FailureEvent, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.apicurio import ThrowawaySchemaRegistry
 from streamproc.errors import ExitCode
-from streamproc.kafka.schema_registry import SchemaRegistry, SchemaRegistryRefused, subject, topic_schemas
+from streamproc.kafka.schema_registry import (
+    SchemaRegistry,
+    SchemaRegistryRefused,
+    register_schemas,
+    subject,
+    topic_schemas,
+)
 from streamproc.settings import RegistryAccess, Settings
-from tests.integration.pipeline import worker_env
+from tests.integration import pipeline
+from tests.integration.test_json_records import raw_records
+from tests.integration.test_operations import cli
+
+pytestmark = pytest.mark.integration
 
 RESULT = InferenceResult("req-1", "batch-1", "m", "{}", "ok", 1, 250, 1_735_689_601_000, "hash")
 # another record under a subject of ours: BACKWARD compatibility cannot read it with our schema
@@ -68,7 +85,7 @@ def test_incompatible_schema_refuses_before_registering_anything(schema_registry
 def test_worker_refuses_to_start_on_an_incompatible_schema(schema_registry: ThrowawaySchemaRegistry,
                                                           settings: Settings) -> None:
     _make_incompatible(schema_registry, subject(settings.topology().results))
-    env = worker_env(settings, "http://127.0.0.1:9/v1", settings.data_dir,
+    env = pipeline.worker_env(settings, "http://127.0.0.1:9/v1", settings.data_dir,
                      schema_registry_url=schema_registry.confluent_url)
     worker = subprocess.run([sys.executable, "-m", "streamproc", "worker"], env=env, capture_output=True,
                             text=True, timeout=120, check=False)
@@ -76,3 +93,68 @@ def test_worker_refuses_to_start_on_an_incompatible_schema(schema_registry: Thro
     refusal = [line for line in worker.stderr.splitlines() if "incompatible" in line]
     assert len(refusal) == 1 and subject(settings.topology().results) in refusal[0], worker.stderr[-2000:]
     assert "Traceback" not in worker.stderr
+
+
+def test_worker_writes_the_confluent_wire_format_and_every_reader_reads_it_by_id(
+        schema_registry: ThrowawaySchemaRegistry, settings: Settings, tmp_path: Path) -> None:
+    assert settings.kafka_bootstrap is not None
+    bootstrap, topology = settings.kafka_bootstrap, settings.topology()
+    access = RegistryAccess(url=schema_registry.confluent_url, username=None, password=None)
+    registered = register_schemas(access, topology)  # as another producer's serializer would: the same ids
+    batch = f"sr-{uuid.uuid4().hex[:8]}"
+    avro_ids = [f"{batch}/avro-{i}" for i in range(4)]
+    confluent_id = f"{batch}/confluent"
+    asyncio.run(pipeline.produce_requests(bootstrap, settings, [pipeline.chat_request(i, n, batch_id=batch)
+                                                       for n, i in enumerate(avro_ids)]))
+    asyncio.run(pipeline.produce(bootstrap, topology.requests, [
+        (confluent_id.encode(), registered.encode(pipeline.chat_request(confluent_id, 9, batch_id=batch)))]))
+
+    mock = pipeline.start_mock("clean")
+    worker = pipeline.WorkerProcess(pipeline.worker_env(settings, mock.url, tmp_path / "worker",
+                                      schema_registry_url=schema_registry.confluent_url), tmp_path / "worker.log")
+    worker.start()
+    try:
+        async def ended() -> Any:
+            async with pipeline.OutcomeReader(bootstrap, settings, schema_lookup=registered.lookup) as reader:
+                return await reader.wait_until_ended([*avro_ids, confluent_id], 120, worker)
+        outcomes = asyncio.run(ended())
+    finally:
+        worker.stop()
+        mock.stop()
+
+    assert all(len(outcomes.results[i]) == 1 for i in [*avro_ids, confluent_id]), worker.log_tail()
+    written = [record.value for record in asyncio.run(raw_records(settings, [topology.results]))
+               if record.value is not None and batch.encode() in record.value]
+    result_id = registered.ids[InferenceResult].to_bytes(4, "big")
+    assert len(written) == 5 and all(value[:5] == b"\x00" + result_id for value in written)
+    subjects = set(httpx.get(f"{schema_registry.confluent_url}/subjects").json())
+    assert {subject(topology.requests), subject(topology.results),
+            *(subject(topology.failed(layer)) for layer in FailureLayer)} <= subjects
+
+    exported = cli(settings, "results", "--batch-id", batch, "--output", str(tmp_path / "out.jsonl"),
+                   schema_registry_url=schema_registry.confluent_url)
+    assert exported.returncode == 0, exported.stderr
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == sorted(i.split("/")[1] for i in [*avro_ids, confluent_id])
+    unread = cli(settings, "results", "--batch-id", batch, "--output", str(tmp_path / "without.jsonl"))
+    assert unread.returncode == 0 and (tmp_path / "without.jsonl").read_text() == "", "without the registry: no id"
+
+    # a terminal failure in the Confluent wire format, as a worker with the registry writes one
+    now = int(time.time() * 1000)
+    failure = FailureEvent(pipeline.chat_request(f"{batch}/failed", 10, batch_id=batch), FailureLayer.TRANSPORT,
+                           "read_timeout", "timed out", 4, True, now, now)
+    asyncio.run(pipeline.produce(bootstrap, topology.failed(FailureLayer.TRANSPORT),
+                        [(failure.request.request_id.encode(), registered.encode(failure))]))
+    planned = cli(settings, "backfill", "--batch-id", batch, "--layer", "transport", "--dry-run",
+                  schema_registry_url=schema_registry.confluent_url)
+    assert planned.returncode == 0, planned.stderr
+    assert "backfill plan: 1 to replay, 0 to skip" in planned.stdout, planned.stdout
+
+    database = tmp_path / "outcomes.db"
+    sunk = cli(settings, "sink", "--to", f"sqlite:///{database}", "--until-idle",
+               schema_registry_url=schema_registry.confluent_url)
+    assert sunk.returncode == 0, sunk.stderr
+    with sqlite3.connect(database) as db:
+        results = {row[0] for row in db.execute("SELECT custom_id FROM results WHERE batch = ?", (batch,))}
+        failures = {row[0] for row in db.execute("SELECT custom_id FROM failures WHERE batch = ?", (batch,))}
+    assert results == {i.split("/")[1] for i in [*avro_ids, confluent_id]} and failures == {"failed"}
