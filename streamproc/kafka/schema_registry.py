@@ -52,12 +52,13 @@ def topic_schemas(topology: Topology) -> dict[str, type[Event]]:
 class SchemaRegistry:
     """Registers schemas and resolves ids; one HTTP client, and every id's schema cached."""
 
-    def __init__(self, access: RegistryAccess, timeout_s: float = 10.0) -> None:
+    def __init__(self, access: RegistryAccess, timeout_s: float = 10.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
         auth = ((access.username, access.password.get_secret_value() if access.password else "")
                 if access.username else None)
         self._url = access.url.rstrip("/")
         self._client = httpx.Client(base_url=self._url, auth=auth, timeout=timeout_s,
-                                    headers={"Accept": _CONTENT_TYPE})
+                                    headers={"Accept": _CONTENT_TYPE}, transport=transport)
         self._schemas: dict[int, str] = {}
 
     def close(self) -> None:
