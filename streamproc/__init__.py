@@ -3,4 +3,4 @@
 The package map and the architecture are in ``docs/design.md``; comments cite its sections as "design §N".
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

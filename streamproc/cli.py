@@ -132,11 +132,14 @@ def kafka_options(command: FC) -> FC:
 
 def _settings(ctx: click.Context | None = None) -> Settings:
     """The environment's settings, with ``-b`` and ``--command-config`` over their variables."""
+    from streamproc.codec.releases import write_as_release
     from streamproc.settings import Settings
 
     meta = (ctx or click.get_current_context()).meta
     given = {"kafka_bootstrap": meta.get(_BOOTSTRAP), "kafka_client_properties": meta.get(_COMMAND_CONFIG)}
-    return Settings(**{name: value for name, value in given.items() if value})
+    settings = Settings(**{name: value for name, value in given.items() if value})
+    write_as_release(settings.upgrade_from)  # every command that writes events writes what that release reads
+    return settings
 
 
 def json_option(what: str) -> Callable[[FC], FC]:

@@ -288,6 +288,10 @@ class Settings(BaseSettings):
         "worker checks and registers its Avro schemas under <topic>-value at start.")
     schema_registry_username: str | None = Field(default=None, description="HTTP basic auth user of the registry.")
     schema_registry_password: SecretStr | None = Field(default=None, description="Its password (never printed).")
+    upgrade_from: str | None = Field(
+        default=None, pattern=r"^\d+\.\d+\.\d+$", description="During a rolling upgrade, the release the "
+        "workers are upgraded from (e.g. 0.1.0): every record is written with that release's schemas, so its "
+        "workers still read them; unset once none is left.")
     # -- guards (design §5): protect the provider and the budget --------------------------------------------
     llm_rpm: float = Field(default=0, ge=0, description="Requests/min per model this account may send; 0 = learn "
                            "it from the provider's x-ratelimit-limit-requests header.")

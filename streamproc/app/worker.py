@@ -50,6 +50,7 @@ from streamproc.app.result_index import ResultIndex, ResultReuse
 from streamproc.app.spend import SpendGate
 from streamproc.app.table_purge import TablePurge
 from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.codec.releases import write_as_release
 from streamproc.core import headers
 from streamproc.core.decision import Retries
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
@@ -488,6 +489,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     logging.basicConfig(level=loglevel, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore"):  # httpx logs every request at INFO: a line (and CPU) per LLM call
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    write_as_release(settings.upgrade_from)  # during a rolling upgrade, what the older workers read (design §6)
     models = load_model_list(settings.models_file, settings.llm_endpoint)  # no endpoint at all stops here
     check_routes(models, settings.guards.routes)
     # a refused key, or one bound for plain http elsewhere, stops here

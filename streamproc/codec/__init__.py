@@ -22,6 +22,7 @@ from streamproc.codec.framing import (
     encode_confluent,
     peek_request_id,
     register_writer_schema,
+    writing_schema,
 )
 from streamproc.codec.json_events import JSON_EVENT_TYPES, encode_json
 from streamproc.codec.json_request import InvalidJsonRequest, is_json, read_json_request
@@ -51,4 +52,5 @@ __all__ = [
     "register_writer_schema",
     "schema_fingerprint",
     "to_avro",
+    "writing_schema",
 ]

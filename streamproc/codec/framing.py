@@ -17,7 +17,7 @@ The :class:`Codec` keeps the writer schemas it knows; the module-level functions
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from io import BytesIO
 from typing import Any, TypeAlias, cast
 
@@ -30,7 +30,6 @@ from streamproc.codec.records import AvroRecord, E, Event, from_avro, to_avro
 from streamproc.codec.writer_schemas import (
     CURRENT_WRITERS,
     PAST_WRITERS,
-    CurrentSchema,
     WriterSchema,
     current_schema,
     parse_writer_schema,
@@ -46,6 +45,8 @@ __all__ = [
     "encode_confluent",
     "peek_request_id",
     "register_writer_schema",
+    "write_with",
+    "writing_schema",
 ]
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
@@ -69,6 +70,22 @@ class Codec:
         self._writers: dict[bytes, WriterSchema] = {writer.fingerprint: writer
                                                     for writer in (*PAST_WRITERS, *CURRENT_WRITERS)}
         self._confluent_writers: dict[tuple[SchemaLookup, int], WriterSchema] = {}
+        self._writing: dict[str, WriterSchema] = {}  # by record name: an older release's, during an upgrade
+
+    def write_with(self, writers: Iterable[WriterSchema]) -> None:
+        """Encode each record type these name with that schema instead of the current one (none: all current).
+
+        A rolling upgrade writes what the release it upgrades from reads (design §6, "Releases"); fields that
+        schema lacks are not written.
+        """
+        self._writing = {writer.name: writer for writer in writers}
+        for writer in self._writing.values():
+            self._writers.setdefault(writer.fingerprint, writer)
+
+    def writing_schema(self, record_type: type[Event]) -> WriterSchema:
+        """The schema records of this type are encoded with: the current one, unless :meth:`write_with` said."""
+        current = current_schema(record_type).writer
+        return self._writing.get(current.name, current)
 
     def register_writer_schema(self, schema: Mapping[str, Any] | str) -> bytes:
         """Make records written with ``schema`` (e.g. an older version) decodable; returns its fingerprint."""
@@ -77,22 +94,21 @@ class Codec:
         return writer.fingerprint
 
     def encode(self, record: Event) -> bytes:
-        """Avro single-object encoding of ``record`` with the current schema of its type."""
-        current = current_schema(type(record))
+        """Avro single-object encoding of ``record`` with its type's writing schema (the current one by default)."""
+        writer = self.writing_schema(type(record))
         buffer = BytesIO()
         buffer.write(SINGLE_OBJECT_MAGIC)
-        buffer.write(current.writer.fingerprint)
-        self._write_body(buffer, current, record)
+        buffer.write(writer.fingerprint)
+        self._write_body(buffer, writer, record)
         return buffer.getvalue()
 
     def encode_confluent(self, record: Event, schema_id: int) -> bytes:
-        """Confluent wire format of ``record``; ``schema_id`` is the registry's id of its current schema."""
+        """Confluent wire format of ``record``; ``schema_id`` is the registry's id of its writing schema."""
         if not 0 <= schema_id <= _MAX_CONFLUENT_SCHEMA_ID:
             raise ValueError(f"Confluent schema id {schema_id} is outside 0..{_MAX_CONFLUENT_SCHEMA_ID}")
-        current = current_schema(type(record))
         buffer = BytesIO()
         buffer.write(CONFLUENT_MAGIC + schema_id.to_bytes(4, "big"))
-        self._write_body(buffer, current, record)
+        self._write_body(buffer, self.writing_schema(type(record)), record)
         return buffer.getvalue()
 
     def decode(
@@ -151,12 +167,12 @@ class Codec:
     # -- internals --
 
     @staticmethod
-    def _write_body(buffer: BytesIO, current: CurrentSchema, record: Event) -> None:
+    def _write_body(buffer: BytesIO, writer: WriterSchema, record: Event) -> None:
         try:
             # our datums hold no tuples, so fastavro need not look for its (branch, value) union notation
-            schemaless_writer(buffer, current.writer.parsed, to_avro(record), disable_tuple_notation=True)
+            schemaless_writer(buffer, writer.parsed, to_avro(record), disable_tuple_notation=True)
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise CodecError(CodecErrorCode.UNENCODABLE, f"cannot encode {current.writer.name}: {exc}") from exc
+            raise CodecError(CodecErrorCode.UNENCODABLE, f"cannot encode {writer.name}: {exc}") from exc
 
     def _writer_of(self, data: bytes, schema_lookup: SchemaLookup | None) -> tuple[WriterSchema, int]:
         """The writer schema named by the framing, and where the body starts."""
@@ -295,6 +311,16 @@ _DEFAULT_CODEC = Codec()
 def register_writer_schema(schema: Mapping[str, Any] | str) -> bytes:
     """Make records written with ``schema`` decodable by :func:`decode`; returns its fingerprint."""
     return _DEFAULT_CODEC.register_writer_schema(schema)
+
+
+def write_with(writers: Iterable[WriterSchema]) -> None:
+    """Make :func:`encode` and :func:`encode_confluent` write these schemas for their record types."""
+    _DEFAULT_CODEC.write_with(writers)
+
+
+def writing_schema(record_type: type[Event]) -> WriterSchema:
+    """The schema :func:`encode` writes records of this type with."""
+    return _DEFAULT_CODEC.writing_schema(record_type)
 
 
 def encode(record: Event) -> bytes:

@@ -14,6 +14,7 @@ schemas this project shipped before are kept in ``schemas/history/<Name>-<n>.avs
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,11 +48,13 @@ class WriterSchema:
     """A schema records may have been written with, with what decoding needs precomputed."""
 
     name: str  # the record's full name, e.g. io.streamproc.InferenceRequest
+    schema: AvroRecord = dataclasses.field(repr=False)  # as written, unparsed: what a registry is given
     fingerprint: bytes  # CRC-64-AVRO bytes, as framed
-    parsed: AvroRecord
+    parsed: AvroRecord = dataclasses.field(repr=False)
     missing_fields: tuple[str, ...]  # reader fields this writer lacks that have no default (dotted paths)
     request_id_path: tuple[str, ...]  # where request_id sits, e.g. ("request", "request_id"); () if nowhere
-    request_id_prefix: AvroRecord | None  # the writer schema cut just after request_id: reads only that far
+    # the writer schema cut just after request_id: reads only that far
+    request_id_prefix: AvroRecord | None = dataclasses.field(repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,7 @@ def _writer_schema(schema: Mapping[str, Any], readers: Mapping[str, AvroRecord])
     reader = readers.get(parsed["name"])
     return WriterSchema(
         name=parsed["name"],
+        schema=cast(AvroRecord, dict(schema)),
         fingerprint=fp,
         parsed=parsed,
         missing_fields=tuple(_missing_fields(parsed, reader)) if reader is not None else (),

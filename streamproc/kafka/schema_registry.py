@@ -17,7 +17,7 @@ from urllib.parse import quote
 import httpx
 
 from streamproc import codec
-from streamproc.codec import SchemaLookup, avro_schema
+from streamproc.codec import SchemaLookup, writing_schema
 from streamproc.codec.records import Event
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.core.topology import Topology
@@ -111,9 +111,10 @@ class SchemaRegistry:
         return cached
 
     def register_topics(self, schemas: Mapping[str, type[Event]]) -> dict[str, int]:
-        """Check every topic's current schema is compatible, then register them; topic -> schema id. An
-        incompatible one refuses before anything is registered."""
-        current = {topic: avro_schema(record_type) for topic, record_type in schemas.items()}
+        """Check every topic's writing schema (the current one, or an older release's during an upgrade) is
+        compatible, then register them; topic -> schema id. An incompatible one refuses before anything is
+        registered."""
+        current = {topic: writing_schema(record_type).schema for topic, record_type in schemas.items()}
         refused = [topic for topic, schema in current.items() if not self.is_compatible(subject(topic), schema)]
         if refused:
             raise SchemaRegistryRefused(

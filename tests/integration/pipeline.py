@@ -54,10 +54,12 @@ class WorkerProcess:
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = field(default=None)
+    python: str = sys.executable  # another interpreter runs another release (test_rolling_upgrade)
+    cwd: Path | None = None  # ``-m`` imports from the working directory first: another release runs elsewhere
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "streamproc", "worker"], env=self.env,
+            self.process = subprocess.Popen([self.python, "-m", "streamproc", "worker"], env=self.env, cwd=self.cwd,
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def alive(self) -> bool:
