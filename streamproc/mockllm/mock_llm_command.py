@@ -130,6 +130,13 @@ def _latency(spec: str | None) -> Latency | None:
     metavar="N",
     help="Work on at most N requests at once; the rest queue in arrival order (llama.cpp's slots).",
 )
+@click.option(
+    "--batch-seconds",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="How long a provider batch (OpenAI Batch, Anthropic Message Batches) stays in_progress (default 1).",
+)
 @click.option("--access-log", is_flag=True, help="Log every request to stderr (slows the server down).")
 def mock_llm(
     host: str,
@@ -146,12 +153,14 @@ def mock_llm(
     outage_seconds: float | None,
     hang_seconds: float | None,
     slots: int | None,
+    batch_seconds: float | None,
     access_log: bool,
 ) -> None:
     """Serve a fault-injecting OpenAI-compatible LLM API for rehearsing a batch's failure handling.
 
     Endpoints: POST /v1/chat/completions (JSON or SSE), POST /v1/completions, GET /v1/models, GET /stats,
-    GET /healthz, POST /control/outage, POST /control/reset. See docs/mock-llm.md.
+    GET /healthz, POST /control/outage, POST /control/reset; OpenAI's /v1/files and /v1/batches and
+    Anthropic's /v1/messages/batches. See docs/mock-llm.md.
     """
     # here: the profiles' YAML, asyncio and the server's aiohttp would slow every other command, --help included
     import asyncio
@@ -168,6 +177,7 @@ def mock_llm(
         outage_seconds=outage_seconds,
         hang_seconds=hang_seconds,
         slots=slots,
+        batch_seconds=batch_seconds,
     )
     try:
         profile = customize(load_profile(profile_name), overrides)

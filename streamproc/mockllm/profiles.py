@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 
+from streamproc.mockllm.batch_settings import BatchSettings, BatchSettingsError, batch_settings_from_mapping
 from streamproc.mockllm.injected_faults import FaultKind, FaultRatesError, FaultTable
 from streamproc.mockllm.latency import (
     NO_LATENCY,
@@ -100,6 +101,7 @@ class Profile:
     # empty 400, before anything else; a client that sends its own ids there fails every call.
     strict_request_id: bool = False
     huge_answer_bytes: int = 2 * 1024 * 1024  # the content of a huge_answer: twice a Kafka record's default limit
+    batches: BatchSettings = field(default_factory=BatchSettings)  # provider batches: phase durations, limits, forced failures
 
     def fault_table(self) -> FaultTable:
         return FaultTable.from_rates(self.faults)
@@ -251,6 +253,7 @@ _KEYS = {
     "slots",
     "strict_request_id",
     "huge_answer_bytes",
+    "batches",
 }
 
 
@@ -299,7 +302,9 @@ def profile_from_mapping(data: Any, *, default_name: str = "custom", where: str 
             profile = replace(
                 profile, huge_answer_bytes=_positive_int(data["huge_answer_bytes"], "huge_answer_bytes")
             )
-    except (FaultRatesError, LatencyError, ProfileError) as exc:
+        if "batches" in data:
+            profile = replace(profile, batches=batch_settings_from_mapping(data["batches"], profile.batches))
+    except (FaultRatesError, LatencyError, ProfileError, BatchSettingsError) as exc:
         raise ProfileError(f"{where}: {exc}") from None
     return profile
 
@@ -420,6 +425,7 @@ class Overrides:
     outage_seconds: float | None = None  # an outage from server start, for this many seconds
     hang_seconds: float | None = None  # inf: hangs last until the client gives up
     slots: int | None = None
+    batch_seconds: float | None = None  # how long a provider batch stays in_progress
 
 
 def customize(profile: Profile, overrides: Overrides) -> Profile:
@@ -456,4 +462,6 @@ def customize(profile: Profile, overrides: Overrides) -> Profile:
         profile = replace(profile, hang_seconds=overrides.hang_seconds)
     if overrides.slots is not None:
         profile = replace(profile, slots=overrides.slots)
+    if overrides.batch_seconds is not None:
+        profile = replace(profile, batches=replace(profile.batches, in_progress_seconds=overrides.batch_seconds))
     return profile

@@ -22,9 +22,12 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from streamproc.mockllm import error_bodies as errors
+from streamproc.mockllm.anthropic_batches import AnthropicBatches
+from streamproc.mockllm.batch_store import BatchStore
 from streamproc.mockllm.engine import Completed, Hang, Incoming, MockEngine, Rejected
 from streamproc.mockllm.error_bodies import ErrorReply
 from streamproc.mockllm.injected_faults import FaultKind
+from streamproc.mockllm.openai_batches import OpenAIBatches
 from streamproc.mockllm.responses import completion_json, encode, stream_frames
 from streamproc.mockllm.slots import SlotQueue
 from streamproc.mockllm.validation import CHAT, COMPLETIONS
@@ -79,6 +82,7 @@ class MockLLMServer:
         slots = engine.profile.slots
         self.slots = SlotQueue(slots, engine.clock) if slots is not None else None
         self._closing = asyncio.Event()
+        self.batches = BatchStore()
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -86,6 +90,8 @@ class MockLLMServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model}", self.get_model)
+        OpenAIBatches(self.engine, self.batches).add_routes(app)
+        AnthropicBatches(self.engine, self.batches).add_routes(app)
         app.router.add_get("/stats", self.stats)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_post("/control/outage", self.control_outage)
