@@ -101,7 +101,7 @@ class Profile:
     # empty 400, before anything else; a client that sends its own ids there fails every call.
     strict_request_id: bool = False
     huge_answer_bytes: int = 2 * 1024 * 1024  # the content of a huge_answer: twice a Kafka record's default limit
-    batches: BatchSettings = field(default_factory=BatchSettings)  # provider batches: phase durations, limits, forced failures
+    batches: BatchSettings = field(default_factory=BatchSettings)  # provider batches: phases, limits, failures
 
     def fault_table(self) -> FaultTable:
         return FaultTable.from_rates(self.faults)
