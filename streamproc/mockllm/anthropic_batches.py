@@ -68,11 +68,13 @@ class AnthropicBatches:
         app.router.add_post("/v1/messages/batches/{id}/cancel", self.cancel)
 
     def _refused(self, request: web.Request) -> web.Response | None:
-        """Anthropic's key travels in ``x-api-key``; the mock's ``--api-key`` applies to it."""
+        """The mock's ``--api-key``, sent in ``x-api-key`` or (as the 2.x SDK does) as a bearer token."""
         key = request.headers.get("x-api-key")
-        if self.engine.key_refusal(f"Bearer {key}" if key else None) is None:
+        authorization = f"Bearer {key}" if key else request.headers.get("Authorization")
+        if self.engine.key_refusal(authorization) is None:
             return None
-        return _error(401, "authentication_error", "invalid x-api-key" if key else "x-api-key header is required")
+        return _error(401, "authentication_error",
+                      "invalid x-api-key" if authorization else "x-api-key header is required")
 
     async def create(self, request: web.Request) -> web.Response:
         if (refused := self._refused(request)) is not None:
