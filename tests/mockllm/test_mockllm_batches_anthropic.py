@@ -92,6 +92,7 @@ MIXED = [
     request("policy", "Summarise [mock:content_policy]"),
     request("overloaded", "Summarise [mock:overloaded]"),
     request("too-long", "Summarise", max_tokens=100_000),
+    {"custom_id": "no-messages", "params": {"model": "mock-small", "max_tokens": 50}},  # refused line by line
     {"custom_id": "blocks", "params": {"model": "mock-small", "max_tokens": 50,
                                        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}},
 ]
@@ -110,7 +111,7 @@ async def test_a_batch_runs_in_progress_then_ended_with_every_result_type(
     batch = await retrieve(client, batch.id)
     assert batch.processing_status == "ended" and batch.ended_at is not None
     counts = batch.request_counts
-    assert (counts.processing, counts.succeeded, counts.errored, counts.canceled, counts.expired) == (0, 3, 4, 0, 0)
+    assert (counts.processing, counts.succeeded, counts.errored, counts.canceled, counts.expired) == (0, 3, 5, 0, 0)
 
     by_id = await results(client, mock, batch.id)
     assert set(by_id) == {r["custom_id"] for r in MIXED}
@@ -126,12 +127,13 @@ async def test_a_batch_runs_in_progress_then_ended_with_every_result_type(
     assert ok.type == "succeeded" and ok.message.content[0].type == "text"
     assert ok.message.content[0].text.startswith(f"[{fingerprint}]")  # the same answer as the synchronous call
     types = {}
-    for custom_id in ("server-error", "policy", "overloaded", "too-long"):
+    for custom_id in ("server-error", "policy", "overloaded", "too-long", "no-messages"):
         result = by_id[custom_id].result
         assert result.type == "errored"
         types[custom_id] = result.error.error.type
     assert types == {"server-error": "api_error", "policy": "invalid_request_error",
-                     "overloaded": "overloaded_error", "too-long": "invalid_request_error"}
+                     "overloaded": "overloaded_error", "too-long": "invalid_request_error",
+                     "no-messages": "invalid_request_error"}
     assert mock.stats()["calls"] == len(MIXED)
 
 
