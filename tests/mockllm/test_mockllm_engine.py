@@ -31,7 +31,7 @@ def engine(profile: Profile | None = None, **kwargs: Any) -> MockEngine:
     return MockEngine(profile or BUILTIN_PROFILES["clean"], 0, **kwargs)
 
 
-def send(e: MockEngine, body: Any, endpoint: str = CHAT, **headers: str | None) -> Outcome:
+def send(e: MockEngine, body: Any, endpoint: str = CHAT, **headers: Any) -> Outcome:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     return e.decide(Incoming(endpoint, raw, **headers))
 
