@@ -14,6 +14,10 @@ import anthropic
 import pytest
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
 
+from streamproc.core.outcome import Failure, Success
+from streamproc.core.provider_batch_lines import AnsweredLine, anthropic_line
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.llm.completion import check_completion
 from streamproc.mockllm.batch_settings import BatchSettings
 from streamproc.mockllm.content_key import request_fingerprint
 from streamproc.mockllm.profiles import load_profile
@@ -135,6 +139,19 @@ async def test_a_batch_runs_in_progress_then_ended_with_every_result_type(
                      "overloaded": "overloaded_error", "too-long": "invalid_request_error",
                      "no-messages": "invalid_request_error"}
     assert mock.stats()["calls"] == len(MIXED)
+
+    # the core reads every result as the synchronous call's outcome
+    verdicts = {cid: anthropic_line(r.model_dump_json()).verdict for cid, r in by_id.items()}
+    for custom_id in ("ok-1", "ok-2", "blocks"):
+        answered = verdicts[custom_id]
+        assert isinstance(answered, AnsweredLine)
+        assert isinstance(check_completion(answered.body, {"messages": []}), Success)
+    layers = {cid: (v.layer, v.code) for cid, v in verdicts.items() if isinstance(v, Failure)}
+    assert layers == {"server-error": (FailureLayer.SERVICE, "server_error"),
+                      "overloaded": (FailureLayer.SERVICE, "overloaded"),
+                      "policy": (FailureLayer.BUSINESS, "content_policy_violation"),  # by its text
+                      "too-long": (FailureLayer.BUSINESS, "context_length_exceeded"),
+                      "no-messages": (FailureLayer.BUSINESS, "invalid_request_error")}
 
 
 async def test_an_expired_batch_has_expired_results(client: anthropic.AsyncAnthropic, clock: Clock,

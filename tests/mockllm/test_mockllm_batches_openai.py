@@ -15,6 +15,10 @@ import pytest
 from openai.types import Batch, FileDeleted, FileObject
 from openai.types.chat import ChatCompletion
 
+from streamproc.core.outcome import Failure, Success
+from streamproc.core.provider_batch_lines import AnsweredLine, openai_line
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.llm.completion import check_completion
 from streamproc.mockllm.batch_settings import BatchSettings
 from streamproc.mockllm.profiles import load_profile
 from streamproc.mockllm.runner import MockLLMHandle, running_mock_llm
@@ -51,7 +55,7 @@ async def client(mock: MockLLMHandle) -> AsyncIterator[openai.AsyncOpenAI]:
 
 def request_line(custom_id: str, text: str, model: str = "mock-small") -> dict[str, Any]:
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 50}}
+            "body": {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 500}}
 
 
 def jsonl(lines: list[Any]) -> bytes:
@@ -142,6 +146,19 @@ async def test_a_batch_goes_validating_in_progress_finalizing_completed(
     assert all(line["error"] is None for line in errors.values())
     assert mock.stats()["calls"] == len(MIXED)  # each line answered once, however often the batch is read
 
+    # the core reads every line as the synchronous call's outcome
+    verdicts = {cid: openai_line(json.dumps(line)).verdict for cid, line in {**output, **errors}.items()}
+    requests = {line["custom_id"]: line["body"] for line in MIXED}
+    for custom_id in output:
+        answered = verdicts[custom_id]
+        assert isinstance(answered, AnsweredLine)
+        assert isinstance(check_completion(answered.body, requests[custom_id]), Success)
+    layers = {cid: (v.layer, v.code) for cid, v in verdicts.items() if isinstance(v, Failure)}
+    assert layers == {"server-error": (FailureLayer.SERVICE, "server_error"),
+                      "hang": (FailureLayer.SERVICE, "server_error"),
+                      "rate-limited": (FailureLayer.SERVICE, "rate_limit_exceeded"),
+                      "policy": (FailureLayer.BUSINESS, "content_policy_violation")}
+
 
 async def test_an_expired_batch_keeps_what_was_answered_and_expires_the_rest(
     client: openai.AsyncOpenAI, clock: Clock
@@ -158,6 +175,8 @@ async def test_an_expired_batch_keeps_what_was_answered_and_expires_the_rest(
     assert set(expired) == {f"r{i}" for i in range(3, 10)}
     for line in expired.values():
         assert line["response"] is None and line["error"]["code"] == "batch_expired"
+        verdict = openai_line(json.dumps(line)).verdict
+        assert isinstance(verdict, Failure) and (verdict.layer, verdict.code) == (FailureLayer.SERVICE, "batch_expired")
 
 
 async def test_a_cancelled_batch_goes_cancelling_then_cancelled(client: openai.AsyncOpenAI, clock: Clock) -> None:
