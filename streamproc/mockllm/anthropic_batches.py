@@ -18,7 +18,7 @@ from aiohttp import web
 
 from streamproc.mockllm.batch_lines import LineAnswerer
 from streamproc.mockllm.batch_settings import BATCH_HEADER, BatchSettingsError, apply_batch_header
-from streamproc.mockllm.batch_store import BatchLine, BatchStore, LineAnswer, ProviderBatch, new_id
+from streamproc.mockllm.batch_store import BatchLine, BatchStore, LineAnswer, ProviderBatch, new_id, page_size
 from streamproc.mockllm.batch_timeline import CANCELLABLE, ENDED, Phase
 from streamproc.mockllm.engine import MockEngine
 from streamproc.mockllm.responses import encode
@@ -104,19 +104,13 @@ class AnthropicBatches:
         return _ok(self.describe(batch))
 
     async def retrieve(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
-            return refused
-        batch = self._batch(request.match_info["id"])
-        if batch is None:
-            return _error(404, "not_found_error", f"Message batch {request.match_info['id']} not found.")
-        return _ok(self.describe(batch))
+        batch = self._found(request)
+        return batch if isinstance(batch, web.Response) else _ok(self.describe(batch))
 
     async def cancel(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
-            return refused
-        batch = self._batch(request.match_info["id"])
-        if batch is None:
-            return _error(404, "not_found_error", f"Message batch {request.match_info['id']} not found.")
+        batch = self._found(request)
+        if isinstance(batch, web.Response):
+            return batch
         now = self.engine.clock()
         if batch.catch_up(now, self.answer) in CANCELLABLE:
             batch.cancelled_at = batch.elapsed(now)
@@ -125,11 +119,9 @@ class AnthropicBatches:
         return _ok(self.describe(batch))
 
     async def results(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
-            return refused
-        batch = self._batch(request.match_info["id"])
-        if batch is None:
-            return _error(404, "not_found_error", f"Message batch {request.match_info['id']} not found.")
+        batch = self._found(request)
+        if isinstance(batch, web.Response):
+            return batch
         phase = batch.catch_up(self.engine.clock(), self.answer)
         if phase not in ENDED:
             return _error(400, "invalid_request_error", f"Message batch {batch.id} is still processing; its "
@@ -142,20 +134,21 @@ class AnthropicBatches:
     async def list(self, request: web.Request) -> web.Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        try:
-            limit = int(request.query.get("limit", "20"))
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= 1000:
+        limit = page_size(request.query.get("limit"), 1000)
+        if limit is None:
             return _error(400, "invalid_request_error", "limit: an integer between 1 and 1000 expected.")
         chosen, more = self.store.page(BATCH_PREFIX, request.query.get("after_id"), limit, newest_first=True)
         data = [self.describe(b) for b in chosen]
         return _ok({"data": data, "has_more": more, "first_id": data[0]["id"] if data else None,
                     "last_id": data[-1]["id"] if data else None})
 
-    def _batch(self, batch_id: str) -> ProviderBatch | None:
-        batch = self.store.batches.get(batch_id)
-        return batch if batch is not None and batch_id.startswith(BATCH_PREFIX) else None
+    def _found(self, request: web.Request) -> ProviderBatch | web.Response:
+        """The batch the path names, or the answer why not (a refused key, an unknown id)."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        batch = self.store.batch(request.match_info["id"], BATCH_PREFIX)
+        return batch if batch is not None else _error(404, "not_found_error",
+                                                      f"Message batch {request.match_info['id']} not found.")
 
     def describe(self, batch: ProviderBatch) -> dict[str, Any]:
         """Anthropic's ``message_batch`` object as of now, answering the lines due."""

@@ -115,6 +115,11 @@ class BatchStore:
         self.files[stored.id] = stored
         return stored
 
+    def batch(self, batch_id: str, prefix: str) -> ProviderBatch | None:
+        """The batch of that id, if it is one of the provider whose ids start with ``prefix``."""
+        batch = self.batches.get(batch_id)
+        return batch if batch is not None and batch_id.startswith(prefix) else None
+
     def page(
         self, prefix: str, after: str | None, limit: int, *, newest_first: bool
     ) -> tuple[list[ProviderBatch], bool]:
@@ -126,3 +131,12 @@ class BatchStore:
             ids = [b.id for b in chosen]
             chosen = chosen[ids.index(after) + 1:] if after in ids else []
         return chosen[:limit], len(chosen) > limit
+
+
+def page_size(raw: str | None, most: int, default: int = 20) -> int | None:
+    """A list call's ``limit`` query parameter; None when it is not an integer in 1..``most``."""
+    try:
+        limit = default if raw is None else int(raw)
+    except ValueError:
+        return None
+    return limit if 1 <= limit <= most else None

@@ -18,7 +18,7 @@ from aiohttp import BodyPartReader, web
 from streamproc.mockllm import error_bodies as errors
 from streamproc.mockllm.batch_lines import LineAnswerer
 from streamproc.mockllm.batch_settings import BATCH_HEADER, BatchSettingsError, apply_batch_header
-from streamproc.mockllm.batch_store import BatchLine, BatchStore, LineAnswer, ProviderBatch, new_id
+from streamproc.mockllm.batch_store import BatchLine, BatchStore, LineAnswer, ProviderBatch, StoredFile, new_id, page_size
 from streamproc.mockllm.batch_timeline import CANCELLABLE, ENDED, Phase
 from streamproc.mockllm.engine import MockEngine
 from streamproc.mockllm.error_bodies import INVALID_REQUEST, ErrorReply, openai_error
@@ -107,20 +107,21 @@ class OpenAIBatches:
         return _ok(stored.describe())
 
     async def get_file(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
-            return refused
-        stored = self.store.files.get(request.match_info["id"])
-        if stored is None:
-            return _not_found(f"No such File object: {request.match_info['id']}")
-        return _ok(stored.describe())
+        stored = self._file(request)
+        return stored if isinstance(stored, web.Response) else _ok(stored.describe())
 
     async def file_content(self, request: web.Request) -> web.Response:
+        stored = self._file(request)
+        if isinstance(stored, web.Response):
+            return stored
+        return web.Response(status=200, body=stored.content, content_type="application/octet-stream")
+
+    def _file(self, request: web.Request) -> StoredFile | web.Response:
+        """The file the path names, or the answer why not (a refused key, an unknown id)."""
         if (refused := self._refused(request)) is not None:
             return refused
         stored = self.store.files.get(request.match_info["id"])
-        if stored is None:
-            return _not_found(f"No such File object: {request.match_info['id']}")
-        return web.Response(status=200, body=stored.content, content_type="application/octet-stream")
+        return stored if stored is not None else _not_found(f"No such File object: {request.match_info['id']}")
 
     async def delete_file(self, request: web.Request) -> web.Response:
         if (refused := self._refused(request)) is not None:
@@ -182,19 +183,13 @@ class OpenAIBatches:
         return _ok(self.describe(batch))
 
     async def retrieve(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
-            return refused
-        batch = self._batch(request.match_info["id"])
-        if batch is None:
-            return _not_found(f"No batch found with id '{request.match_info['id']}'.")
-        return _ok(self.describe(batch))
+        batch = self._found(request)
+        return batch if isinstance(batch, web.Response) else _ok(self.describe(batch))
 
     async def cancel(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
-            return refused
-        batch = self._batch(request.match_info["id"])
-        if batch is None:
-            return _not_found(f"No batch found with id '{request.match_info['id']}'.")
+        batch = self._found(request)
+        if isinstance(batch, web.Response):
+            return batch
         now = self.engine.clock()
         phase = batch.catch_up(now, self.answerers[batch.details["endpoint"]])
         if phase not in CANCELLABLE:
@@ -205,20 +200,20 @@ class OpenAIBatches:
     async def list(self, request: web.Request) -> web.Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        try:
-            limit = int(request.query.get("limit", "20"))
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= 100:
+        limit = page_size(request.query.get("limit"), 100)
+        if limit is None:
             return _reply(errors.invalid_value("limit", "An integer between 1 and 100 expected."))
         chosen, more = self.store.page(BATCH_PREFIX, request.query.get("after"), limit, newest_first=True)
         data = [self.describe(b) for b in chosen]
         return _ok({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                     "last_id": data[-1]["id"] if data else None, "has_more": more})
 
-    def _batch(self, batch_id: str) -> ProviderBatch | None:
-        batch = self.store.batches.get(batch_id)
-        return batch if batch is not None and batch_id.startswith(BATCH_PREFIX) else None
+    def _found(self, request: web.Request) -> ProviderBatch | web.Response:
+        """The batch the path names, or the answer why not (a refused key, an unknown id)."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        batch = self.store.batch(request.match_info["id"], BATCH_PREFIX)
+        return batch if batch is not None else _not_found(f"No batch found with id '{request.match_info['id']}'.")
 
     # ---- the batch object -----------------------------------------------------------------------
 

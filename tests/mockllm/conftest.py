@@ -21,3 +21,18 @@ async def mock() -> AsyncIterator[MockLLMHandle]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         yield session
+
+
+class Clock:
+    """A monotonic clock a test moves by hand (``clock.now += 5``): provider batches change phase without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()

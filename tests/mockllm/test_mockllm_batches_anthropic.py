@@ -22,23 +22,11 @@ from streamproc.mockllm.batch_settings import BatchSettings
 from streamproc.mockllm.content_key import request_fingerprint
 from streamproc.mockllm.profiles import load_profile
 from streamproc.mockllm.runner import MockLLMHandle, running_mock_llm
+from tests.mockllm.conftest import Clock
 from tests.mockllm.sdk_strict import strict
 
 SETTINGS = BatchSettings(validating_seconds=1, in_progress_seconds=10, cancelling_seconds=1,
                          anthropic_max_requests=20, anthropic_max_bytes=50_000)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture

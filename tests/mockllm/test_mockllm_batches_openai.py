@@ -22,23 +22,11 @@ from streamproc.llm.completion import check_completion
 from streamproc.mockllm.batch_settings import BatchSettings
 from streamproc.mockllm.profiles import load_profile
 from streamproc.mockllm.runner import MockLLMHandle, running_mock_llm
+from tests.mockllm.conftest import Clock
 from tests.mockllm.sdk_strict import strict
 
 SETTINGS = BatchSettings(validating_seconds=1, in_progress_seconds=10, finalizing_seconds=1, cancelling_seconds=1,
                          openai_max_requests=20, openai_max_bytes=20_000)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture
