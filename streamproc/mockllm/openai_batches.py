@@ -18,7 +18,15 @@ from aiohttp import BodyPartReader, web
 from streamproc.mockllm import error_bodies as errors
 from streamproc.mockllm.batch_lines import LineAnswerer
 from streamproc.mockllm.batch_settings import BATCH_HEADER, BatchSettingsError, apply_batch_header
-from streamproc.mockllm.batch_store import BatchLine, BatchStore, LineAnswer, ProviderBatch, StoredFile, new_id, page_size
+from streamproc.mockllm.batch_store import (
+    BatchLine,
+    BatchStore,
+    LineAnswer,
+    ProviderBatch,
+    StoredFile,
+    new_id,
+    page_size,
+)
 from streamproc.mockllm.batch_timeline import CANCELLABLE, ENDED, Phase
 from streamproc.mockllm.engine import MockEngine
 from streamproc.mockllm.error_bodies import INVALID_REQUEST, ErrorReply, openai_error
