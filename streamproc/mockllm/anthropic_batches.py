@@ -86,8 +86,8 @@ class AnthropicBatches:
         limit = settings.anthropic_max_bytes
         if request.content_length is not None and request.content_length > limit:
             return _error(413, "request_too_large", f"Request exceeds the maximum size of {limit} bytes.")
-        raw = await request.content.read(limit + 1)
-        if len(raw) > limit:
+        raw = await _read_at_most(request, limit)
+        if raw is None:
             return _error(413, "request_too_large", f"Request exceeds the maximum size of {limit} bytes.")
         try:
             body = json_object(raw)
@@ -176,6 +176,18 @@ class AnthropicBatches:
             "cancel_initiated_at": _rfc3339(cancelled_at),
             "results_url": f"{batch.details['root']}/v1/messages/batches/{batch.id}/results" if ended else None,
         }
+
+
+async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
+    """The whole body, or None once it passes ``limit`` (read past the server's 32 MiB: a batch may be 256 MB)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(1 << 20):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
