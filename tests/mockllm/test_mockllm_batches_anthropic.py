@@ -209,3 +209,13 @@ async def test_a_validation_failure_can_be_forced_and_the_key_is_checked(client:
             await wrong.messages.batches.list()
     with pytest.raises(anthropic.NotFoundError):
         await client.messages.batches.retrieve("msgbatch_nope")
+
+
+async def test_a_create_body_of_many_megabytes_is_read_whole() -> None:
+    """Past the server's 32 MiB client limit and across many reads: the body arrives in pieces."""
+    requests = [request(f"r{i}", f"{i} " + "word " * 2000) for i in range(4000)]  # ~40 MB
+    async with running_mock_llm("clean") as mock, anthropic.AsyncAnthropic(
+        base_url=mock.root, api_key="x", max_retries=0, timeout=60.0
+    ) as client:
+        batch = await client.messages.batches.create(requests=requests)
+        assert batch.request_counts.processing == len(requests)
