@@ -260,3 +260,14 @@ async def test_the_key_is_checked(clock: Clock) -> None:
             await client.files.create(file=("input.jsonl", b"{}\n"), purpose="batch")
         with pytest.raises(openai.AuthenticationError):
             await client.batches.list()
+
+
+async def test_an_upload_past_the_servers_body_limit_is_taken_whole() -> None:
+    """A batch file may be 200 MB, over the 32 MiB the chat endpoints take: the upload is streamed."""
+    content = jsonl([request_line(f"r{i}", "word " * 2000) for i in range(4000)])  # ~40 MB
+    async with running_mock_llm("clean") as mock, openai.AsyncOpenAI(
+        base_url=mock.url, api_key="x", max_retries=0, timeout=60.0
+    ) as client:
+        stored = await client.files.create(file=("big.jsonl", content), purpose="batch")
+        assert stored.bytes == len(content) > 32 * 1024 * 1024
+        assert (await client.files.content(stored.id)).content == content
