@@ -8,7 +8,8 @@ as the batch advances and a test that never looks at a batch costs nothing.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,17 @@ class BatchStore:
         stored = StoredFile(new_id("file-"), filename, purpose, content, created_at)
         self.files[stored.id] = stored
         return stored
+
+    def describe(self, now: float, providers: Mapping[str, str]) -> dict[str, Any]:
+        """What ``/stats`` shows: files held, and per provider (name -> id prefix) the batches created, the
+        lines answered so far and the batches in each phase (OpenAI's names)."""
+        out: dict[str, Any] = {"files": len(self.files)}
+        for name, prefix in providers.items():
+            chosen = [b for b in self.batches.values() if b.id.startswith(prefix)]
+            phases = Counter(b.phase(now).value for b in chosen)
+            out[name] = {"created": len(chosen), "lines_answered": sum(len(b.answers) for b in chosen),
+                         "by_phase": dict(sorted(phases.items()))}
+        return out
 
     def batch(self, batch_id: str, prefix: str) -> ProviderBatch | None:
         """The batch of that id, if it is one of the provider whose ids start with ``prefix``."""

@@ -21,13 +21,12 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from streamproc.mockllm import anthropic_batches, openai_batches
 from streamproc.mockllm import error_bodies as errors
-from streamproc.mockllm.anthropic_batches import AnthropicBatches
 from streamproc.mockllm.batch_store import BatchStore
 from streamproc.mockllm.engine import Completed, Hang, Incoming, MockEngine, Rejected
 from streamproc.mockllm.error_bodies import ErrorReply
 from streamproc.mockllm.injected_faults import FaultKind
-from streamproc.mockllm.openai_batches import OpenAIBatches
 from streamproc.mockllm.responses import completion_json, encode, stream_frames
 from streamproc.mockllm.slots import SlotQueue
 from streamproc.mockllm.validation import CHAT, COMPLETIONS
@@ -90,8 +89,8 @@ class MockLLMServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{model}", self.get_model)
-        OpenAIBatches(self.engine, self.batches).add_routes(app)
-        AnthropicBatches(self.engine, self.batches).add_routes(app)
+        openai_batches.OpenAIBatches(self.engine, self.batches).add_routes(app)
+        anthropic_batches.AnthropicBatches(self.engine, self.batches).add_routes(app)
         app.router.add_get("/stats", self.stats)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_post("/control/outage", self.control_outage)
@@ -112,6 +111,10 @@ class MockLLMServer:
         snapshot["in_flight"] = self.in_flight
         snapshot["hanging"] = self.hanging
         snapshot["queue"] = self.slots.describe() if self.slots is not None else None
+        snapshot["batches"] = self.batches.describe(
+            self.engine.clock(),
+            {"openai": openai_batches.BATCH_PREFIX, "anthropic": anthropic_batches.BATCH_PREFIX},
+        )
         return snapshot
 
     def reset(self) -> None:

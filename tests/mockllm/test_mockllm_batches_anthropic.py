@@ -160,10 +160,12 @@ async def test_a_cancelled_batch_goes_canceling_then_ended(client: anthropic.Asy
     raw = await client.messages.batches.with_raw_response.cancel(batch.id)
     batch = strict(MessageBatch, raw.http_response.json())
     assert batch.processing_status == "canceling" and batch.cancel_initiated_at is not None
+    assert mock.stats()["batches"]["anthropic"]["by_phase"] == {"cancelling": 1}
     clock.now += 1
     batch = await retrieve(client, batch.id)
     assert batch.processing_status == "ended"
     assert (batch.request_counts.succeeded, batch.request_counts.canceled) == (3, 7)
+    assert mock.stats()["batches"]["anthropic"] == {"created": 1, "lines_answered": 3, "by_phase": {"cancelled": 1}}
     by_id = await results(client, mock, batch.id)
     assert sum(r.result.type == "canceled" for r in by_id.values()) == 7
     with pytest.raises(anthropic.BadRequestError):
@@ -213,7 +215,7 @@ async def test_a_validation_failure_can_be_forced_and_the_key_is_checked(client:
 
 async def test_a_create_body_of_many_megabytes_is_read_whole() -> None:
     """Past the server's 32 MiB client limit and across many reads: the body arrives in pieces."""
-    requests = [request(f"r{i}", f"{i} " + "word " * 2000) for i in range(4000)]  # ~40 MB
+    requests: list[Any] = [request(f"r{i}", f"{i} " + "word " * 2000) for i in range(4000)]  # ~40 MB
     async with running_mock_llm("clean") as mock, anthropic.AsyncAnthropic(
         base_url=mock.root, api_key="x", max_retries=0, timeout=60.0
     ) as client:

@@ -132,7 +132,10 @@ async def test_a_batch_goes_validating_in_progress_finalizing_completed(
     assert errors["policy"]["response"]["body"]["error"]["code"] == "content_policy_violation"
     assert errors["rate-limited"]["response"]["body"]["error"]["code"] == "rate_limit_exceeded"
     assert all(line["error"] is None for line in errors.values())
-    assert mock.stats()["calls"] == len(MIXED)  # each line answered once, however often the batch is read
+    stats = mock.stats()
+    assert stats["calls"] == len(MIXED)  # each line answered once, however often the batch is read
+    assert stats["batches"]["openai"] == {"created": 1, "lines_answered": len(MIXED), "by_phase": {"completed": 1}}
+    assert stats["batches"]["files"] == 3  # the input, output and error files
 
     # the core reads every line as the synchronous call's outcome
     verdicts = {cid: openai_line(json.dumps(line)).verdict for cid, line in {**output, **errors}.items()}
