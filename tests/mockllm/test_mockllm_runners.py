@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from click.testing import CliRunner
 
@@ -89,6 +90,7 @@ def test_process_helper_with_options(tmp_path: Path) -> None:
         (["--model", "m=big"], "positive integer"),
         (["--port", "70000"], "70000"),
         (["--slots", "0"], "--slots"),
+        (["--batch-seconds", "-1"], "--batch-seconds"),
     ],
 )
 def test_bad_options_are_reported_without_starting(args: list[str], message: str) -> None:
@@ -100,8 +102,22 @@ def test_bad_options_are_reported_without_starting(args: list[str], message: str
 def test_help_lists_the_options() -> None:
     result = CliRunner().invoke(mock_llm, ["--help"])
     assert result.exit_code == 0
-    for option in ("--port", "--profile", "--seed", "--api-key", "--rpm", "--tpm", "--latency", "--outage", "--slots"):
+    for option in ("--port", "--profile", "--seed", "--api-key", "--rpm", "--tpm", "--latency", "--outage", "--slots",
+                   "--batch-seconds"):
         assert option in result.output
+
+
+def test_batch_seconds_from_the_command_line() -> None:
+    """``--batch-seconds 0.5``: a provider batch is in progress for half a second, then done."""
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": CHAT}
+    with MockLLMProcess.start("--batch-seconds", "0.5") as mock:
+        client = openai.OpenAI(base_url=mock.url, api_key="x", max_retries=0)
+        stored = client.files.create(file=("in.jsonl", json.dumps(line).encode()), purpose="batch")
+        batch = client.batches.create(input_file_id=stored.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        assert client.batches.retrieve(batch.id).status == "in_progress"
+        time.sleep(0.6)
+        assert client.batches.retrieve(batch.id).status == "completed"
 
 
 def test_one_slot_from_the_command_line() -> None:
