@@ -12,7 +12,7 @@ from typing import Any
 
 import openai
 import pytest
-from openai.types import Batch, FileDeleted, FileObject
+from openai.types import Batch, Completion, FileDeleted, FileObject
 from openai.types.chat import ChatCompletion
 
 from streamproc.core.outcome import Failure, Success
@@ -274,3 +274,16 @@ async def test_an_upload_past_the_servers_body_limit_is_taken_whole() -> None:
         stored = await client.files.create(file=("big.jsonl", content), purpose="batch")
         assert stored.bytes == len(content) > 32 * 1024 * 1024
         assert (await client.files.content(stored.id)).content == content
+
+
+async def test_a_completions_batch(client: openai.AsyncOpenAI, clock: Clock) -> None:
+    line = {"custom_id": "c1", "method": "POST", "url": "/v1/completions",
+            "body": {"model": "mock-small", "prompt": "Say hi", "max_tokens": 500}}
+    stored = await upload(client, jsonl([line]))
+    batch = await client.batches.create(input_file_id=stored.id, endpoint="/v1/completions", completion_window="24h")
+    clock.now += 12
+    batch = await retrieve(client, batch.id)
+    assert batch.status == "completed"
+    [answer] = (await lines_of(client, batch.output_file_id)).values()
+    completion = strict(Completion, answer["response"]["body"])
+    assert completion.object == "text_completion" and completion.choices[0].text
