@@ -87,24 +87,12 @@ class OpenAIBatches:
             return refused
         if not request.content_type.startswith("multipart/"):
             return _reply(errors.invalid_value("file", "A multipart/form-data upload with file and purpose expected."))
-        purpose: str | None = None
-        filename, content = None, b""
-        reader = await request.multipart()
-        while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader):  # a nested multipart: not what OpenAI takes
-                return _reply(errors.invalid_value("file", "Nested multipart bodies are not accepted."))
-            if part.name == "purpose":
-                purpose = (await part.text()).strip()
-            elif part.name == "file":
-                filename = part.filename or "upload.jsonl"
-                chunks: list[bytes] = []
-                size = 0
-                while chunk := await part.read_chunk():
-                    size += len(chunk)
-                    if size > MAX_FILE_BYTES:
-                        return _reply(errors.body_too_large(MAX_FILE_BYTES))
-                    chunks.append(chunk)
-                content = b"".join(chunks)
+        try:
+            purpose, filename, content = await _read_upload(request)
+        except _UploadRefused as exc:
+            return _reply(exc.reply)
+        except ValueError as exc:  # aiohttp's word for a body that is not multipart (no or a wrong boundary, cut)
+            return _reply(errors.invalid_value("file", f"The multipart body could not be read: {exc}."))
         if filename is None:
             return _reply(errors.missing_parameter("file"))
         if purpose is None:
@@ -153,6 +141,8 @@ class OpenAIBatches:
         for name in ("input_file_id", "endpoint", "completion_window"):
             if name not in body:
                 return _reply(errors.missing_parameter(name))
+            if not isinstance(body[name], str):
+                return _reply(errors.invalid_type(name, "a string", body[name]))
         endpoint, window = body["endpoint"], body["completion_window"]
         if endpoint not in ENDPOINTS:
             return _reply(errors.invalid_value("endpoint", f"The mock runs batches of {', '.join(ENDPOINTS)}."))
@@ -279,6 +269,35 @@ class OpenAIBatches:
                 batch.details[key] = stored.id
             else:
                 batch.details[key] = None
+
+
+class _UploadRefused(Exception):
+    def __init__(self, reply: ErrorReply) -> None:
+        super().__init__(reply.status)
+        self.reply = reply
+
+
+async def _read_upload(request: web.Request) -> tuple[str | None, str | None, bytes]:
+    """The ``purpose`` and the ``file`` (name, bytes) of a multipart upload, read in chunks up to 512 MB."""
+    purpose: str | None = None
+    filename, content = None, b""
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):  # a nested multipart: not what OpenAI takes
+            raise _UploadRefused(errors.invalid_value("file", "Nested multipart bodies are not accepted."))
+        if part.name == "purpose":
+            purpose = (await part.text()).strip()
+        elif part.name == "file":
+            filename = part.filename or "upload.jsonl"
+            chunks: list[bytes] = []
+            size = 0
+            while chunk := await part.read_chunk():
+                size += len(chunk)
+                if size > MAX_FILE_BYTES:
+                    raise _UploadRefused(errors.body_too_large(MAX_FILE_BYTES))
+                chunks.append(chunk)
+            content = b"".join(chunks)
+    return purpose, filename, content
 
 
 def _output_line(custom_id: str, answer: LineAnswer) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 from openai.types import Batch, Completion, FileDeleted, FileObject
@@ -253,6 +254,10 @@ async def test_bad_requests_are_refused_with_openai_errors(client: openai.AsyncO
                                     completion_window="24h", extra_headers={"x-mock-batch": "expire=2"})
     with pytest.raises(openai.NotFoundError):
         await client.batches.retrieve("batch_nope")
+    for wrong in ({"input_file_id": [stored.id]}, {"endpoint": ["/v1/chat/completions"]}, {"completion_window": 24}):
+        fields = {"input_file_id": stored.id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **wrong}
+        with pytest.raises(openai.BadRequestError):
+            await client.post("/batches", body=fields, cast_to=Batch)
 
 
 async def test_the_key_is_checked(clock: Clock) -> None:
@@ -287,3 +292,22 @@ async def test_a_completions_batch(client: openai.AsyncOpenAI, clock: Clock) -> 
     [answer] = (await lines_of(client, batch.output_file_id)).values()
     completion = strict(Completion, answer["response"]["body"])
     assert completion.object == "text_completion" and completion.choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("multipart/form-data", b"xx"),  # no boundary
+        ("multipart/form-data; boundary=zz", b"garbage"),
+        ("multipart/form-data; boundary=zz",
+         b'--zz\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\nab'),  # cut
+        ("application/json", b"{}"),
+    ],
+)
+async def test_a_body_that_is_no_upload_is_a_400_never_a_500(
+    mock: MockLLMHandle, http: aiohttp.ClientSession, content_type: str, body: bytes
+) -> None:
+    async with http.post(f"{mock.url}/files", data=body, headers={"Content-Type": content_type}) as response:
+        assert response.status == 400
+        assert (await response.json())["error"]["param"] == "file"
+    assert mock.stats()["internal_errors"] == 0
