@@ -1,5 +1,5 @@
-"""The provider batches' phases and progress as pure functions of time, and how their settings are given
-(the profile's ``batches`` key, ``--batch-seconds``, the ``x-mock-batch`` header)."""
+"""The provider batches' phases and progress as pure functions of time, how their settings are given (the
+profile's ``batches`` key, ``--batch-seconds``, the ``x-mock-batch`` header), and OpenAI input-file validation."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from streamproc.mockllm.batch_settings import BatchSettings, BatchSettingsError, apply_batch_header
 from streamproc.mockllm.batch_timeline import ENDED, Phase, answered_by, phase_at, timeline
+from streamproc.mockllm.openai_batches import read_input
 from streamproc.mockllm.profiles import Overrides, ProfileError, customize, load_profile, profile_from_mapping
 
 TIMED = BatchSettings(validating_seconds=1, in_progress_seconds=10, finalizing_seconds=2, cancelling_seconds=3)
@@ -103,3 +104,23 @@ def test_bad_batch_settings_name_their_key(batches: object, message: str) -> Non
 
 def test_batch_seconds_override() -> None:
     assert customize(load_profile("clean"), Overrides(batch_seconds=0.2)).batches.in_progress_seconds == 0.2
+
+
+LINE_PARTS = st.sampled_from([
+    b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}',
+    b'{"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "n"}}',
+    b'{"custom_id": 1, "body": []}', b"[]", b"{", b"\xff", b"", b'{"custom_id": "a", "url": "/v1/x", "body": {}}',
+]) | st.binary(max_size=20)
+
+
+@given(lines=st.lists(LINE_PARTS, max_size=12))
+def test_any_input_file_gives_requests_or_reasons_never_an_exception(lines: list[bytes]) -> None:
+    content = b"\n".join(lines)
+    requests, problems, model = read_input(content, "/v1/chat/completions", 5, 10_000)
+    assert requests or problems  # an empty or wholly invalid file is a failed batch, not an empty one
+    for problem in problems:
+        assert set(problem) == {"code", "message", "param", "line"} and problem["message"]
+    ids = [r.custom_id for r in requests]
+    assert len(ids) == len(set(ids))
+    if not problems:
+        assert 1 <= len(requests) <= 5 and model is not None
