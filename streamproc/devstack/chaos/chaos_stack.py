@@ -130,8 +130,10 @@ class ChaosStack:
                                          env=clean_env())
         self.proxy = LLMProxy(self.mock.root, config.deep_json_depth).start()
 
-    def start_workers(self) -> None:
+    def start_workers(self, **settings: str) -> None:
+        """Start the worker slots; ``settings`` are more ``STREAMPROC_*`` variables (by their lower-case name)."""
         env = self.pipeline_env()
+        env.update({f"STREAMPROC_{name.upper()}": value for name, value in settings.items()})
         assert self.proxy is not None
         env.update({
             "STREAMPROC_LLM_BASE_URL": self.proxy.url,

@@ -17,7 +17,8 @@ IN_FLIGHT = "streamproc_in_flight"
 STALLED = "streamproc_partition_stalled"
 REDRIVEN = "streamproc_requests_redriven"  # counters: their samples are named ..._total
 HEDGED = "streamproc_hedged_calls"
-COUNTERS = (REDRIVEN, HEDGED)
+RESULTS = "streamproc_results"  # what the soak run divides CPU time by
+COUNTERS = (REDRIVEN, HEDGED, RESULTS)
 
 
 @dataclass(frozen=True)
