@@ -61,6 +61,8 @@ class InFlightSettings(SettingsValue):
     floor: int
     ceiling: int
     start: int
+    long_threshold_tokens: int  # a call estimated larger is long (0: no pool for long requests)
+    long_share: float  # of a deployment's in-flight limit, what long calls may hold while short ones are about
 
 
 class BreakerSettings(SettingsValue):
@@ -304,6 +306,13 @@ class Settings(BaseSettings):
                                         "(latency gradient); STREAMPROC_IN_FLIGHT is its ceiling.")
     adaptive_initial_in_flight: int = Field(default=16, ge=1, description="Where the adaptive in-flight limit "
                                             "starts; it doubles per round trip while latency does not rise.")
+    long_request_tokens: int = Field(default=2000, ge=0, description="A request whose estimated size (prompt "
+                                     "characters / 4 + max_tokens) is over this is long: long calls hold at most "
+                                     "STREAMPROC_LONG_REQUEST_SHARE of the in-flight slots while short ones are "
+                                     "about, and are timed apart; 0 = no pool.")
+    long_request_share: float = Field(default=0.25, gt=0, le=1, description="The share of a deployment's in-flight "
+                                      "limit long requests may hold while short ones are in flight or waiting "
+                                      "(at least one slot).")
     breaker_enabled: bool = Field(default=True, description="Circuit breaker per model (off only to measure it).")
     breaker_failure_rate: float = Field(default=0.5, gt=0, le=1, description="Transport/5xx failure fraction "
                                         "that opens a model's breaker.")
@@ -381,7 +390,9 @@ class Settings(BaseSettings):
             rate=RateLimitSettings(rpm=self.llm_rpm or None, tpm=self.llm_tpm or None,
                                    share=self.llm_limit_share or 1.0, follows_fleet=self.llm_limit_share is None),
             in_flight=InFlightSettings(floor=floor, ceiling=ceiling,
-                                       start=max(floor, min(self.adaptive_initial_in_flight, ceiling))),
+                                       start=max(floor, min(self.adaptive_initial_in_flight, ceiling)),
+                                       long_threshold_tokens=self.long_request_tokens,
+                                       long_share=self.long_request_share),
             breaker=BreakerSettings(failure_rate=self.breaker_failure_rate, window_s=self.breaker_window_s,
                                     min_calls=self.breaker_min_calls, open_s=self.breaker_open_s,
                                     hold_s=self.breaker_hold_s) if self.breaker_enabled else None,

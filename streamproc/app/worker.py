@@ -71,7 +71,7 @@ from streamproc.kafka.diagnose import KafkaRefused, diagnose
 from streamproc.kafka.schema_registry import RegisteredSchemas, register_schemas
 from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.deployments import DeploymentCaller
-from streamproc.llm.guarded import Guards
+from streamproc.llm.guarded import Guards, long_requests_of
 from streamproc.llm.model_list_file import check_routes, deployment_endpoint, load_model_list
 from streamproc.settings import Settings
 
@@ -234,7 +234,8 @@ class WorkerRuntime:
                                      waiting_room=self.app.conf.stream_buffer_maxsize)
         guards = settings.guards
         self.llm = DeploymentCaller.connect(models, settings.llm_endpoint, connections=guards.in_flight.ceiling,
-                                            hedge_ratio=guards.hedge_ratio)
+                                            hedge_ratio=guards.hedge_ratio,
+                                            long_requests=long_requests_of(guards.in_flight))
         self.batch_sizes = batch_sizes or BatchSizes()
         self.guards = Guards.from_settings(guards, fleet.metered(self.llm) if fleet is not None else self.llm,
                                            self._expected_first_attempts, models, self._rebalancing_or_stopping)

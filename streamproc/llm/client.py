@@ -29,6 +29,7 @@ import httpx
 from streamproc.core.endpoints import UNSUPPORTED_URL, Endpoint, UrlRefused, endpoint_for
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.hedging import HedgeBudget, hedge_after_s
+from streamproc.core.guards.long_requests import NO_POOL, LongRequests, timing_key
 from streamproc.core.guards.own_queue import OwnQueue, Place
 from streamproc.core.guards.timeouts import AdaptiveTimeout
 from streamproc.core.outcome import Failure, Outcome, Success, truncate
@@ -132,7 +133,7 @@ class LLMClient:
     transport (tests) replaces the network."""
 
     def __init__(self, endpoint: LLMEndpoint, *, connections: int, hedge_ratio: float,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, long_requests: LongRequests = NO_POOL) -> None:
         if not endpoint.base_url:
             raise ValueError("STREAMPROC_LLM_BASE_URL is not set: the worker has no LLM endpoint to call")
         headers = {"user-agent": "streamproc"}
@@ -143,8 +144,10 @@ class LLMClient:
         self._urls = endpoint_urls(endpoint.base_url)  # a base URL the table cannot be joined under fails here
         self._http = http_stack(endpoint, connections, headers, transport)
         self._max_response_bytes = endpoint.max_response_bytes
-        self.timeouts = AdaptiveTimeout(endpoint.read_timeout_s)  # per model; the setting is the ceiling
+        # per model and size class (long calls are timed against long calls); the setting is the ceiling
+        self.timeouts = AdaptiveTimeout(endpoint.read_timeout_s)
         self._queue = OwnQueue()  # a call's timeout runs from when the calls sent before it are done
+        self._long_requests = long_requests
         self._hedges = HedgeBudget(hedge_ratio)
         self.hedged = 0  # hedges sent (read by the metrics)
 
@@ -158,11 +161,12 @@ class LLMClient:
             return CallResult(unsupported_url(request, endpoint), b"", 0, model=model)
         url = self._urls[endpoint]
         budget = completion_budget(body)
-        read_timeout_s = self.timeouts.timeout_s(model, budget)
+        timed_as = timing_key(model, self._long_requests.is_long(body))
+        read_timeout_s = self.timeouts.timeout_s(timed_as, budget)
         headers = correlation_headers(request)
         self._hedges.on_call()
         started = time.monotonic()
-        place = self._queue.start(model, started)
+        place = self._queue.start(timed_as, started)
         # the socket's own read timeout is only a backstop: the watchdog in _first_answer cuts a hung call
         socket_timeout_s = read_timeout_s * (1 + place.ahead)
         try:
@@ -180,7 +184,7 @@ class LLMClient:
         if answer.status == 200:
             outcome = await checked_completion(answer.content, body)  # a schema: off the event loop
             if isinstance(outcome, Success):  # the latency of the copy that answered: a hedge's starts later
-                self.timeouts.observe(model, answered_after, budget)
+                self.timeouts.observe(timed_as, answered_after, budget)
                 return CallResult(outcome, answer.content, latency, answer.headers, model)
             return self._redacted(CallResult(outcome, answer.content, latency, answer.headers, model))
         return self._redacted(CallResult(classify_http_error(answer.status, answer.headers, answer.content),

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
+from streamproc.core.guards.long_requests import NO_POOL, LongRequests
 from streamproc.core.model_list import ANY_MODEL, ModelList
 from streamproc.llm.client import Caller, CallResult, LLMClient
 from streamproc.llm.model_list_file import deployment_endpoint
@@ -27,10 +28,12 @@ class DeploymentCaller:
 
     @classmethod
     def connect(cls, models: ModelList, default: LLMEndpoint, *, connections: int,
-                hedge_ratio: float) -> DeploymentCaller:
-        """A client per deployment, each with ``connections`` connections (its own pool)."""
+                hedge_ratio: float, long_requests: LongRequests = NO_POOL) -> DeploymentCaller:
+        """A client per deployment, each with ``connections`` connections (its own pool); ``long_requests`` says
+        which calls are timed apart as long."""
         clients = {deployment.key: LLMClient(deployment_endpoint(deployment, default), connections=connections,
-                                             hedge_ratio=hedge_ratio) for deployment in models.deployments}
+                                             hedge_ratio=hedge_ratio, long_requests=long_requests)
+                   for deployment in models.deployments}
         return cls(models, clients)
 
     async def call(self, request: InferenceRequest, body: dict[str, Any]) -> CallResult:

@@ -6,20 +6,25 @@ A server that queues sees fewer concurrent calls: every answered call's latency 
 feeds its deployment's gradient limit; 429 congestion reaches it from the rate-limit layer below. Each
 deployment of the model list has its own limit, so a slow replica's latency does not cut a fast one's, and a
 hung one holds no more than its own slots (design §5.10); the single endpoint is one deployment, one limit.
+Long calls (:mod:`streamproc.core.guards.long_requests`) hold at most a share of a deployment's slots while
+short calls are about, and their latency feeds the limit only when no short call does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.guards.in_flight_parts import InFlightParts
+from streamproc.core.guards.long_requests import NO_POOL, LongPool, LongRequests
 from streamproc.core.model_list import ANY_MODEL
 from streamproc.core.outcome import Success
 from streamproc.llm.client import CallResult
@@ -37,15 +42,19 @@ class AdaptiveGate:
     ``limit`` is the limit of the first deployment called (the single endpoint's, its only one); every other
     deployment gets a new limit like it, learnt from its own calls. When a limit shrinks, running holders
     finish undisturbed and newcomers wait. Waiters are woken first come, first served, except that a
-    deployment at its limit holds back only its own calls.
+    deployment at its limit holds back only its own calls, and long calls at their share only long calls.
     """
 
-    def __init__(self, limit: GradientLimit, total: int | None = None) -> None:
+    def __init__(self, limit: GradientLimit, total: int | None = None, long_requests: LongRequests = NO_POOL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._first: GradientLimit | None = limit
         self._like = limit
         self._parts = InFlightParts(total if total is not None else limit.maximum)
+        self.pool = LongPool(long_requests)
+        self._clock = clock
         self._limits: dict[str, GradientLimit] = {}  # deployment key -> its limit (bounded by the model list)
-        self._waiters: deque[tuple[str, asyncio.Future[None]]] = deque()
+        self._waiters: deque[tuple[_Waiting, asyncio.Future[None]]] = deque()
+        self._quiet_timer: asyncio.TimerHandle | None = None  # wakes long calls once short ones are quiet
 
     @property
     def in_use(self) -> int:
@@ -78,56 +87,87 @@ class AdaptiveGate:
         """What the worker may have in flight now: its deployments' limits, within its total."""
         return min(self._parts.total, sum(self.limits().values()) or self._like.limit)
 
-    async def acquire(self, key: str = ANY_MODEL) -> None:
+    async def acquire(self, key: str = ANY_MODEL, long: bool = False) -> None:
         self.limit_of(key)
+        waiting = _Waiting(key, long)
         # no waiter may start (each change of slots or limits wakes those that may), so one that may is first
-        if self._parts.may_start(key, self.limits()):
-            self._parts.start(key)
+        if self._may_start(waiting, self._clock(), self._short_waiting()):
+            self._start(waiting)
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((key, waiter))
+        self._waiters.append((waiting, waiter))
+        if not long:
+            self.pool.saw_short_waiting(key, self._clock())
         try:
             await waiter  # _wake hands the slot over: it counts it in use before waking us
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self.release(key)  # granted, then cancelled before we resumed: give the slot back
-            elif (key, waiter) in self._waiters:  # _wake may already have dropped it as done
-                self._waiters.remove((key, waiter))
+                self.release(key, long)  # granted, then cancelled before we resumed: give the slot back
+            elif (waiting, waiter) in self._waiters:  # _wake may already have dropped it as done
+                self._waiters.remove((waiting, waiter))
             raise
 
-    def release(self, key: str = ANY_MODEL) -> None:
+    def release(self, key: str = ANY_MODEL, long: bool = False) -> None:
         if self._parts.in_use(key) <= 0:
             raise RuntimeError("AdaptiveGate released more often than acquired")
         self._parts.end(key)
+        self.pool.end(key, long, self._clock())
+        if not long and self.pool.policy.threshold_tokens > 0:  # long calls held back may go once shorts are quiet
+            if self._quiet_timer is not None:
+                self._quiet_timer.cancel()
+            self._quiet_timer = asyncio.get_running_loop().call_later(self.pool.policy.quiet_s, self._wake)
         self._wake()
+
+    def _may_start(self, waiting: _Waiting, now: float, short_waiting: set[str]) -> bool:
+        limits = self.limits()
+        return (self._parts.may_start(waiting.key, limits)
+                and self.pool.may_start(waiting.key, waiting.long, limits[waiting.key], now,
+                                        waiting.key in short_waiting))
+
+    def _start(self, waiting: _Waiting) -> None:
+        self._parts.start(waiting.key)
+        self.pool.start(waiting.key, waiting.long, self._clock())
 
     def _wake(self) -> None:
         while self._waiters:
-            self._waiters = deque((key, waiter) for key, waiter in self._waiters if not waiter.done())
-            index = self._parts.next_to_start([key for key, _ in self._waiters], self.limits())
+            self._waiters = deque((waiting, waiter) for waiting, waiter in self._waiters if not waiter.done())
+            now, short_waiting = self._clock(), self._short_waiting()
+            index = next((i for i, (waiting, _) in enumerate(self._waiters)
+                          if self._may_start(waiting, now, short_waiting)), None)
             if index is None:
                 return
-            key, waiter = self._waiters[index]
+            waiting, waiter = self._waiters[index]
             del self._waiters[index]
-            self._parts.start(key)
+            self._start(waiting)
             waiter.set_result(None)
 
-    def slot(self, key: str = ANY_MODEL) -> _Slot:
-        """``async with gate.slot(key)``: one of the deployment's slots for the block."""
-        return _Slot(self, key)
+    def _short_waiting(self) -> set[str]:
+        """The deployments with a short call waiting (each holds its long calls to their share)."""
+        return {waiting.key for waiting, waiter in self._waiters if not waiting.long and not waiter.done()}
+
+    def slot(self, key: str = ANY_MODEL, long: bool = False) -> _Slot:
+        """``async with gate.slot(key)``: one of the deployment's slots for the block (``long``: of its pool)."""
+        return _Slot(self, key, long)
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    key: str  # the deployment
+    long: bool  # the call is long (core.guards.long_requests)
 
 
 class _Slot:
-    def __init__(self, gate: AdaptiveGate, key: str) -> None:
+    def __init__(self, gate: AdaptiveGate, key: str, long: bool) -> None:
         self._gate = gate
         self._key = key
+        self._long = long
 
     async def __aenter__(self) -> None:
-        await self._gate.acquire(self._key)
+        await self._gate.acquire(self._key, self._long)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        self._gate.release(self._key)
+        self._gate.release(self._key, self._long)
 
 
 class GatedLayer:
@@ -143,11 +183,14 @@ class GatedLayer:
 
     async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
         key = self._deployment_of(body["model"])
-        async with self._gate.slot(key):
+        long = self._gate.pool.policy.is_long(body)
+        async with self._gate.slot(key, long):
             called = await self._inner.call(request, body, first)
             limit = self._gate.limit_of(key)
             probing = limit.probing
-            if isinstance(called, CallResult) and isinstance(called.outcome, Success):
+            # a long generation is no queue signal while short calls measure the server; alone, it is the only one
+            measures = not long or probing or not self._gate.pool.shorts_about(key, self._clock())
+            if measures and isinstance(called, CallResult) and isinstance(called.outcome, Success):
                 limit.on_sample(called.latency_ms / 1000, self._gate.in_use_of(key), self._clock(),
                                 called.outcome.completion_tokens)
             elif limit.probing:  # a call sent alone measures the server whatever its answer was

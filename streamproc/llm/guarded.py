@@ -36,6 +36,7 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.guards.budget import RetryBudget
 from streamproc.core.guards.gradient import GradientLimit
+from streamproc.core.guards.long_requests import NO_POOL, LongRequests
 from streamproc.core.guards.pauses import ModelPauses, Pause
 from streamproc.core.guards.rate_limits import Pacing, RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
@@ -53,7 +54,7 @@ from streamproc.llm.layer import Layer, Refused
 from streamproc.llm.metered import MeteredCaller
 from streamproc.llm.paced import RateLimitedLayer
 from streamproc.llm.routed import Deferred, EventWait, RoutingLayer
-from streamproc.settings import BreakerSettings, GuardSettings
+from streamproc.settings import BreakerSettings, GuardSettings, InFlightSettings
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class Guards:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
                  wait: EventWait | None = None, models: ModelList | None = None,
-                 giving_way: Callable[[], bool] = lambda: False) -> None:
+                 giving_way: Callable[[], bool] = lambda: False, long_requests: LongRequests = NO_POOL) -> None:
         self._caller = caller
         self.routes = routes or Routes()
         self.models = models or single_endpoint()  # the deployments of each model
@@ -87,7 +88,7 @@ class Guards:
         self.budget_exhausted = 0  # read by the metrics collector, like fallbacks
         self._paced: RateLimitedLayer | None = None
         self._giving_way = giving_way  # a rebalance or stop has begun: calls waiting their turn give way (§5.7)
-        self._gate = AdaptiveGate(adaptive) if adaptive is not None else None
+        self._gate = AdaptiveGate(adaptive, long_requests=long_requests, clock=clock) if adaptive is not None else None
         self._stack = self._compose(clock, sleep, wait)
 
     def _compose(self, clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
@@ -128,6 +129,7 @@ class Guards:
             expected_first_attempts=expected_first_attempts,
             models=models,
             giving_way=giving_way,
+            long_requests=long_requests_of(in_flight),
         )
 
     # -- before the call -----------------------------------------------------------------------------------
@@ -222,6 +224,11 @@ class Guards:
     def pacing(self) -> dict[str, Pacing]:
         """How each model is paced: its limits, the pace and its share of 429s naming no bucket."""
         return self.limiter.pacing_by_model() if self.limiter is not None else {}
+
+
+def long_requests_of(in_flight: InFlightSettings) -> LongRequests:
+    """The pool for long requests the settings describe (the gate's share, the client's timing apart)."""
+    return LongRequests(threshold_tokens=in_flight.long_threshold_tokens, share=in_flight.long_share)
 
 
 def _log_pause(model: str, pause: Pause | None) -> None:

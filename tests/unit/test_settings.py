@@ -94,9 +94,10 @@ def test_each_module_s_value_reads_the_same_variables(monkeypatch: pytest.Monkey
 
 def test_the_in_flight_limit_starts_and_stays_within_its_ceiling() -> None:
     assert Settings(in_flight=4, adaptive_min_in_flight=8, adaptive_initial_in_flight=16).guards.in_flight == \
-        InFlightSettings(floor=4, ceiling=4, start=4)
-    assert Settings(in_flight=256, adaptive_min_in_flight=32, adaptive_initial_in_flight=16).guards.in_flight == \
-        InFlightSettings(floor=32, ceiling=256, start=32)
+        InFlightSettings(floor=4, ceiling=4, start=4, long_threshold_tokens=2000, long_share=0.25)
+    assert Settings(in_flight=256, adaptive_min_in_flight=32, adaptive_initial_in_flight=16, long_request_tokens=0,
+                    long_request_share=0.5).guards.in_flight == \
+        InFlightSettings(floor=32, ceiling=256, start=32, long_threshold_tokens=0, long_share=0.5)
 
 
 def test_breakers_turned_off_are_no_breaker_settings() -> None:

@@ -14,7 +14,7 @@ Pure: the caller counts the calls it starts and ends and says each deployment's 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 
 class InFlightParts:
@@ -47,11 +47,6 @@ class InFlightParts:
             return True
         kept_for_others = sum(max(0, self.part(other, limits) - self.in_use(other)) for other in limits if other != key)
         return self.total_in_use + 1 + kept_for_others <= self.total
-
-    def next_to_start(self, waiting: Sequence[str], limits: Mapping[str, int]) -> int | None:
-        """The index of the first waiting call (by its deployment's key, in arrival order) that may start now:
-        a deployment at its limit or part holds back only its own calls."""
-        return next((index for index, key in enumerate(waiting) if self.may_start(key, limits)), None)
 
     def start(self, key: str) -> None:
         self._in_use[key] = self.in_use(key) + 1

@@ -52,12 +52,12 @@ def test_slots_beyond_the_parts_are_first_come() -> None:
     assert parts.may_start("m@2", limits)
 
 
-def test_the_next_to_start_skips_the_waiters_of_a_deployment_held_by_its_own_limit() -> None:
+def test_a_deployment_held_by_its_own_limit_holds_back_only_its_own_calls() -> None:
     parts = InFlightParts(total=10)
     limits = {"m@1": 1, "m@2": 5}
     parts.start("m@1")
-    assert parts.next_to_start(["m@1", "m@1", "m@2", "m@1"], limits) == 2
-    assert parts.next_to_start(["m@1"], limits) is None
+    assert not parts.may_start("m@1", limits)
+    assert parts.may_start("m@2", limits)
 
 
 def test_ending_a_call_that_never_started_is_an_error() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from streamproc.core.events import InferenceRequest
+from streamproc.core.guards.long_requests import LongRequests, timing_key
 from streamproc.core.guards.timeouts import AdaptiveTimeout
 from streamproc.core.outcome import Failure, Success
 from streamproc.llm.client import LLMClient, hedge_permit
@@ -207,3 +208,27 @@ async def test_a_call_behind_the_clients_own_earlier_calls_is_not_hedged() -> No
         await client.aclose()
     assert [type(result.outcome) for result in results] == [Success] * 3
     assert client.hedged == 1
+
+
+async def test_a_long_call_is_not_cut_by_the_timeout_short_calls_taught() -> None:
+    """Short answers teach a 0.5 s timeout; a long request (here a long context, the same completion budget) is
+    timed against long calls (the ceiling until they taught one), so it is not cut as hung."""
+
+    async def long_takes_a_while(request: httpx.Request) -> httpx.Response:
+        if len(request.content) > 4000:
+            await asyncio.sleep(1.0)  # a long prompt, far past the short calls' timeout
+        return httpx.Response(200, json=ANSWER)
+
+    client = LLMClient(ENDPOINT, connections=256, hedge_ratio=0, transport=httpx.MockTransport(long_takes_a_while),
+                       long_requests=LongRequests(threshold_tokens=1000, share=0.25))
+    client.timeouts = AdaptiveTimeout(60, floor_s=0.5, min_samples=5)
+    try:
+        for i in range(5):
+            assert isinstance((await client.call(InferenceRequest(f"r{i}", "{}"), BODY)).outcome, Success)
+        assert client.timeouts.timeout_s("m", 8) == 0.5
+        result = await client.call(InferenceRequest("long", "{}"), {**BODY, "messages": [
+            {"role": "user", "content": "x" * 8000}]})
+    finally:
+        await client.aclose()
+    assert isinstance(result.outcome, Success), result.outcome
+    assert client.timeouts.tail_s(timing_key("m", long=True)) is None  # one long sample so far, its own

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from streamproc.core.guards.gradient import GradientLimit
+from streamproc.core.guards.long_requests import LongRequests
 from streamproc.llm.gated import AdaptiveGate
 
 
@@ -220,3 +221,49 @@ async def test_the_worker_total_holds_across_deployments() -> None:
     gate.release("m@2")
     await asyncio.wait_for(third, 1)
     assert gate.in_use == 3
+
+
+POOL = LongRequests(threshold_tokens=100, share=0.25, quiet_s=2.0)
+
+
+async def test_long_calls_hold_their_share_of_the_slots_while_short_ones_are_about() -> None:
+    now = [0.0]
+    gate = AdaptiveGate(GradientLimit(1, 8, initial=8), long_requests=POOL, clock=lambda: now[0])
+    await gate.acquire(long=False)
+    await gate.acquire(long=True)
+    await gate.acquire(long=True)  # 2 of 8: the share
+    third_long = asyncio.create_task(gate.acquire(long=True))
+    await settle()
+    assert not third_long.done()
+    shorts = [asyncio.create_task(gate.acquire(long=False)) for _ in range(5)]  # a short call passes a long waiter
+    await settle()
+    assert all(short.done() for short in shorts)
+    assert (gate.in_use, gate.waiting) == (8, 1)
+    gate.release(long=True)  # its slot goes to the long waiter: the share has room again
+    await asyncio.wait_for(third_long, 1)
+
+
+async def test_long_calls_take_every_slot_once_short_ones_are_quiet() -> None:
+    now = [0.0]
+    gate = AdaptiveGate(GradientLimit(1, 4, initial=4), long_requests=LongRequests(100, 0.25, quiet_s=0.05),
+                        clock=lambda: now[0])
+    await gate.acquire(long=False)
+    await gate.acquire(long=True)
+    waiting = [asyncio.create_task(gate.acquire(long=True)) for _ in range(2)]
+    await settle()
+    assert not any(task.done() for task in waiting)
+    gate.release(long=False)
+    now[0] = 1.0  # past quiet_s: the timer the short call's end set wakes them
+    await asyncio.wait_for(asyncio.gather(*waiting), 1)
+    assert gate.in_use == 3
+
+
+async def test_a_cancelled_long_waiter_leaves_no_slot_behind() -> None:
+    gate = AdaptiveGate(GradientLimit(1, 4, initial=4), long_requests=POOL)
+    await gate.acquire(long=False)
+    await gate.acquire(long=True)
+    waiter = asyncio.create_task(gate.acquire(long=True))
+    await settle()
+    waiter.cancel()
+    await settle()
+    assert (gate.in_use, gate.waiting, gate.pool.long_in_use("*")) == (2, 0, 1)

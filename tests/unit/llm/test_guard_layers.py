@@ -16,6 +16,7 @@ import pytest
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.budget import RetryBudget
 from streamproc.core.guards.gradient import GradientLimit
+from streamproc.core.guards.long_requests import LongRequests
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
 from streamproc.core.guards.token_estimate import TokenEstimator
@@ -312,6 +313,23 @@ async def test_gated_layer_holds_a_slot_during_the_call_and_feeds_the_limit_on_s
     await GatedLayer(Peek(), gate, MonotonicClock()).call(REQUEST, BODY, True)
     assert in_use == [1] and gate.in_use == 0
     assert adaptive.limit == 8 and adaptive.baseline_s == 0.04  # a window of one answer, no queue: slow start x4
+
+
+async def test_gated_layer_feeds_a_long_call_to_the_limit_only_when_no_short_call_measures() -> None:
+    """A long generation is no queue signal while short calls are about; alone, it is the only signal."""
+    adaptive = GradientLimit(1, 10, initial=2, window=1)
+    clock = MonotonicClock()
+    gate = AdaptiveGate(adaptive, long_requests=LongRequests(threshold_tokens=500, share=0.5, quiet_s=2.0),
+                        clock=clock)
+    long_body = {**BODY, "max_tokens": 2000}
+    layer = GatedLayer(Script(), gate, clock)
+    await gate.acquire(long=False)  # a short call in flight
+    await layer.call(REQUEST, long_body, True)
+    assert adaptive.limit == 2 and adaptive.baseline_s is None
+    gate.release(long=False)
+    clock.now += 2.0  # the short calls are quiet
+    await layer.call(REQUEST, long_body, True)
+    assert adaptive.limit == 8  # sampled: slow start
 
 
 async def test_gated_layer_lets_a_probe_measure_an_answer_that_failed_its_checks(
