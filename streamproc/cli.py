@@ -22,6 +22,7 @@ import click
 
 from streamproc.core.durations import parse_duration_ms
 from streamproc.core.stream_status import MAX_HOURS
+from streamproc.core.tenancy import PRIORITIES
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.errors import ExitCode, UserFacingError, exit_codes_help
 
@@ -372,9 +373,14 @@ _REUSE_HELP = ("Answer a request whose model and body got an answer before (any 
               "budget_exceeded on `cancel`. Default: none.")
 @click.option("--max-tokens", type=click.IntRange(min=0), metavar="N",
               help="Spend cap of the batch in tokens (prompt and completion), like --max-cost-usd. Default: none.")
+@click.option("--tenant", metavar="NAME", help="Who the batch is for (letters, digits, '.', '_', '-'; at most 64): "
+              "shown in status, batches, exports and metrics. A line's own \"tenant\" field wins. Default: default.")
+@click.option("--priority", type=click.Choice(PRIORITIES), help="How urgent the batch is; a line's own "
+              "\"priority\" field wins. Default: normal.")
 @json_option("batch_id, submitted, skipped_invalid and seconds")
 def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, reuse_results: bool,
-           max_cost_usd: float | None, max_tokens: int | None, as_json: bool) -> None:
+           max_cost_usd: float | None, max_tokens: int | None, tenant: str | None, priority: str | None,
+           as_json: bool) -> None:
     """Validate FILE (OpenAI Batch JSONL, or {"id", "prompt", ...} lines) and send its requests.
 
     The whole file is checked first; an invalid line (with its number and reason) means nothing is sent,
@@ -386,15 +392,21 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
     """
     from streamproc.app.bootstrap import resolve_connection
     from streamproc.core.spend_cap import Cap
+    from streamproc.core.tenancy import InvalidTenancy, tenancy_of
     from streamproc.ops.progress import Progress
     from streamproc.ops.submit import submit_file
 
     settings = _settings()
     cap = Cap(max_cost_usd, max_tokens) if max_cost_usd is not None or max_tokens is not None else None
+    try:
+        tenancy = tenancy_of(tenant, priority)
+    except InvalidTenancy as invalid:
+        raise click.BadParameter(str(invalid), param_hint="--tenant") from None
     with Progress(f"sending {file.name}") as bar:
         report = _run(submit_file(lambda: resolve_connection(settings), settings.topology(), settings.durability,
                                   settings.input_limits, file, batch_id, skip_invalid=skip_invalid, progress=bar,
-                                  completion_window_s=window, reuse_results=reuse_results, cap=cap))
+                                  completion_window_s=window, reuse_results=reuse_results, cap=cap,
+                                  tenancy=tenancy))
     if as_json:
         _echo_json(report.as_json())
         return

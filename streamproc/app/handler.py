@@ -55,6 +55,7 @@ from streamproc.core.request_line import LineLimits
 from streamproc.core.request_state import RecordRef, Skip, on_terminal_failure, superseded
 from streamproc.core.retry_policy import CompletionBudget, Tier
 from streamproc.core.spend_cap import Charge
+from streamproc.core.tenancy import InvalidTenancy, Tenancy, with_headers
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.llm.client import Caller, CallResult, UnsupportedUrl, answer_content, request_body
 from streamproc.llm.completion import billed_tokens
@@ -97,6 +98,7 @@ class _Unreadable:
 
 
 INVALID_JSON_REQUEST = "invalid_json_request"  # a JSON record that is no valid request (submit's reasons)
+INVALID_TENANCY = "invalid_tenancy"  # an Avro request whose tenant or priority (value or x- headers) is invalid
 
 
 class Sink(Protocol):
@@ -309,7 +311,7 @@ class Handler:
             response_json=called.response_body.decode("utf-8", "replace"), content=outcome.content,
             attempts=attempt.hop.attempt, latency_ms=called.latency_ms, completed_ms=attempt.now_ms,
             input_hash=attempt.started.input_hash, provider_request_id=provider_request_id(called.headers),
-            deployment=called.deployment or None,
+            deployment=called.deployment or None, tenant=request.tenant, priority=request.priority,
         )
         too_large = response_too_large(request.request_id, len(called.response_body),
                                        result_record_bytes(result, self._encode_result), outcome)
@@ -404,10 +406,17 @@ class Handler:
                 return _Unreadable(read.request_id, INVALID_JSON_REQUEST, read.reason, read.batch_id)
             return read
         try:
-            return codec.decode(record.value, InferenceRequest, schema_lookup=self._schema_lookup)
+            request = codec.decode(record.value, InferenceRequest, schema_lookup=self._schema_lookup)
         except codec.CodecError as exc:
             return _Unreadable(codec.peek_request_id(record.value, schema_lookup=self._schema_lookup),
                                "undecodable_record", str(exc))
+        try:  # a producer of its own may name them in headers; a hostile one may write any string in the value
+            tenancy = with_headers(Tenancy(request.tenant, request.priority), record.headers)
+        except InvalidTenancy as invalid:
+            return _Unreadable(request.request_id, INVALID_TENANCY, str(invalid), request.batch_id)
+        if (tenancy.tenant, tenancy.priority) == (request.tenant, request.priority):
+            return request
+        return replace(request, tenant=tenancy.tenant, priority=tenancy.priority)
 
     async def _internal_error(self, record: Record, exc: Exception) -> Disposition:
         """Last resort for a bug: a terminal business failure that backfill can replay once it is fixed."""

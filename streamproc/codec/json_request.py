@@ -6,7 +6,7 @@ simple form, checked by the rules ``submit`` checks a line with (:mod:`streampro
 reasons), plus three fields of the record, each also accepted as a header: ``batch_id`` (``x-batch-id``),
 ``tenant`` (``x-tenant``) and ``priority`` (``x-priority``). A request with a batch is keyed
 ``<batch_id>/<custom_id>`` as ``submit`` keys it; one without is a stream request keyed by its ``custom_id``.
-Tenant and priority are carried in the request's ``metadata``, untouched.
+Tenant and priority are checked (:mod:`streamproc.core.tenancy`) and carried on the request's own fields.
 """
 
 from __future__ import annotations
@@ -26,15 +26,13 @@ from streamproc.core.request_line import (
     read_request,
     text_field,
 )
+from streamproc.core.tenancy import PRIORITY_HEADER, TENANT_HEADER, InvalidTenancy, tenancy_of
 
-__all__ = ["BATCH_HEADER", "PRIORITY_HEADER", "TENANT_HEADER", "InvalidJsonRequest", "is_json",
-           "read_json_request"]
+__all__ = ["BATCH_HEADER", "InvalidJsonRequest", "is_json", "read_json_request"]
 
 BATCH_HEADER: Final = "x-batch-id"
-TENANT_HEADER: Final = "x-tenant"
-PRIORITY_HEADER: Final = "x-priority"
 _CARRIED: Final = {"batch_id": BATCH_HEADER, "tenant": TENANT_HEADER, "priority": PRIORITY_HEADER}
-MAX_LABEL_BYTES: Final = 256  # a tenant or a priority names a group of requests, not a payload
+MAX_LABEL_BYTES: Final = 256  # a batch id, tenant or priority is read no further (each is checked after)
 
 
 @dataclass(frozen=True)
@@ -64,15 +62,19 @@ def read_json_request(value: bytes, record_headers: Mapping[str, bytes], limits:
         if batch_id is not None and (problem := batch_id_problem(batch_id)) is not None:
             raise InvalidLine(f"batch_id {batch_id!r}: {problem}")
         batch_known = True
-        metadata = {name: given for name in ("tenant", "priority")
-                    if (given := _carried(parsed, record_headers, name)) is not None}
+        try:
+            tenancy = tenancy_of(_carried(parsed, record_headers, "tenant"), _carried(parsed, record_headers,
+                                                                                       "priority"))
+        except InvalidTenancy as invalid:
+            raise InvalidLine(str(invalid)) from None
         asked = read_request(parsed, limits, envelope=tuple(_CARRIED))
     except InvalidLine as invalid:
         named = invalid.custom_id or (plausible_id(parsed) if isinstance(parsed, dict) else None)
         return InvalidJsonRequest(_request_id(batch_id, named) if batch_known and named is not None else None,
                                   invalid.reason, batch_id if batch_known else None)
     return InferenceRequest(_request_id(batch_id, asked.custom_id), asked.body_json, url=asked.url,
-                            batch_id=batch_id, submitted_ms=submitted_ms, metadata=metadata)
+                            batch_id=batch_id, submitted_ms=submitted_ms, tenant=tenancy.tenant,
+                            priority=tenancy.priority)
 
 
 def _request_id(batch_id: str | None, custom_id: str) -> str:

@@ -35,6 +35,8 @@ def _request_to_avro(request: InferenceRequest) -> AvroRecord:
         "submitted_ms": request.submitted_ms,
         "repair": _repair_to_avro(request.repair),
         "metadata": request.metadata,
+        "tenant": request.tenant,
+        "priority": request.priority,
     }
 
 
@@ -48,6 +50,8 @@ def _request_from_avro(datum: AvroRecord) -> InferenceRequest:
         submitted_ms=datum["submitted_ms"],
         repair=None if repair is None else RepairContext(repair["bad_output"], repair["reason"]),
         metadata=datum["metadata"],
+        tenant=datum["tenant"],
+        priority=datum["priority"],
     )
 
 
@@ -65,6 +69,8 @@ def _result_to_avro(result: InferenceResult) -> AvroRecord:
         "provider_request_id": result.provider_request_id,
         "reused_from": result.reused_from,
         "deployment": result.deployment,
+        "tenant": result.tenant,
+        "priority": result.priority,
     }
 
 
@@ -82,6 +88,8 @@ def _result_from_avro(datum: AvroRecord) -> InferenceResult:
         provider_request_id=datum["provider_request_id"],
         reused_from=datum["reused_from"],
         deployment=datum["deployment"],
+        tenant=datum["tenant"],
+        priority=datum["priority"],
     )
 
 
@@ -146,6 +154,8 @@ def _state_to_avro(state: RequestState) -> AvroRecord:
         "run": state.run,
         "replay_topic": state.replay_topic,
         "replay_offset": state.replay_offset,
+        "tenant": state.tenant,
+        "priority": state.priority,
     }
 
 
@@ -173,6 +183,8 @@ def _state_from_avro(datum: AvroRecord) -> RequestState:
         run=datum["run"],
         replay_topic=datum["replay_topic"],
         replay_offset=datum["replay_offset"],
+        tenant=datum["tenant"],
+        priority=datum["priority"],
     )
 
 

@@ -269,7 +269,7 @@ def terminal_failure(attempt: Attempt, failure: Failure, paid: Success | None = 
         return [emission, WriteIfAbsent(RequestState(
             request.request_id, RequestStatus.FAILED, input_hash(request), attempts=attempt.hop.attempt,
             batch_id=request.batch_id, last_layer=failure.layer, last_error_code=failure.code, created_ms=now,
-            updated_ms=now))]
+            updated_ms=now, tenant=request.tenant, priority=request.priority))]
     ended = on_terminal_failure(attempt.state, failure.layer, failure.code, attempt.now_ms, paid)
     return [emission, EndAttempt(attempt.state, ended)]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from streamproc.core.tenancy import DEFAULT_PRIORITY, DEFAULT_TENANT
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 
@@ -30,6 +31,8 @@ class InferenceRequest:
     submitted_ms: int = 0
     repair: RepairContext | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    tenant: str = DEFAULT_TENANT  # who it is for (core.tenancy); a record that names none is the default tenant's
+    priority: str = DEFAULT_PRIORITY  # high, normal or low
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class InferenceResult:
     provider_request_id: str | None = None  # the provider's id for the call (its x-request-id header), if sent
     reused_from: str | None = None  # the request whose answer this reuses (submit --reuse-results): no call made
     deployment: str | None = None  # the deployment of the model list that answered (<model_name>@<n>), if any
+    tenant: str = DEFAULT_TENANT  # the request's (core.tenancy)
+    priority: str = DEFAULT_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -104,3 +109,5 @@ class RequestState:
     # the backfill replay record that started the current run: read again, it (or an older one) is skipped
     replay_topic: str | None = None
     replay_offset: int | None = None
+    tenant: str = DEFAULT_TENANT  # the request's (core.tenancy): status and the scheduler group by it
+    priority: str = DEFAULT_PRIORITY

@@ -222,6 +222,8 @@ def _in_flight(
             source_topic=source.topic,
             source_offset=source.offset,
             run=max(run, 1),
+            tenant=request.tenant,
+            priority=request.priority,
         )
     restarted = current.status in (RequestStatus.FAILED, RequestStatus.PENDING)
     return replace(
@@ -236,6 +238,8 @@ def _in_flight(
         next_topic=None,
         next_offset=None,
         run=max(current.run + 1 if restarted else current.run, run),
+        tenant=request.tenant,  # the request's: a state written before tenants existed learns it
+        priority=request.priority,
     )
 
 

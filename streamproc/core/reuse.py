@@ -39,7 +39,8 @@ def reused_result(original: InferenceResult, request: InferenceRequest, digest: 
     """The result event of ``request`` answered with ``original``: its answer and model, this request's identity,
     no attempt and no latency (no call was made), and where the answer came from."""
     return replace(original, request_id=request.request_id, batch_id=request.batch_id, attempts=0, latency_ms=0,
-                   completed_ms=now_ms, input_hash=digest, reused_from=original.request_id)
+                   completed_ms=now_ms, input_hash=digest, reused_from=original.request_id, tenant=request.tenant,
+                   priority=request.priority)
 
 
 def on_reused(state: RequestState, result: InferenceResult, now_ms: int) -> RequestState:

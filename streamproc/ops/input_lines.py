@@ -17,6 +17,7 @@ from streamproc import codec
 from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import request_id_for
 from streamproc.core.request_line import MAX_CUSTOM_ID_BYTES, InvalidLine, LineLimits, loads_line, read_request
+from streamproc.core.tenancy import DEFAULT_TENANCY, InvalidTenancy, Tenancy, tenancy_of
 
 __all__ = ["LINE_CAP_FACTOR", "MAX_CUSTOM_ID_BYTES", "BatchLimits", "LineError", "parse_line", "record_bytes"]
 
@@ -25,6 +26,7 @@ __all__ = ["LINE_CAP_FACTOR", "MAX_CUSTOM_ID_BYTES", "BatchLimits", "LineError",
 # memory bounded even for a file that is one endless line.
 LINE_CAP_FACTOR: Final = 8
 _JSON_WHITESPACE: Final = " \t\r\n"
+TENANCY_FIELDS: Final = ("tenant", "priority")  # a line may name its own, beside either form's fields
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class BatchLimits(LineLimits):
 
     max_record_bytes: int | None = None
     record_headers: tuple[tuple[str, bytes], ...] = ()
+    tenancy: Tenancy = DEFAULT_TENANCY  # submit --tenant/--priority: a line's own tenant/priority fields win
 
     @property
     def max_line_bytes(self) -> int:
@@ -67,9 +70,16 @@ def parse_line(
 
 
 def _parse(text: str, limits: BatchLimits, batch_id: str, submitted_ms: int) -> InferenceRequest:
-    asked = read_request(loads_line(text), limits)
+    asked = read_request(loads_line(text), limits, envelope=TENANCY_FIELDS)
+    try:
+        tenant, priority = (asked.envelope.get(name) for name in TENANCY_FIELDS)  # null: as not given
+        tenancy = tenancy_of(limits.tenancy.tenant if tenant is None else tenant,
+                             limits.tenancy.priority if priority is None else priority)
+    except InvalidTenancy as invalid:
+        raise InvalidLine(str(invalid), asked.custom_id) from None
     request = InferenceRequest(request_id_for(batch_id, asked.custom_id), asked.body_json, url=asked.url,
-                               batch_id=batch_id, submitted_ms=submitted_ms)
+                               batch_id=batch_id, submitted_ms=submitted_ms, tenant=tenancy.tenant,
+                               priority=tenancy.priority)
     if limits.max_record_bytes is not None:
         record = record_bytes(request, limits.record_headers)
         if record > limits.max_record_bytes:

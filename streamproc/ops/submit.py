@@ -21,6 +21,7 @@ from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.identity import batch_id_problem
 from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
 from streamproc.core.spend_cap import Cap
+from streamproc.core.tenancy import DEFAULT_TENANCY, Tenancy
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.clients import kafka_producer
@@ -66,10 +67,13 @@ class SubmitReport:
                 "seconds": round(self.seconds, 3)}
 
 
-def limits_of(limits: InputLimits, reuse_results: bool = False, cap: Cap | None = None) -> BatchLimits:
-    """What a line may hold, its record measured with the headers submit sends it with."""
+def limits_of(limits: InputLimits, reuse_results: bool = False, cap: Cap | None = None,
+              tenancy: Tenancy = DEFAULT_TENANCY) -> BatchLimits:
+    """What a line may hold, its record measured with the headers submit sends it with; ``tenancy`` is the
+    tenant and priority of every line that names none."""
     return BatchLimits(max_body_bytes=limits.max_body_bytes, default_model=limits.default_model,
-                       max_record_bytes=PRODUCER_MAX_REQUEST_BYTES, record_headers=_headers(reuse_results, cap))
+                       max_record_bytes=PRODUCER_MAX_REQUEST_BYTES, record_headers=_headers(reuse_results, cap),
+                       tenancy=tenancy)
 
 
 def _headers(reuse_results: bool, cap: Cap | None) -> tuple[tuple[str, bytes], ...]:
@@ -80,7 +84,8 @@ def _headers(reuse_results: bool, cap: Cap | None) -> tuple[tuple[str, bytes], .
 async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology, durability: Durability,
                       input_limits: InputLimits, path: Path, batch_id: str, *, skip_invalid: bool = False,
                       progress: Progress | None = None, completion_window_s: float | None = None,
-                      reuse_results: bool = False, cap: Cap | None = None) -> SubmitReport:
+                      reuse_results: bool = False, cap: Cap | None = None,
+                      tenancy: Tenancy = DEFAULT_TENANCY) -> SubmitReport:
     """Validate ``path``, send its requests keyed by (batch, custom_id), then write the batch manifest (with the
     end of the completion window, when one is given: what is not called by then ends ``batch_expired``).
     ``connect`` is asked for the connection only once the file is known to be worth sending.
@@ -88,11 +93,13 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
     ``reuse_results``: a request whose input already got an answer is answered with it, without a call; each
     record says so (the manifest does too, but comes last; core.reuse).
 
-    ``cap``: the batch's spend cap (design §5.9), written before its first request and carried by each."""
+    ``cap``: the batch's spend cap (design §5.9), written before its first request and carried by each.
+
+    ``tenancy``: ``--tenant``/``--priority``, of every line that names no tenant or priority of its own."""
     started = time.monotonic()
     if (problem := batch_id_problem(batch_id)) is not None:
         raise SubmitError(f"--batch-id {batch_id!r}: {problem}")
-    limits = limits_of(input_limits, reuse_results, cap)
+    limits = limits_of(input_limits, reuse_results, cap, tenancy)
     report = await asyncio.to_thread(validate_file, path, limits, batch_id)
     if report.error_count and not skip_invalid:
         raise InvalidBatchFile(path, report.errors, report.error_count)

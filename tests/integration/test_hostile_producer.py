@@ -28,10 +28,11 @@ from hypothesis import strategies as st
 
 from streamproc import codec
 from streamproc.app.topics import ensure_pipeline_topics
-from streamproc.codec.json_request import BATCH_HEADER, PRIORITY_HEADER, TENANT_HEADER
+from streamproc.codec.json_request import BATCH_HEADER
 from streamproc.core import headers
 from streamproc.core.events import InferenceRequest
 from streamproc.core.request_line import LineLimits
+from streamproc.core.tenancy import PRIORITY_HEADER, TENANT_HEADER
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 from tests.integration.pipeline import OutcomeReader, Outcomes, WorkerProcess, chat_request, worker_env

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from streamproc import codec
-from streamproc.codec.json_request import BATCH_HEADER, PRIORITY_HEADER, TENANT_HEADER
+from streamproc.codec.json_request import BATCH_HEADER
 from streamproc.core.events import InferenceRequest
 from streamproc.core.request_line import LineLimits
+from streamproc.core.tenancy import PRIORITY_HEADER, TENANT_HEADER
 from streamproc.ops.input_lines import BatchLimits, LineError, parse_line
 
 LIMITS = LineLimits(max_body_bytes=4096, default_model="default-model")
@@ -52,8 +53,11 @@ def test_batch_tenant_and_priority_come_from_fields_or_headers_and_are_carried()
     from_headers = read(BATCH_LINE, {BATCH_HEADER: b"b", TENANT_HEADER: b"team-a", PRIORITY_HEADER: b"high"})
     assert from_fields == from_headers
     assert isinstance(from_fields, InferenceRequest)
-    assert (from_fields.request_id, from_fields.metadata) == ("b/r-1", {"tenant": "team-a", "priority": "high"})
-    assert read(BATCH_LINE).metadata == {}  # type: ignore[union-attr]
+    assert (from_fields.request_id, from_fields.tenant, from_fields.priority) == ("b/r-1", "team-a", "high")
+    assert from_fields.metadata == {}
+    plain = read(BATCH_LINE)
+    assert isinstance(plain, InferenceRequest)
+    assert (plain.tenant, plain.priority) == ("default", "normal")  # neither given
 
 
 @pytest.mark.parametrize(("value", "hdrs", "reason"), [
@@ -63,6 +67,11 @@ def test_batch_tenant_and_priority_come_from_fields_or_headers_and_are_carried()
     (BATCH_LINE, {TENANT_HEADER: b"\xff"}, "header x-tenant is not valid UTF-8"),
     ({**BATCH_LINE, "tenant": "t" * 257}, {},
      f"tenant is 257 bytes in UTF-8, over the 256-byte limit (starts {'t' * 40!r})"),
+    ({**BATCH_LINE, "tenant": "t" * 65}, {}, f"tenant is 65 characters, over the 64-character limit (starts "
+                                             f"{'t' * 20!r})"),
+    (BATCH_LINE, {TENANT_HEADER: b"team a"}, "tenant 'team a' is not a tenant name: letters, digits, '.', '_' "
+                                             "and '-', starting with a letter or digit"),
+    ({**BATCH_LINE, "priority": "urgent"}, {}, "priority 'urgent' is not a priority (one of high, normal, low)"),
 ])
 def test_bad_carried_fields_are_refused_with_the_reason(value: dict[str, Any], hdrs: dict[str, bytes],
                                                         reason: str) -> None:
@@ -99,8 +108,9 @@ def test_an_invalid_request_gets_the_reason_submit_gives_its_line(line: dict[str
                                               default_model=LIMITS.default_model), "b", NOW)
     invalid = read(text.encode())
     assert isinstance(refused, LineError) and isinstance(invalid, codec.InvalidJsonRequest)
-    if "unknown field" in refused.reason:  # a record also allows its batch, tenant and priority, and says so
-        assert invalid.reason == refused.reason.replace(")", "; beside either: batch_id, tenant, priority)")
+    if "unknown field" in refused.reason:  # a record also allows its batch, and says so
+        assert invalid.reason == refused.reason.replace("beside either: tenant, priority)",
+                                                        "beside either: batch_id, tenant, priority)")
     else:
         assert invalid.reason == refused.reason
 

@@ -157,7 +157,7 @@ def test_an_old_schema_from_a_registry_needs_no_registration() -> None:
     "added",
     [
         {"name": "added_later", "type": ["null", "string"], "default": None},
-        {"name": "priority", "type": "int", "default": 5},
+        {"name": "added_rank", "type": "int", "default": 5},
         {"name": "tags", "type": {"type": "array", "items": "string"}, "default": ["a"]},
     ],
     ids=["nullable", "int", "array"],
@@ -353,12 +353,16 @@ _HISTORY = sorted((Path(__file__).parents[3] / "schemas" / "history").glob("*.av
 _BY_NAME: dict[str, type[Event]] = {cls.__name__: cls for cls in EVENT_TYPES}
 _NEW_SAMPLES: dict[type[Event], Event] = {
     **SAMPLES,
-    InferenceResult: dataclasses.replace(RESULT, provider_request_id="req_abc", reused_from="batch-0/req-1"),
+    InferenceRequest: dataclasses.replace(REQUEST, tenant="team-a", priority="high"),
+    InferenceResult: dataclasses.replace(RESULT, provider_request_id="req_abc", reused_from="batch-0/req-1",
+                                         tenant="team-a", priority="high"),
     FailureEvent: dataclasses.replace(FAILURE, response_body='{"choices": []}', provider_request_id="req_abc",
-                                      run=2, deployment="gpt@2"),
+                                      run=2, deployment="gpt@2",
+                                      request=dataclasses.replace(FAILURE.request, tenant="team-a", priority="low")),
     RequestState: dataclasses.replace(STATE, next_topic="llm.retry.5s", next_offset=3, retries_spent=2,
                                       model="m", prompt_tokens=5, completion_tokens=7, reused=True, run=3,
-                                      replay_topic="llm.requests", replay_offset=41),
+                                      replay_topic="llm.requests", replay_offset=41, tenant="team-a",
+                                      priority="low"),
 }
 
 
@@ -368,16 +372,37 @@ def test_a_record_written_with_a_past_schema_decodes_with_the_defaults_of_later_
     current schema has kept their values, the fields added since read as their defaults."""
     old = json.loads(path.read_text())
     record_type = _BY_NAME[old["name"]]
-    current = to_avro(_NEW_SAMPLES[record_type])
-    kept = {field["name"] for field in old["fields"]}
-    datum = {name: value for name, value in current.items() if name in kept}
-    defaults = {field["name"]: field["default"] for field in avro_schema(record_type)["fields"]
-                if field["name"] not in kept}
+    datum, defaults = _kept_and_added(old, avro_schema(record_type), to_avro(_NEW_SAMPLES[record_type]))
 
     decoded = codec.decode(_single_object(old, datum), record_type)
 
     assert defaults, f"{path.name} is the current schema: nothing was added since"
-    assert to_avro(decoded) == {**datum, **defaults}
+    assert to_avro(decoded) == _merged(datum, defaults)
+
+
+def _kept_and_added(old: dict[str, Any], current: dict[str, Any],
+                    value: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``value`` cut to the fields the old schema has, and the defaults of the fields added since, both nested
+    where a field is itself a record (a failure event's request)."""
+    old_fields = {field["name"]: field for field in old["fields"]}
+    kept: dict[str, Any] = {}
+    added: dict[str, Any] = {}
+    for field in current["fields"]:
+        name = field["name"]
+        if name not in old_fields:
+            added[name] = field["default"]
+        elif isinstance(field["type"], dict) and field["type"].get("type") == "record":
+            kept[name], nested = _kept_and_added(old_fields[name]["type"], field["type"], value[name])
+            if nested:
+                added[name] = nested
+        else:
+            kept[name] = value[name]
+    return kept, added
+
+
+def _merged(kept: dict[str, Any], added: dict[str, Any]) -> dict[str, Any]:
+    return {**kept, **{name: _merged(kept[name], default) if name in kept else default
+                       for name, default in added.items()}}
 
 
 def test_the_current_schemas_are_not_in_the_history() -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from streamproc.core.events import InferenceRequest
 from streamproc.core.request_state import input_hash
+from streamproc.core.tenancy import Tenancy
 from streamproc.ops.input_lines import BatchLimits, LineError, parse_line
 
 LIMITS = BatchLimits()
@@ -109,10 +110,10 @@ REASONS: list[tuple[str, str | None, str]] = [
     ("{}", NO_ID, "empty object: expected custom_id (OpenAI batch form) or id (simple form)"),
     ('{"custom-id": "a", "body": {}}', NO_ID,
      "unknown field 'custom-id' (OpenAI batch form: custom_id, method, url, body; "
-     "simple form: id, prompt, model, system, response_format, max_tokens)"),
+     "simple form: id, prompt, model, system, response_format, max_tokens; beside either: tenant, priority)"),
     ('{"id": "a", "prompt": "p", "label": 1, "extra": 2}', "a",
      "unknown fields 'extra', 'label' (OpenAI batch form: custom_id, method, url, body; "
-     "simple form: id, prompt, model, system, response_format, max_tokens)"),
+     "simple form: id, prompt, model, system, response_format, max_tokens; beside either: tenant, priority)"),
     (batch_line(model="gpt-4o"), "req-1",
      "mixes the OpenAI batch form (body, custom_id, method, url) with the simple form (model); use one"),
     ('{"id": "a", "prompt": "p", "body": {}}', "a",
@@ -223,3 +224,21 @@ def test_the_default_limit_is_one_mebibyte_with_thousands_separators() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 1_048_576}]}
     reason = "body is 1,048,631 bytes, over the 1,048,576-byte limit"
     assert parse(batch_line(body=body)) == LineError(7, "req-1", reason)
+
+
+def test_a_line_carries_the_submit_tenancy_unless_it_names_its_own() -> None:
+    limits = BatchLimits(tenancy=Tenancy("team-a", "low"))
+    plain = parse_line('{"id": "a", "prompt": "p"}', 1, limits, "b", 0)
+    own = parse_line('{"id": "b", "prompt": "p", "tenant": "team-b", "priority": "high"}', 2, limits, "b", 0)
+    nulls = parse_line('{"id": "c", "prompt": "p", "tenant": null}', 3, limits, "b", 0)
+    assert isinstance(plain, InferenceRequest) and isinstance(own, InferenceRequest)
+    assert isinstance(nulls, InferenceRequest)
+    assert [(r.tenant, r.priority) for r in (plain, own, nulls)] == [("team-a", "low"), ("team-b", "high"),
+                                                                     ("team-a", "low")]
+
+
+def test_a_bad_tenant_on_a_line_is_refused_with_its_line_and_id() -> None:
+    refused = parse_line('{"id": "a", "prompt": "p", "tenant": "no spaces"}', 7, BatchLimits(), "b", 0)
+    assert isinstance(refused, LineError)
+    assert str(refused) == ("line 7 (custom_id 'a'): tenant 'no spaces' is not a tenant name: letters, digits, '.', "
+                            "'_' and '-', starting with a letter or digit")
