@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from streamproc.core.retention import Forgotten
+from streamproc.core.tenancy import DEFAULT_PRIORITY, DEFAULT_TENANT, tenancy_of
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class BatchManifest:
     expires_ms: int | None = None  # ``submit --completion-window``: what is not called by then ends batch_expired
     reuse_results: bool = False  # ``submit --reuse-results``: answer inputs that succeeded before from their result
     forgotten: Forgotten | None = None  # ``streamproc forget``: its states are gone, a request of it is refused
+    tenant: str = DEFAULT_TENANT  # ``submit --tenant``: of every line that names none (status counts its pending)
+    priority: str = DEFAULT_PRIORITY  # ``submit --priority``
 
 
 def encode_manifest(manifest: BatchManifest) -> bytes:
@@ -38,13 +41,15 @@ def decode_manifest(data: bytes) -> BatchManifest:
     if not isinstance(fields, dict):
         raise ValueError("a batch manifest is a JSON object")
     try:
+        tenancy = tenancy_of(fields.get("tenant"), fields.get("priority"))  # a manifest before tenants: the default
         return BatchManifest(batch_id=str(fields["batch_id"]), submitted=int(fields["submitted"]),
                              created_ms=int(fields["created_ms"]), source=str(fields.get("source", "")),
                              invalid_skipped=int(fields.get("invalid_skipped", 0)),
                              cancelled_ms=_optional_int(fields.get("cancelled_ms")),
                              expires_ms=_optional_int(fields.get("expires_ms")),
                              reuse_results=fields.get("reuse_results") is True,
-                             forgotten=_forgotten(fields.get("forgotten")))
+                             forgotten=_forgotten(fields.get("forgotten")), tenant=tenancy.tenant,
+                             priority=tenancy.priority)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"not a batch manifest: {exc}") from None
 

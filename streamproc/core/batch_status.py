@@ -7,9 +7,10 @@ so the progress display of ``run`` reads only what changed since its last poll.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from streamproc.core.events import RequestState
@@ -41,6 +42,10 @@ class BatchStatus:
     """Of ``succeeded``, the requests answered from an earlier result without a call (``--reuse-results``)."""
     first_started_ms: int = 0
     """When a worker first took a request of the batch (0: none yet)."""
+    tenants: dict[str, int] = field(default_factory=dict)
+    """Requests per tenant (core.tenancy): those a worker saw by their state, the pending by the batch's manifest."""
+    priorities: dict[str, int] = field(default_factory=dict)
+    """Requests per priority, counted as ``tenants``."""
 
     @property
     def ended(self) -> int:
@@ -59,7 +64,15 @@ class BatchStatus:
         return {"batch_id": self.batch_id, "submitted": self.submitted, "succeeded": self.succeeded,
                 "failed": dict(self.failed), "retrying": self.retrying, "in_flight": self.in_flight,
                 "pending": self.pending, "converged": self.converged, "usage": self.usage_json(),
-                "reused": self.reused}
+                "reused": self.reused, "tenants": dict(self.tenants), "priorities": dict(self.priorities)}
+
+    def with_pending_as(self, tenant: str, priority: str) -> BatchStatus:
+        """The counts with the requests no worker saw yet (``pending``) under this tenant and priority (the
+        batch's manifest: ``submit --tenant/--priority``)."""
+        if not self.pending:
+            return self
+        return replace(self, tenants=_plus(self.tenants, tenant, self.pending),
+                       priorities=_plus(self.priorities, priority, self.pending))
 
     def usage_json(self) -> dict[str, Any]:
         """OpenAI's usage keys for the batch's paid answers, in total and per model."""
@@ -67,6 +80,17 @@ class BatchStatus:
         completion = sum(tokens[1] for tokens in self.usage.values())
         return {**_usage(prompt, completion),
                 "by_model": {model: _usage(*tokens) for model, tokens in sorted(self.usage.items())}}
+
+
+def _plus(counts: dict[str, int], key: str, more: int) -> dict[str, int]:
+    return {**counts, key: counts.get(key, 0) + more}
+
+
+def shares(counts: dict[str, int]) -> str:
+    """Who a batch's requests belong to, in a word: the one name, or each with its count, most first."""
+    if len(counts) <= 1:
+        return next(iter(counts), "-")
+    return ", ".join(f"{name} {count}" for name, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -85,6 +109,8 @@ def format_status(status: BatchStatus) -> str:
         ("in flight", str(status.in_flight)),
         ("pending", str(status.pending)),
         ("converged", "yes" if status.converged else "no"),
+        ("tenant", shares(status.tenants)),
+        ("priority", shares(status.priorities)),
     ]
     if status.usage:
         usage = status.usage_json()
@@ -105,11 +131,14 @@ class LatestState(NamedTuple):
     prompt_tokens: int
     completion_tokens: int
     reused: bool
+    tenant: str
+    priority: str
 
     @classmethod
     def of(cls, state: RequestState) -> LatestState:
         return cls(state.status, state.last_layer, state.last_error_code, state.created_ms, state.updated_ms,
-                   state.model, state.prompt_tokens, state.completion_tokens, state.reused)
+                   state.model, state.prompt_tokens, state.completion_tokens, state.reused, sys.intern(state.tenant),
+                   sys.intern(state.priority))
 
 
 @dataclass
@@ -141,9 +170,14 @@ class StatusFold:
         parked: Counter[str] = Counter()
         usage: dict[str, tuple[int, int]] = {}
         reused = 0
+        tenants: Counter[str] = Counter()
+        priorities: Counter[str] = Counter()
         progress_ms = started_ms or self.first_created_ms
         for entry in self._latest.values():
             by_status[entry.status] += 1
+            if entry.status is not RequestStatus.PENDING:
+                tenants[entry.tenant] += 1
+                priorities[entry.priority] += 1
             reused += entry.status is RequestStatus.SUCCEEDED and entry.reused
             if entry.status in _ENDED and entry.model is not None:  # a result, or an answer paid but too large
                 prompt, completion = usage.get(entry.model, (0, 0))
@@ -160,7 +194,7 @@ class StatusFold:
             batch_id=self.batch_id, submitted=total, succeeded=by_status[RequestStatus.SUCCEEDED], failed=failed,
             retrying=by_status[RequestStatus.RETRYING], in_flight=by_status[RequestStatus.IN_FLIGHT],
             pending=total - seen, parked=dict(parked), last_progress_ms=progress_ms, usage=usage, reused=reused,
-            first_started_ms=self.first_created_ms,
+            first_started_ms=self.first_created_ms, tenants=dict(tenants), priorities=dict(priorities),
         )
 
 

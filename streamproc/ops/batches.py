@@ -21,7 +21,8 @@ from streamproc.core.topology import Topology
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.ops.status import decode_caps, decode_records, lifecycle_of, read_status, status_of
 
-COLUMNS = ("BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING", "SPEND")
+COLUMNS = ("BATCH", "CREATED", "STATUS", "TENANT", "PRIORITY", "TOTAL", "SUCCEEDED", "FAILED", "WAITING", "SPEND")
+_LEFT_ALIGNED = 5  # the first columns are words, the rest numbers
 
 
 @dataclass(frozen=True)
@@ -88,14 +89,23 @@ async def batch_object(kafka: KafkaConnection, topology: Topology, batch_id: str
 def format_batches(entries: list[BatchEntry]) -> str:
     """An aligned table for people; ``--json`` is the form for scripts."""
     rows = [COLUMNS] + [
-        (entry.status.batch_id, _created(entry.created_ms), entry.state, str(entry.status.submitted),
+        (entry.status.batch_id, _created(entry.created_ms), entry.state, _most(entry.status.tenants),
+         _most(entry.status.priorities), str(entry.status.submitted),
          str(entry.status.succeeded), str(entry.status.terminal_failures),
          str(entry.status.submitted - entry.status.ended), _spend(entry.spend))
         for entry in entries]
     widths = [max(len(row[column]) for row in rows) for column in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.ljust(width) if column < 3 else cell.rjust(width)
+    return "\n".join("  ".join(cell.ljust(width) if column < _LEFT_ALIGNED else cell.rjust(width)
                                for column, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
                      for row in rows)
+
+
+def _most(counts: dict[str, int]) -> str:
+    """The name most of the batch's requests have, ``+N`` for the N others (``status`` shows each)."""
+    if not counts:
+        return "-"
+    most = min(counts.items(), key=lambda item: (-item[1], item[0]))[0]
+    return most if len(counts) == 1 else f"{most} +{len(counts) - 1}"
 
 
 def _spend(spend: dict[str, float | int | None]) -> str:

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
@@ -102,9 +102,10 @@ def status_of(manifest: BatchManifest | None, fold: Callable[[int, int], BatchSt
     it was forgotten (its states are gone, or going: the changelog may still hold some before their tombstones)."""
     if manifest is None:
         return fold(0, 0)
-    if manifest.forgotten is not None:
-        return manifest.forgotten.status(manifest.batch_id)
-    return fold(manifest.submitted, manifest.created_ms)
+    if manifest.forgotten is not None:  # no state left to tell: every request counts as the manifest's tenancy
+        kept = manifest.forgotten.status(manifest.batch_id)
+        return replace(kept, tenants={manifest.tenant: kept.submitted}, priorities={manifest.priority: kept.submitted})
+    return fold(manifest.submitted, manifest.created_ms).with_pending_as(manifest.tenant, manifest.priority)
 
 
 async def read_status(kafka: KafkaConnection, topology: Topology, batch_id: str, *, stall_after_s: float,

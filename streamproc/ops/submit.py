@@ -135,7 +135,7 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
         sent += await _confirm(pending, progress)
         expires_ms = None if completion_window_s is None else submitted_ms + round(completion_window_s * 1000)
         manifest = BatchManifest(batch_id, sent, submitted_ms, str(path), report.error_count, expires_ms=expires_ms,
-                                 reuse_results=reuse_results)
+                                 reuse_results=reuse_results, tenant=tenancy.tenant, priority=tenancy.priority)
         await producer.send_and_wait(topology.batches, key=batch_id.encode(), value=encode_manifest(manifest))
     finally:
         await producer.stop()

@@ -39,3 +39,12 @@ def test_the_follower_keeps_the_latest_cap_of_each_batch_beside_its_manifest() -
     sizes.apply(encode_batch_cap(BatchCap("b1", Cap(3.0, 500), 2)))  # raise-cap
     assert sizes.cap("b1") == Cap(3.0, 500) and sizes.submitted("b1") == 10
     assert sizes.cap("b2") is None
+
+
+def test_a_manifest_keeps_its_tenancy_and_one_written_before_tenants_reads_as_the_default() -> None:
+    manifest = BatchManifest("b", 3, 1_000, "in.jsonl", tenant="team-a", priority="low")
+    assert decode_manifest(encode_manifest(manifest)) == manifest
+    old = decode_manifest(b'{"batch_id": "b", "submitted": 3, "created_ms": 1000}')
+    assert (old.tenant, old.priority) == ("default", "normal")
+    with pytest.raises(ValueError, match="not a batch manifest: tenant"):
+        decode_manifest(b'{"batch_id": "b", "submitted": 3, "created_ms": 1000, "tenant": "a b"}')

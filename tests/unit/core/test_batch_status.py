@@ -24,7 +24,8 @@ def test_counts_add_up_and_latest_state_wins() -> None:
                                 "failed": {"transport": 0, "service": 0, "semantic": 0, "business": 0},
                                 "retrying": 1, "in_flight": 1, "pending": 2, "converged": False,
                                 "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
-                                          "by_model": {}}, "reused": 0}
+                                          "by_model": {}}, "reused": 0,
+                                "tenants": {"default": 3}, "priorities": {"normal": 3}}
 
 
 def test_converged_when_every_request_ended() -> None:
@@ -78,3 +79,16 @@ def test_reused_results_are_counted_among_the_succeeded_and_spent_no_tokens() ->
     assert (status.succeeded, status.reused, status.usage) == (2, 1, {"m": (4, 2)})
     assert status.as_json()["reused"] == 1
     assert "succeeded  2 (1 reused, no call)" in format_status(status).splitlines()
+
+
+def test_requests_are_counted_by_tenant_and_priority_the_pending_as_the_manifest_says() -> None:
+    fold = StatusFold("b")
+    fold.apply([replace(state("1", RequestStatus.SUCCEEDED), tenant="team-a", priority="high"),
+                replace(state("2", RequestStatus.IN_FLIGHT), tenant="team-a", priority="high"),
+                state("3", RequestStatus.FAILED, FailureLayer.BUSINESS)])
+    status = fold.status(submitted=6).with_pending_as("team-a", "high")
+    assert (status.tenants, status.priorities) == ({"team-a": 5, "default": 1}, {"high": 5, "normal": 1})
+    lines = format_status(status).splitlines()
+    assert "tenant     team-a 5, default 1" in lines and "priority   high 5, normal 1" in lines
+    alone = StatusFold("c").status(submitted=2).with_pending_as("team-b", "low")
+    assert "tenant     team-b" in format_status(alone).splitlines()

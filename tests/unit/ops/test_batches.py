@@ -29,7 +29,8 @@ def test_each_batch_is_folded_on_its_own() -> None:
 
 def test_entry_has_openais_batch_keys_and_the_table_lines_up() -> None:
     fold = BatchesFold()
-    fold.apply([state("a/1", "a", RequestStatus.SUCCEEDED), state("a/2", "a", RequestStatus.FAILED)])
+    fold.apply([replace(state("a/1", "a", RequestStatus.SUCCEEDED), tenant="team-b", priority="high"),
+                replace(state("a/2", "a", RequestStatus.FAILED), tenant="team-a")])
     done = BatchEntry(fold.status("a", 2, 1_700_000_000_000), 1_700_000_000_000,
                       BatchManifest("a", 2, 1_700_000_000_000, "in.jsonl"))
     running = BatchEntry(fold.status("labels-2026-11", 3), 0, None)
@@ -38,15 +39,21 @@ def test_entry_has_openais_batch_keys_and_the_table_lines_up() -> None:
         "id": "a", "object": "batch", "created_at": 1_700_000_000, "status": "completed",
         "request_counts": {"total": 2, "completed": 1, "failed": 1}, "source": "in.jsonl"}
     assert document["counts"]["converged"] is True
+    assert (document["counts"]["tenants"], document["counts"]["priorities"]) == ({"team-a": 1, "team-b": 1},
+                                                                                 {"high": 1, "normal": 1})
     assert (document["completed_at"], document["cancelled_at"], document["expired_at"]) == (1_700_000_000, None, None)
     assert document["usage"]["total_tokens"] == 0
     assert running.state == "in_progress"
     capped = replace(running, spend={"cost_usd": 1.5, "tokens": 900, "max_cost_usd": 3.0, "max_tokens": None})
     assert format_batches([done, running, capped]).splitlines() == [
-        "BATCH           CREATED              STATUS       TOTAL  SUCCEEDED  FAILED  WAITING          SPEND",
-        "a               2023-11-14 22:13:20  completed        2          1       1        0              -",
-        "labels-2026-11  -                    in_progress      3          0       0        3              -",
-        "labels-2026-11  -                    in_progress      3          0       0        3  $1.5000 of $3",
+        "BATCH           CREATED              STATUS       TENANT     PRIORITY  TOTAL  SUCCEEDED  FAILED  WAITING"
+        "          SPEND",
+        "a               2023-11-14 22:13:20  completed    team-a +1  high +1       2          1       1        0"
+        "              -",
+        "labels-2026-11  -                    in_progress  -          -             3          0       0        3"
+        "              -",
+        "labels-2026-11  -                    in_progress  -          -             3          0       0        3"
+        "  $1.5000 of $3",
     ]
 
 
