@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, Protocol
 
 from streamproc.core.events import FailureEvent, InferenceResult
 from streamproc.core.identity import custom_id_of
+from streamproc.core.tenancy import DEFAULT_PRIORITY, DEFAULT_TENANT
 
 
 def line_id(batch_id: str | None, custom_id: str) -> str:
@@ -36,9 +37,16 @@ def result_custom_id(result: InferenceResult) -> str:
 def result_marks(result: InferenceResult) -> dict[str, str]:
     """What a result's line carries under ``"streamproc"``, in every format: ``reused_from`` (answered from an
     earlier identical request, without a call: core.reuse) and ``deployment`` (the one of the model list that
-    answered), each only when set."""
+    answered), each only when set; ``tenant`` and ``priority`` (core.tenancy) when not the default."""
     return {name: value for name, value in (("reused_from", result.reused_from), ("deployment", result.deployment))
-            if value is not None}
+            if value is not None} | tenancy_marks(result.tenant, result.priority)
+
+
+def tenancy_marks(tenant: str, priority: str) -> dict[str, str]:
+    """``tenant`` and ``priority`` for a line's ``"streamproc"`` object, each only when not the default (a line
+    without them is the default tenant's, at normal priority)."""
+    return {name: value for name, value, default in (("tenant", tenant, DEFAULT_TENANT),
+                                                     ("priority", priority, DEFAULT_PRIORITY)) if value != default}
 
 
 def failure_custom_id(failure: FailureEvent) -> str:
@@ -60,6 +68,8 @@ class HeldFailure(NamedTuple):
     response_body: str | None
     provider_request_id: str | None
     deployment: str | None  # the deployment of the model list the failed call was made to
+    tenant: str  # the request's (core.tenancy)
+    priority: str
 
     @classmethod
     def of(cls, failure: FailureEvent) -> HeldFailure:
@@ -68,7 +78,7 @@ class HeldFailure(NamedTuple):
         return cls(None if batch_id is None else sys.intern(batch_id), failure.layer.value,
                    sys.intern(failure.error_code), failure.message, failure.attempt, failure.first_failure_ms,
                    failure.last_failure_ms, failure.http_status, failure.response_body, failure.provider_request_id,
-                   failure.deployment)
+                   failure.deployment, sys.intern(failure.request.tenant), sys.intern(failure.request.priority))
 
     def body_object(self) -> dict[str, Any] | None:
         """The provider's body when it is a JSON object (as every OpenAI-compatible answer is); else None."""
@@ -88,7 +98,7 @@ class HeldFailure(NamedTuple):
                 "last_failure_ms": self.last_failure_ms, "batch_id": self.batch_id}
         if self.deployment is not None:
             ours["deployment"] = self.deployment
-        return ours
+        return ours | tenancy_marks(self.tenant, self.priority)
 
 
 class LineFormat(Protocol):

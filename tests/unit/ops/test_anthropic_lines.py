@@ -107,3 +107,14 @@ def test_a_succeeded_line_names_the_deployment_that_answered_and_a_reused_answer
     assert isinstance(parsed(line), MessageBatchSucceededResult)
     assert line["streamproc"] == {"reused_from": "earlier/req-1", "deployment": "gpt-4o@2"}
     assert "streamproc" not in output_line(result())
+
+
+def test_lines_name_the_tenant_and_priority_only_when_not_the_default() -> None:
+    line = output_line(replace(result(), tenant="team-a"))
+    assert isinstance(parsed(line), MessageBatchSucceededResult)
+    assert line["streamproc"] == {"tenant": "team-a"}
+    event = failure()
+    failed = error_line("req-1", HeldFailure.of(replace(event, request=replace(event.request, tenant="team-b",
+                                                                               priority="high"))))
+    assert isinstance(parsed(failed), MessageBatchErroredResult)
+    assert (failed["streamproc"]["tenant"], failed["streamproc"]["priority"]) == ("team-b", "high")

@@ -152,3 +152,14 @@ def test_an_error_line_names_the_deployment_the_call_failed_on_only_when_there_w
     parse_openai_line(json.dumps(line))
     assert line["streamproc"]["deployment"] == "gpt-4o@2"
     assert "deployment" not in error_line("req-1", HeldFailure.of(failure()))["streamproc"]  # none called
+
+
+def test_lines_name_the_tenant_and_priority_only_when_not_the_default() -> None:
+    line = output_line(replace(result(), tenant="team-a", priority="high"))
+    parse_openai_line(json.dumps(line))
+    assert line["streamproc"] == {"tenant": "team-a", "priority": "high"}
+    assert "streamproc" not in output_line(result())
+    event = failure()
+    failed = error_line("req-1", HeldFailure.of(replace(event, request=replace(event.request, priority="low"))))
+    parse_openai_line(json.dumps(failed))
+    assert failed["streamproc"]["priority"] == "low" and "tenant" not in failed["streamproc"]
