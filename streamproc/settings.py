@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from streamproc.core.replication import ReplicationRequest
 from streamproc.core.retention import outcomes_retention_ms, parse_retention_ms
 from streamproc.core.retry_policy import RetryPolicy
+from streamproc.core.tenancy import tenant_problem
 from streamproc.core.topology import DEFAULT_PREFIX, Topology, default_app_id, parse_tiers
 
 DEFAULT_KAFKA_VERSION = "3.9.2"
@@ -331,6 +332,9 @@ class Settings(BaseSettings):
     context_fallbacks: dict[str, str] = Field(
         default_factory=dict, description='JSON: the larger-context model for inputs over a model\'s window, '
         'e.g. {"mock-small": "mock-large"}.')
+    metrics_tenants: list[str] = Field(
+        default_factory=list, description='JSON: the tenants the worker\'s metrics name, e.g. ["team-a", "team-b"]; '
+        'any other is "other". Empty: the first 20 tenants a worker sees.')
     context_windows: dict[str, int] = Field(
         default_factory=dict, description='JSON: context window (tokens) per model, for the pre-check, '
         'e.g. {"mock-small": 4096}; a model not listed is not pre-checked.')
@@ -360,6 +364,14 @@ class Settings(BaseSettings):
             prefix = values.get("topic_prefix") or DEFAULT_PREFIX
             return {**values, "app_id": default_app_id(prefix) if isinstance(prefix, str) else None}
         return values
+
+    @field_validator("metrics_tenants")
+    @classmethod
+    def _tenant_names(cls, value: list[str]) -> list[str]:
+        for tenant in value:
+            if (problem := tenant_problem(tenant)) is not None:
+                raise ValueError(f"tenant {problem}")
+        return value
 
     @field_validator("retain_finished")
     @classmethod

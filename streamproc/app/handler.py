@@ -220,6 +220,7 @@ class Handler:
                 case EmitResult(result):
                     await self._sink.result(result)
                     self._observer.on_result()
+                    self._observer.on_ended(result.tenant, result.priority, "succeeded")
                 case EmitFailure():
                     await self._emit_failure(action, made)
                 case ScheduleRetry():
@@ -339,6 +340,8 @@ class Handler:
                             provider_request_id=provider_request_id(made.headers))
         await self._sink.failure(event, emission.headers)
         self._observer.on_failure(event.layer.value, event.error_code, event.terminal)
+        if event.terminal:
+            self._observer.on_ended(event.request.tenant, event.request.priority, "failed")
 
     async def _put_unless_superseded(self, started: RequestState, after: RequestState) -> None:
         """Write the state after a failure or deferral, unless a newer attempt (or an end) has taken the request

@@ -75,6 +75,7 @@ from streamproc.core.lag import PartitionLag
 from streamproc.core.model_labels import OTHER, ModelLabels
 from streamproc.core.spend_cap import BATCH, DAY
 from streamproc.core.stalls import StallWatch
+from streamproc.core.tenancy import TenantLabels
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.guarded import Guards
 
@@ -89,9 +90,11 @@ class WorkerMetrics:
     """The worker's metrics in one registry; implements :class:`streamproc.app.observe.Observer`."""
 
     def __init__(self, registry: CollectorRegistry | None = None,
-                 prices: Mapping[str, tuple[float, float]] | None = None, models: Iterable[str] = ()) -> None:
+                 prices: Mapping[str, tuple[float, float]] | None = None, models: Iterable[str] = (),
+                 tenants: Iterable[str] = ()) -> None:
         """``prices``: USD per million input and output tokens, per model (``STREAMPROC_MODEL_PRICES``);
-        ``models``: the other models the settings name (their labels are kept, see the module docstring)."""
+        ``models``: the other models the settings name (their labels are kept, see the module docstring);
+        ``tenants``: the tenants named in labels (``STREAMPROC_METRICS_TENANTS``; none: the first 20 seen)."""
         if registry is None:  # a private registry with the usual process metrics (a second instance is fine)
             registry = CollectorRegistry()
             for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
@@ -122,6 +125,10 @@ class WorkerMetrics:
                                 "circuit breaker was open or the model is paused, by tier.", ["tier"], **common)
         self.redriven = Counter("requests_redriven", "Stranded requests (their record handled, their state still "
                                 "waiting) whose record the reconciler sent again, by why.", ["why"], **common)
+        self.tenants = TenantLabels(tenants)
+        self.ended = Counter("requests_ended", "Requests that ended, by tenant (those of STREAMPROC_METRICS_TENANTS, "
+                             "else the first 20 seen; any other is other), priority and outcome (succeeded or failed).",
+                             ["tenant", "priority", "outcome"], **common)
         self.in_flight = Gauge("in_flight", "Records this worker is handling now.", **common)
         self.consumer_lag = Gauge("consumer_lag", "Records not yet committed by the group, per partition "
                                   "assigned to this worker.", ["topic", "partition"], **common)
@@ -161,6 +168,9 @@ class WorkerMetrics:
 
     def on_deferred(self, tier: str) -> None:
         self.deferred.labels(tier=tier).inc()
+
+    def on_ended(self, tenant: str, priority: str, outcome: str) -> None:
+        self.ended.labels(self.tenants.label(tenant), priority, outcome).inc()
 
     def on_redriven(self, why: str) -> None:
         self.redriven.labels(why=why).inc()
@@ -426,10 +436,11 @@ class LagWatcher:
 
 
 def serve_worker_metrics(port: int, host: str, prices: Mapping[str, tuple[float, float]],
-                         models: Iterable[str] = ()) -> WorkerMetrics:
+                         models: Iterable[str] = (), tenants: Iterable[str] = ()) -> WorkerMetrics:
     """The worker's metrics, already served on ``host:port`` (raises OSError when it cannot listen);
-    ``models``: the models the settings name besides ``prices`` (their labels are kept)."""
-    metrics = WorkerMetrics(prices=prices, models=models)
+    ``models``: the models the settings name besides ``prices`` (their labels are kept); ``tenants``: the
+    tenants labels name."""
+    metrics = WorkerMetrics(prices=prices, models=models, tenants=tenants)
     metrics.serve(port, host)
     return metrics
 

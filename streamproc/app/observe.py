@@ -58,6 +58,9 @@ class Observer(Protocol):
     def on_deferred(self, tier: str) -> None:
         """A record was parked unanswered on the topic of ``tier``: its model's circuit breaker is open."""
 
+    def on_ended(self, tenant: str, priority: str, outcome: str) -> None:
+        """A request of ``tenant`` at ``priority`` ended: ``outcome`` is ``succeeded`` or ``failed`` (terminally)."""
+
 
 class NullObserver:
     """The default: observes nothing."""
@@ -78,6 +81,9 @@ class NullObserver:
         pass
 
     def on_deferred(self, tier: str) -> None:
+        pass
+
+    def on_ended(self, tenant: str, priority: str, outcome: str) -> None:
         pass
 
 
@@ -122,6 +128,12 @@ class _Guarded:
             self._inner.on_deferred(tier)
         except Exception:
             log.exception("observer failed in on_deferred")
+
+    def on_ended(self, tenant: str, priority: str, outcome: str) -> None:
+        try:
+            self._inner.on_ended(tenant, priority, outcome)
+        except Exception:
+            log.exception("observer failed in on_ended")
 
 
 def guarded(observer: Observer | None) -> Observer:

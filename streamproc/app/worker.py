@@ -510,7 +510,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     try:  # before anything else, so that a taken port fails fast
         metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,
                                         settings.model_prices, [settings.default_model, *models.models(),
-                                                                *models.keys()])
+                                                                *models.keys()], settings.metrics_tenants)
                    if settings.worker_metrics_port else None)
     except OSError as exc:
         log.critical("STOPPING: cannot serve /metrics on %s:%d (%s); change STREAMPROC_WORKER_METRICS_PORT",

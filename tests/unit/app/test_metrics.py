@@ -381,3 +381,28 @@ def test_a_call_of_a_listed_deployment_counts_under_its_name(registry: Collector
     assert value(registry, "streamproc_llm_calls_total", model="gpt", outcome="success") == 1
     assert registry.get_sample_value("streamproc_deployment_calls_total",
                                      {"deployment": "", "outcome": "transport"}) is None
+
+
+async def test_ended_requests_are_counted_by_tenant_and_priority_with_bounded_labels(
+        registry: CollectorRegistry) -> None:
+    metrics = WorkerMetrics(registry, tenants=["team-a"])
+    handler, sink = rig([answer("spam"), answer("eggs"), CONTEXT_TOO_LONG], metrics)
+    await handler.handle(submission(replace(make_request("r-1"), tenant="team-a", priority="high")))
+    await handler.handle(submission(make_request("r-2"), hdrs={"x-tenant": b"team-b"}))  # a header names it
+    await handler.handle(submission(make_request("r-3")))
+    assert [(r.tenant, r.priority) for r in sink.results] == [("team-a", "high"), ("team-b", "normal")]
+    assert value(registry, "streamproc_requests_ended_total", tenant="team-a", priority="high",
+                 outcome="succeeded") == 1
+    assert value(registry, "streamproc_requests_ended_total", tenant="other", priority="normal",
+                 outcome="succeeded") == 1  # team-b is not listed
+    assert value(registry, "streamproc_requests_ended_total", tenant="default", priority="normal",
+                 outcome="failed") == 1
+
+
+async def test_a_request_with_an_invalid_tenant_header_ends_as_invalid_tenancy(metrics: WorkerMetrics) -> None:
+    handler, sink = rig([answer("spam")], metrics)
+    await handler.handle(submission(make_request("r-1"), hdrs={"x-tenant": b"no spaces please"}))
+    assert sink.results == [] and len(sink.failures) == 1
+    failure, _ = sink.failures[0]
+    assert (failure.error_code, failure.terminal) == ("invalid_tenancy", True)
+    assert "tenant 'no spaces please' is not a tenant name" in failure.message
