@@ -85,6 +85,7 @@ def test_json_requests_in_and_json_outcomes_out_read_by_every_reader_beside_avro
         mock.stop()
 
     assert all(len(outcomes.results[i]) == 1 for i in called), worker.log_tail()
+    assert {outcomes.results[i][0].tenant for i in called} == {"team-a"}  # the record's field, on its result
     assert outcomes.results[stream_id][0].batch_id is None
     [refused] = outcomes.terminal(f"{batch}/bad-url")
     assert refused.error_code == "invalid_json_request" and "unsupported url '/v1/completions'" in refused.message
