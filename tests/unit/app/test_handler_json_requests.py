@@ -38,7 +38,7 @@ async def test_a_json_batch_line_is_called_and_answered_under_its_scoped_id() ->
     record = json_record({**LINE, "batch_id": "b-1", "tenant": "team-a"}, key=b"b-1/r-1")
     assert await rig.handle(record) is Disposition.ACK
     [(called, body)] = rig.caller.calls
-    assert (called.request_id, called.batch_id, called.metadata) == ("b-1/r-1", "b-1", {"tenant": "team-a"})
+    assert (called.request_id, called.batch_id, called.tenant, called.metadata) == ("b-1/r-1", "b-1", "team-a", {})
     assert body["messages"] == BODY["messages"]
     [result] = rig.sink.results
     assert (result.request_id, result.batch_id, result.content) == ("b-1/r-1", "b-1", "ham")
@@ -58,9 +58,10 @@ async def test_a_json_request_that_fails_goes_on_as_avro_through_the_tiers() -> 
     rig = Rig([UNAVAILABLE, answer("ham")])
     await rig.handle(json_record({**LINE, "priority": "high"}, key=b"r-1"))
     [retry] = rig.sink.retries
-    assert retry.request.metadata == {"priority": "high"}
+    assert (retry.request.priority, retry.request.metadata) == ("high", {})  # carried on through the tiers
     assert await rig.handle(next_hop(retry, offset=7)) is Disposition.ACK  # an Avro frame on the tier
     assert [r.request_id for r in rig.sink.results] == ["r-1"] and rig.sink.results[0].attempts == 2
+    assert rig.sink.results[0].priority == "high"
 
 
 async def test_an_invalid_json_request_is_a_business_failure_with_submits_reason_keeping_the_value() -> None:
