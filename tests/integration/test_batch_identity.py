@@ -128,7 +128,8 @@ def test_batches_reusing_custom_ids_converge_one_after_the_other_and_at_the_same
                                                                           "failed": 0} for row in rows.values())
     assert rows["first"]["created_at"] <= rows["second"]["created_at"]
     table = run(env, "batches").stdout.splitlines()
-    assert table[0].split() == ["BATCH", "CREATED", "STATUS", "TOTAL", "SUCCEEDED", "FAILED", "WAITING", "SPEND"]
+    assert table[0].split() == ["BATCH", "CREATED", "STATUS", "TENANT", "PRIORITY", "TOTAL", "SUCCEEDED", "FAILED",
+                                "WAITING", "SPEND"]
     assert len(table) == 4
 
 
