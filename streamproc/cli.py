@@ -393,6 +393,7 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
     from streamproc.app.bootstrap import resolve_connection
     from streamproc.core.spend_cap import Cap
     from streamproc.core.tenancy import InvalidTenancy, tenancy_of
+    from streamproc.kafka.schema_registry import request_encoder
     from streamproc.ops.progress import Progress
     from streamproc.ops.submit import submit_file
 
@@ -402,11 +403,12 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
         tenancy = tenancy_of(tenant, priority)
     except InvalidTenancy as invalid:
         raise click.BadParameter(str(invalid), param_hint="--tenant") from None
+    encode_request = request_encoder(settings.schema_registry, settings.topology())  # a refusing registry: exit 3
     with Progress(f"sending {file.name}") as bar:
         report = _run(submit_file(lambda: resolve_connection(settings), settings.topology(), settings.durability,
                                   settings.input_limits, file, batch_id, skip_invalid=skip_invalid, progress=bar,
                                   completion_window_s=window, reuse_results=reuse_results, cap=cap,
-                                  tenancy=tenancy))
+                                  tenancy=tenancy, encode_request=encode_request))
     if as_json:
         _echo_json(report.as_json())
         return

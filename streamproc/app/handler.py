@@ -57,6 +57,7 @@ from streamproc.core.retry_policy import CompletionBudget, Tier
 from streamproc.core.spend_cap import Charge
 from streamproc.core.tenancy import InvalidTenancy, Tenancy, with_headers
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.kafka.schema_registry import NO_REGISTRY, SchemaReader
 from streamproc.llm.client import Caller, CallResult, UnsupportedUrl, answer_content, request_body
 from streamproc.llm.completion import billed_tokens
 from streamproc.llm.guarded import Guards
@@ -156,7 +157,7 @@ class HandlerOptions:
     spend: SpendGate | None = None
     json_limits: LineLimits = field(default_factory=LineLimits)
     encode_result: Callable[[InferenceResult], bytes] = codec.encode  # how the sink writes a result: its size
-    schema_lookup: codec.SchemaLookup | None = None  # the registry's, for Confluent-framed requests
+    schemas: SchemaReader = NO_REGISTRY  # the registry's, for Confluent-framed requests
 
 
 class Handler:
@@ -178,7 +179,7 @@ class Handler:
         self._reuse = options.reuse
         self._spend = options.spend
         self._json_limits = options.json_limits
-        self._schema_lookup = options.schema_lookup
+        self._schemas = options.schemas
         self._encode_result = options.encode_result
 
     async def handle(self, record: Record) -> Disposition:
@@ -358,7 +359,7 @@ class Handler:
         """The record's request, or None once a poison record has been turned into its failure."""
         key = _text(record.key)
         first = headers.Hop(origin=hop.origin)  # a record that is no request of its own: its first attempt
-        request = self._read(record)
+        request = await self._read(record)
         if key is None and isinstance(request, InferenceRequest) and request.request_id:
             await self._rekey(record, request.request_id, hop)  # an unreadable one ends at once, where it is
             return None
@@ -400,18 +401,20 @@ class Handler:
         log.debug("%s[%d]@%d had no key: written again under its id %s", record.topic, record.partition,
                   record.offset, request_id)
 
-    def _read(self, record: Record) -> InferenceRequest | _Unreadable:
-        """The request a record's value holds, an Avro frame or a JSON request (design §3), or why it holds none."""
+    async def _read(self, record: Record) -> InferenceRequest | _Unreadable:
+        """The request a record's value holds, an Avro frame or a JSON request (design §3), or why it holds none.
+        The schema a Confluent frame names is fetched first, off the event loop."""
         if codec.is_json(record.value):
             assert record.value is not None
             read = codec.read_json_request(record.value, record.headers, self._json_limits, self._clock_ms())
             if isinstance(read, codec.InvalidJsonRequest):
                 return _Unreadable(read.request_id, INVALID_JSON_REQUEST, read.reason, read.batch_id)
             return read
+        await self._schemas.fetch_ahead(record.value)
         try:
-            request = codec.decode(record.value, InferenceRequest, schema_lookup=self._schema_lookup)
+            request = codec.decode(record.value, InferenceRequest, schema_lookup=self._schemas.lookup)
         except codec.CodecError as exc:
-            return _Unreadable(codec.peek_request_id(record.value, schema_lookup=self._schema_lookup),
+            return _Unreadable(codec.peek_request_id(record.value, schema_lookup=self._schemas.lookup),
                                "undecodable_record", str(exc))
         try:  # a producer of its own may name them in headers; a hostile one may write any string in the value
             tenancy = with_headers(Tenancy(request.tenant, request.priority), record.headers)
@@ -424,7 +427,7 @@ class Handler:
     async def _internal_error(self, record: Record, exc: Exception) -> Disposition:
         """Last resort for a bug: a terminal business failure that backfill can replay once it is fixed."""
         request_id = _text(record.key) or ""
-        request = self._read(record)
+        request = await self._read(record)
         if isinstance(request, _Unreadable):
             request = InferenceRequest(request_id=request_id, body_json="", metadata=_raw_value(record.value))
         failure = Failure(FailureLayer.BUSINESS, "internal_error", f"{type(exc).__name__}: {exc}"[:1000])

@@ -37,6 +37,7 @@ from streamproc.app.topic_reader import TopicReader
 from streamproc.core.events import InferenceRequest, InferenceResult
 from streamproc.core.reuse import indexable, reuse_wanted, reused_result
 from streamproc.kafka.connection import KafkaConnection
+from streamproc.kafka.schema_registry import NO_REGISTRY, SchemaReader
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,9 @@ class ResultIndex:
 
     def __init__(self, path: Path, kafka: KafkaConnection, results_topic: str,
                  forgotten: Callable[[str | None], bool] = _never,
-                 schema_lookup: codec.SchemaLookup | None = None) -> None:
+                 schemas: SchemaReader = NO_REGISTRY) -> None:
         self._path = path
-        self._schema_lookup = schema_lookup  # the registry's, for Confluent-framed results
+        self._schemas = schemas  # the registry's, for Confluent-framed results
         self._forgotten = forgotten  # batch id -> it was forgotten: its answers are not indexed
         self._db: Rdict | None = None  # opened at the first lookup: a worker that never reuses never opens it
         self._offsets: dict[int, int] = {}
@@ -70,10 +71,14 @@ class ResultIndex:
             self._db.close()
             self._db = None
 
-    def get(self, digest: str) -> InferenceResult | None:
+    async def get(self, digest: str) -> InferenceResult | None:
         """The answer indexed for ``digest`` so far (no read of the topic)."""
         raw = self._store().get(digest.encode())
-        return None if raw is None else codec.decode(raw, InferenceResult, schema_lookup=self._schema_lookup)
+        return None if raw is None else await self._decode(raw)
+
+    async def _decode(self, raw: bytes | None) -> InferenceResult:
+        await self._schemas.fetch_ahead(raw)
+        return codec.decode(raw, InferenceResult, schema_lookup=self._schemas.lookup)
 
     def _store(self) -> Rdict:
         if self._db is None:
@@ -88,10 +93,10 @@ class ResultIndex:
         none, or when the topic could not be read (the request is then called: reuse saves calls, it never
         costs a request)."""
         try:
-            found = self.get(digest)
+            found = await self.get(digest)
             if found is None:
                 await self.catch_up()
-                found = self.get(digest)
+                found = await self.get(digest)
         except Exception as exc:  # a broker problem, a locked store: answer without reuse, never fail the request
             log.warning("result index: could not look up %s (%s: %s); calling instead of reusing", digest,
                         type(exc).__name__, exc)
@@ -116,13 +121,13 @@ class ResultIndex:
         async with TopicReader(self._kafka, [self._topic], start) as reader:
             async for chunk in reader.chunks_to_end():
                 for record in chunk:
-                    self._add(record.value)
+                    await self._add(record.value)
                     self._offsets[record.partition] = max(self._offsets.get(record.partition, 0), record.offset + 1)
                 self._store()[_OFFSETS] = json.dumps(self._offsets).encode()  # after the answers: a crash rereads some
 
-    def _add(self, value: bytes | None) -> None:
+    async def _add(self, value: bytes | None) -> None:
         try:
-            result = codec.decode(value, InferenceResult, schema_lookup=self._schema_lookup)
+            result = await self._decode(value)
         except codec.CodecError:
             return  # a foreign record: answers nothing
         key, store = result.input_hash.encode(), self._store()
@@ -143,7 +148,7 @@ class ResultIndex:
         for index, (key, raw) in enumerate(store.items(), 1):
             if key not in (_OFFSETS, _DROPPED):
                 try:
-                    if codec.decode(raw, InferenceResult, schema_lookup=self._schema_lookup).batch_id in batches:
+                    if (await self._decode(raw)).batch_id in batches:
                         dropped.append(key)
                 except codec.CodecError:
                     pass

@@ -68,7 +68,7 @@ from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
 from streamproc.kafka.clients import kafka_admin
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.kafka.diagnose import KafkaRefused, diagnose
-from streamproc.kafka.schema_registry import RegisteredSchemas, register_schemas
+from streamproc.kafka.schema_registry import NO_REGISTRY, RegisteredSchemas, register_schemas
 from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.deployments import DeploymentCaller
 from streamproc.llm.guarded import Guards, long_requests_of
@@ -85,10 +85,12 @@ class FaustSink:
     """Sends outcomes through the app's producer and waits until the broker acknowledged each one."""
 
     def __init__(self, app: faust.App, topology: Topology,
-                 encode_outcome: Callable[[InferenceResult | FailureEvent], bytes] = codec.encode) -> None:
+                 encode_outcome: Callable[[InferenceResult | FailureEvent], bytes] = codec.encode,
+                 encode_request: Callable[[InferenceRequest], bytes] = codec.encode) -> None:
         self._app = app
         self._topology = topology
         self._encode_outcome = encode_outcome  # STREAMPROC_RECORD_FORMAT: results and failures only (design §3)
+        self._encode_request = encode_request  # a retry tier's record: Confluent-framed with a schema registry
         # an ACL taken away mid-run: every later write would fail the same way (the worker stops, design §6)
         self.on_not_authorized: Callable[[BaseException], None] = lambda _exc: None
         self._topics: dict[str, Any] = {
@@ -120,8 +122,8 @@ class FaustSink:
                          self._encode_outcome(event), hdrs)
 
     async def retry(self, tier: Tier, request: InferenceRequest, hdrs: headers.Headers) -> RecordRef:
-        return await self._send(self._topology.retry(tier), request.request_id.encode(), codec.encode(request),
-                                hdrs)
+        return await self._send(self._topology.retry(tier), request.request_id.encode(),
+                                self._encode_request(request), hdrs)
 
     async def dead_letter(self, record: Record, hdrs: headers.Headers) -> None:
         await self._send(self._topology.dead_letters, record.key, record.value, hdrs)
@@ -227,8 +229,9 @@ class WorkerRuntime:
         untyped_table.key_serializer = untyped_table.value_serializer = "raw"
         encode_outcome = (registered.encode if registered is not None
                           else codec.encode_json if settings.record_format == "json" else codec.encode)
-        schema_lookup = registered.lookup if registered is not None else None
-        self.sink = FaustSink(self.app, self.topology, encode_outcome)
+        schemas = registered.reader if registered is not None else NO_REGISTRY
+        self.sink = FaustSink(self.app, self.topology, encode_outcome,
+                              registered.encode if registered is not None else codec.encode)
         self.sink.on_not_authorized = self._on_not_authorized
         self.dispatcher = Dispatcher(records_in_hand(settings.in_flight), on_stuck=self._on_stuck,
                                      waiting_room=self.app.conf.stream_buffer_maxsize)
@@ -243,7 +246,7 @@ class WorkerRuntime:
             fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership, self.guards.out)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
                                         kafka, self.topology.results, forgotten=self.batch_sizes.forgotten,
-                                        schema_lookup=schema_lookup)
+                                        schemas=schemas)
         self.configuration_problem: ConfigurationProblem | None = None
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
@@ -258,7 +261,7 @@ class WorkerRuntime:
                                    observer=observer, closed=self.batch_sizes.closed,
                                    reuse=ResultReuse(self.result_index, self.batch_sizes.reuses), spend=self.spend,
                                    json_limits=LineLimits(settings.max_body_bytes, settings.default_model),
-                                   encode_result=encode_outcome, schema_lookup=schema_lookup))
+                                   encode_result=encode_outcome, schemas=schemas))
         self._register_agents()
 
     def _membership(self) -> tuple[bool, int]:

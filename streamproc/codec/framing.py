@@ -40,6 +40,7 @@ __all__ = [
     "SINGLE_OBJECT_MAGIC",
     "Codec",
     "SchemaLookup",
+    "confluent_schema_id",
     "decode",
     "encode",
     "encode_confluent",
@@ -58,6 +59,13 @@ _CONFLUENT_CACHE_LIMIT = 1024
 
 SchemaLookup: TypeAlias = Callable[[int], Mapping[str, Any] | str]
 """Resolves a Confluent schema id to the writer's schema (a parsed JSON object or its JSON text)."""
+
+
+def confluent_schema_id(data: bytes | None) -> int | None:
+    """The schema id a Confluent-framed payload names, or None for any other payload (or a truncated header)."""
+    if not data or data[:1] != CONFLUENT_MAGIC or len(data) < _CONFLUENT_HEADER_SIZE:
+        return None
+    return int.from_bytes(data[1:_CONFLUENT_HEADER_SIZE], "big")
 
 
 class Codec:

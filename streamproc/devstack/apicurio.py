@@ -61,6 +61,8 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
       </exclusions>
     </dependency>
     <dependency><groupId>com.github.erosb</groupId><artifactId>everit-json-schema</artifactId><version>1.14.2</version></dependency>
+    <!-- HTTP basic auth against users given as properties, so a test can run the registry with a password -->
+    <dependency><groupId>io.quarkus</groupId><artifactId>quarkus-elytron-security-properties-file</artifactId></dependency>
   </dependencies>
   <build>
     <plugins>

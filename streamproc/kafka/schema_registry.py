@@ -4,12 +4,18 @@
 Any registry with the Confluent REST API works (Confluent Schema Registry; Apicurio under
 ``/apis/ccompat/v7``): the URL given is the API's base. Ids never change meaning, so each answer is cached for
 the life of the process: one request per id, whatever the number of records.
+
+A lookup is a blocking HTTP call of up to its timeout, so the worker never makes one on its event loop: it decodes
+with :meth:`SchemaRegistry.known_schema` (the cache only) after :meth:`SchemaRegistry.fetch_ahead` has fetched an
+unknown id in a thread. A loop blocked for seconds would miss the consumer's heartbeats and lose its partitions.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -27,6 +33,19 @@ from streamproc.settings import RegistryAccess
 
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 _NOTHING_TO_CHECK = {40401, 40402}  # subject not found (Confluent), its latest version not found (Apicurio)
+
+
+SchemaPrefetch = Callable[[bytes | None], Awaitable[None]]
+"""Fetches, off the event loop, the schema a Confluent-framed payload names unless it is known (see
+:meth:`SchemaRegistry.fetch_ahead`); any other payload needs nothing."""
+
+
+async def nothing_to_fetch(data: bytes | None) -> None:
+    """The :data:`SchemaPrefetch` of a reader without a registry."""
+
+
+class SchemaNotFetched(LookupError):
+    """A schema id not in the cache: it was not fetched ahead, or its fetch failed (the message says why)."""
 
 
 class SchemaRegistryRefused(UserFacingError):
@@ -60,6 +79,8 @@ class SchemaRegistry:
         self._client = httpx.Client(base_url=self._url, auth=auth, timeout=timeout_s,
                                     headers={"Accept": _CONTENT_TYPE}, transport=transport)
         self._schemas: dict[int, str] = {}
+        self._fetch_failures: dict[int, str] = {}  # id -> why its last fetch ahead failed (tried again next time)
+        self._fetching: dict[int, asyncio.Future[None]] = {}  # one fetch an id, shared by the records awaiting it
 
     def close(self) -> None:
         self._client.close()
@@ -110,6 +131,35 @@ class SchemaRegistry:
             cached = self._schemas[schema_id] = str(answer["schema"])
         return cached
 
+    def known_schema(self, schema_id: int) -> str:
+        """The cached writer schema of ``schema_id``, never a request: the lookup the worker decodes with on its
+        event loop, after :meth:`fetch_ahead`."""
+        cached = self._schemas.get(schema_id)
+        if cached is None:
+            raise SchemaNotFetched(self._fetch_failures.get(schema_id, f"schema id {schema_id} was not fetched"))
+        return cached
+
+    async def fetch_ahead(self, data: bytes | None) -> None:
+        """Fetch, in a thread, the schema that the Confluent-framed ``data`` names, unless it is cached; records
+        naming the same unknown id share one fetch. Never raises: a failure is remembered for
+        :meth:`known_schema` to report, and the next record naming the id tries again."""
+        schema_id = codec.confluent_schema_id(data)
+        if schema_id is None or schema_id in self._schemas:
+            return
+        fetching = self._fetching.get(schema_id)
+        if fetching is None:
+            fetching = self._fetching[schema_id] = asyncio.ensure_future(self._fetch(schema_id))
+        await asyncio.shield(fetching)  # a cancelled record leaves the fetch to the others awaiting it
+
+    async def _fetch(self, schema_id: int) -> None:
+        try:
+            await asyncio.to_thread(self.schema, schema_id)
+            self._fetch_failures.pop(schema_id, None)
+        except Exception as exc:
+            self._fetch_failures[schema_id] = str(exc)
+        finally:
+            del self._fetching[schema_id]
+
     def register_topics(self, schemas: Mapping[str, type[Event]]) -> dict[str, int]:
         """Check every topic's writing schema (the current one, or an older release's during an upgrade) is
         compatible, then register them; topic -> schema id. An incompatible one refuses before anything is
@@ -124,12 +174,25 @@ class SchemaRegistry:
 
 
 @dataclass(frozen=True)
+class SchemaReader:
+    """How a reader on an event loop decodes records that may be Confluent-framed: :attr:`fetch_ahead` of the
+    payload first (off the loop), then the codec with :attr:`lookup`, the cache it filled. The default has no
+    registry: no lookup, nothing to fetch."""
+
+    lookup: SchemaLookup | None = None
+    fetch_ahead: SchemaPrefetch = nothing_to_fetch
+
+
+NO_REGISTRY = SchemaReader()
+
+
+@dataclass(frozen=True)
 class RegisteredSchemas:
-    """What the worker writes and reads by once its schemas are registered: each event type's schema id, and the
-    registry's lookup of any id. Every topic of a type holds the same schema, so any of their ids names it."""
+    """What the worker writes and reads by once its schemas are registered: each event type's schema id, and how
+    to read any id. Every topic of a type holds the same schema, so any of their ids names it."""
 
     ids: Mapping[type[Event], int]
-    lookup: SchemaLookup
+    reader: SchemaReader
 
     def encode(self, record: Event) -> bytes:
         """``record`` in the Confluent wire format, under its type's registered id."""
@@ -141,7 +204,22 @@ def register_schemas(access: RegistryAccess, topology: Topology) -> RegisteredSc
     registry = SchemaRegistry(access)
     schemas = topic_schemas(topology)
     ids = registry.register_topics(schemas)
-    return RegisteredSchemas({record_type: ids[topic] for topic, record_type in schemas.items()}, registry.schema)
+    return RegisteredSchemas({record_type: ids[topic] for topic, record_type in schemas.items()},
+                             SchemaReader(registry.known_schema, registry.fetch_ahead))
+
+
+def request_encoder(access: RegistryAccess | None, topology: Topology) -> Callable[[InferenceRequest], bytes]:
+    """How a producer of requests (``submit``) writes them: with a registry, in the Confluent wire format under the
+    id of the request topic's subject, checked and registered first (an incompatible schema refuses); else in
+    single-object encoding."""
+    if access is None:
+        return codec.encode
+    registry = SchemaRegistry(access)
+    try:
+        schema_id = registry.register_topics({topology.requests: InferenceRequest})[topology.requests]
+    finally:
+        registry.close()
+    return functools.partial(codec.encode_confluent, schema_id=schema_id)
 
 
 def reader_lookup(access: RegistryAccess | None) -> SchemaLookup | None:

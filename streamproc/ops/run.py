@@ -21,6 +21,7 @@ from streamproc.core.topology import Topology
 from streamproc.devstack.stack import LocalStack
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.connection import KafkaConnection
+from streamproc.kafka.schema_registry import request_encoder
 from streamproc.ops.progress import Progress
 from streamproc.ops.results import ExportReport, export_results
 from streamproc.ops.status import BatchStatusReader
@@ -108,8 +109,9 @@ def run_batch(settings: Settings, file: Path, output: Path, errors: Path | None,
         kafka = resolve_connection(effective)
         topology = effective.topology()
         with Progress(f"submitting {file.name}") as bar:
-            submitted = asyncio.run(submit_file(lambda: kafka, topology, effective.durability, effective.input_limits,
-                                                file, batch_id, progress=bar, reuse_results=reuse_results))
+            submitted = asyncio.run(submit_file(
+                lambda: kafka, topology, effective.durability, effective.input_limits, file, batch_id, progress=bar,
+                reuse_results=reuse_results, encode_request=request_encoder(effective.schema_registry, topology)))
         with Progress("processing") as bar:
             status = asyncio.run(follow_until_converged(
                 kafka, topology, batch_id, timeout_s=timeout_s, stall_after_s=effective.stall_after_s, stack=stack,

@@ -18,6 +18,7 @@ from streamproc import codec
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.batch_cap import SPEND_CAP_HEADER, BatchCap, cap_key, encode_batch_cap, encode_cap
 from streamproc.codec.manifest import BatchManifest, encode_manifest
+from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import batch_id_problem
 from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
 from streamproc.core.spend_cap import Cap
@@ -85,7 +86,8 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
                       input_limits: InputLimits, path: Path, batch_id: str, *, skip_invalid: bool = False,
                       progress: Progress | None = None, completion_window_s: float | None = None,
                       reuse_results: bool = False, cap: Cap | None = None,
-                      tenancy: Tenancy = DEFAULT_TENANCY) -> SubmitReport:
+                      tenancy: Tenancy = DEFAULT_TENANCY,
+                      encode_request: Callable[[InferenceRequest], bytes] = codec.encode) -> SubmitReport:
     """Validate ``path``, send its requests keyed by (batch, custom_id), then write the batch manifest (with the
     end of the completion window, when one is given: what is not called by then ends ``batch_expired``).
     ``connect`` is asked for the connection only once the file is known to be worth sending.
@@ -95,7 +97,9 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
 
     ``cap``: the batch's spend cap (design §5.9), written before its first request and carried by each.
 
-    ``tenancy``: ``--tenant``/``--priority``, of every line that names no tenant or priority of its own."""
+    ``tenancy``: ``--tenant``/``--priority``, of every line that names no tenant or priority of its own.
+
+    ``encode_request``: how a request is written (the Confluent wire format when a schema registry is set)."""
     started = time.monotonic()
     if (problem := batch_id_problem(batch_id)) is not None:
         raise SubmitError(f"--batch-id {batch_id!r}: {problem}")
@@ -129,7 +133,7 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
         submitted_ms = int(time.time() * 1000)
         for request in iter_requests(path, limits, batch_id, submitted_ms, skip_invalid):
             pending.append(await producer.send(topology.requests, key=request.request_id.encode(),
-                                               value=codec.encode(request), headers=record_headers))
+                                               value=encode_request(request), headers=record_headers))
             if len(pending) >= _CONFIRM_EVERY:
                 sent += await _confirm(pending, progress)
         sent += await _confirm(pending, progress)

@@ -52,7 +52,7 @@ def test_the_index_answers_the_first_called_answer_reads_on_a_miss_and_resumes(s
                    result("a/c-1", "h1", "first"), result("a/c-2", "h2", "two"), b"not a result",
                    result("a/c-3", "h1", "a later duplicate input"))
         index = ResultIndex(tmp_path / "index", KafkaConnection(bootstrap=bootstrap), topic)
-        assert index.get("h1") is None  # nothing read before a lookup
+        assert await index.get("h1") is None  # nothing read before a lookup
         found = await index.find("h1")
         assert found is not None and (found.request_id, found.content) == ("a/c-1", "first")
         assert await index.find("h3") is None

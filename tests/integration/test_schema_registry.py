@@ -115,7 +115,7 @@ def test_worker_writes_the_confluent_wire_format_and_every_reader_reads_it_by_id
     worker.start()
     try:
         async def ended() -> Any:
-            async with pipeline.OutcomeReader(bootstrap, settings, schema_lookup=registered.lookup) as reader:
+            async with pipeline.OutcomeReader(bootstrap, settings, schema_lookup=registered.reader.lookup) as reader:
                 return await reader.wait_until_ended([*avro_ids, confluent_id], 120, worker)
         outcomes = asyncio.run(ended())
     finally:

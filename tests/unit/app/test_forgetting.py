@@ -106,11 +106,12 @@ def test_a_forgotten_batchs_answers_leave_the_index_and_are_not_indexed_again(tm
     assert asyncio.run(index.drop_batches({"a"})) == 0  # never opened: nothing to drop, nothing created
     assert not (tmp_path / "index").exists()
     for value in (result("a/1", "a", "h1"), result("b/1", "b", "h2"), result("a/2", "a", "h3")):
-        index._add(value)
+        asyncio.run(index._add(value))
     forgotten.add("a")
     assert asyncio.run(index.drop_batches({"a"})) == 2
-    assert (index.get("h1"), index.get("h3")) == (None, None) and index.get("h2") is not None
-    index._add(result("a/1", "a", "h1"))  # read again from the topic (an index rebuilt from scratch)
-    assert index.get("h1") is None
+    assert (asyncio.run(index.get("h1")), asyncio.run(index.get("h3"))) == (None, None)
+    assert asyncio.run(index.get("h2")) is not None
+    asyncio.run(index._add(result("a/1", "a", "h1")))  # read again from the topic (an index rebuilt from scratch)
+    assert asyncio.run(index.get("h1")) is None
     assert asyncio.run(index.drop_batches({"a"})) == 0  # remembered as dropped: no second pass
     index.close()
