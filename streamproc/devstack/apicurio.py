@@ -5,10 +5,17 @@ Quarkus project (its POM below), built once with Maven into the cache directory.
 asked for is mirrored to Central, because some of the registry's POMs name repositories that are not reachable
 from CI. The registry keeps its schemas in memory: each start is empty. Its Confluent API is
 ``<url>/apis/ccompat/v7``.
+
+A second build enforces HTTP basic auth on every path with Quarkus's own security (users given at start as
+properties, so a test chooses them): Quarkus 2.16 fixes the permission policy at build time, so one build cannot
+serve both. Apicurio's own authentication mechanism, which needs an OIDC server and fails a challenge without
+one, is left out of that build. Each build's directory is named by a digest of its POM and properties: a changed
+build makes a new directory, so a machine with an older one builds again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import tempfile
@@ -81,6 +88,16 @@ quarkus.index-dependency.registry-app.artifact-id=apicurio-registry-app
 quarkus.package.type=fast-jar
 """
 
+_BASIC_AUTH_PROPERTIES = """# HTTP basic auth on every path, for the users given at start (-D...users.<user>=<password>)
+quarkus.http.auth.basic=true
+quarkus.security.users.embedded.enabled=true
+quarkus.security.users.embedded.plain-text=true
+quarkus.http.auth.permission.all.paths=/*
+quarkus.http.auth.permission.all.policy=authenticated
+# Apicurio's mechanism wraps OIDC (disabled here) and fails every challenge without it
+quarkus.arc.exclude-types=io.apicurio.common.apps.auth.authn.AppAuthenticationMechanism
+"""
+
 _MAVEN_SETTINGS = """<settings>
   <mirrors>
     <mirror><id>central-only</id><mirrorOf>*</mirrorOf><url>https://repo.maven.apache.org/maven2</url></mirror>
@@ -96,19 +113,26 @@ class SchemaRegistryError(UserFacingError):
     """The local schema registry could not be built or started; the message says why."""
 
 
-def ensure_registry(cache_dir: Path) -> Path:
+def _properties(basic_auth: bool) -> str:
+    return _APPLICATION_PROPERTIES + (_BASIC_AUTH_PROPERTIES if basic_auth else "")
+
+
+def ensure_registry(cache_dir: Path, basic_auth: bool = False) -> Path:
     """Build the registry once into ``cache_dir`` and return its runnable jar; later calls are instant.
-    The build appears whole or not at all, so an interrupted one is redone."""
-    home = cache_dir / f"apicurio-registry-{APICURIO_VERSION}"
+    The build appears whole or not at all, so an interrupted one is redone. Its directory is keyed by what it is
+    built from, so a changed POM or properties build anew."""
+    properties = _properties(basic_auth)
+    digest = hashlib.sha256((_POM + properties).encode()).hexdigest()[:12]
+    home = cache_dir / f"apicurio-registry-{APICURIO_VERSION}-{digest}"
     if (home / _RUNNER).exists():
         return home / _RUNNER
     with locked(cache_dir / f".{home.name}-build"):  # two test sessions at once build it once
         if not (home / _RUNNER).exists():
-            _build(home)
+            _build(home, properties)
     return home / _RUNNER
 
 
-def _build(home: Path) -> None:
+def _build(home: Path, properties: str) -> None:
     require_tool("java", "a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
     mvn = require_tool("mvn", "Maven (Debian: apt-get install maven)")
     with tempfile.TemporaryDirectory(dir=home.parent) as work:
@@ -117,7 +141,7 @@ def _build(home: Path) -> None:
         (project / "settings.xml").write_text(_MAVEN_SETTINGS)
         resources = project / "src" / "main" / "resources"
         resources.mkdir(parents=True)
-        (resources / "application.properties").write_text(_APPLICATION_PROPERTIES)
+        (resources / "application.properties").write_text(properties)
         proc = subprocess.run([mvn, "-B", "-q", "-s", "settings.xml", "-DskipTests", "package"],
                               cwd=project, capture_output=True, text=True, check=False)
         built = project / "target" / "quarkus-app"
@@ -132,10 +156,12 @@ def _build(home: Path) -> None:
 
 class ThrowawaySchemaRegistry(Throwaway):
     """``with ThrowawaySchemaRegistry(cache_dir) as registry: registry.url`` -- an empty registry on 127.0.0.1
-    and a free port until the block ends; its log is kept in a temporary directory removed on stop."""
+    and a free port until the block ends; its log is kept in a temporary directory removed on stop. With
+    ``credentials`` (user, password) every path asks for HTTP basic auth with them."""
 
-    def __init__(self, cache_dir: Path) -> None:
-        self._jar = ensure_registry(cache_dir)
+    def __init__(self, cache_dir: Path, credentials: tuple[str, str] | None = None) -> None:
+        self._jar = ensure_registry(cache_dir, basic_auth=credentials is not None)
+        self.credentials = credentials
         self._root = Path(tempfile.mkdtemp(prefix="streamproc-registry-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -147,7 +173,7 @@ class ThrowawaySchemaRegistry(Throwaway):
         with open(self._root / "registry.log", "wb") as log:
             self._process = subprocess.Popen(
                 [java, "-Xmx256m", "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
-                 "-jar", str(self._jar)],
+                 *self._users(), "-jar", str(self._jar)],
                 cwd=self._root, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         if not poll_until(self._ready, timeout_s, 0.25):
@@ -155,12 +181,18 @@ class ThrowawaySchemaRegistry(Throwaway):
                                       + self._log_tail())
         return self
 
+    def _users(self) -> list[str]:
+        if self.credentials is None:
+            return []
+        user, password = self.credentials
+        return [f"-Dquarkus.security.users.embedded.users.{user}={password}"]
+
     def _ready(self) -> bool:
         if self._process is not None and self._process.poll() is not None:
             raise SchemaRegistryError(f"the schema registry exited ({self._process.returncode}):\n"
                                       + self._log_tail())
         try:
-            return httpx.get(self.url + "/health/ready", timeout=2.0).status_code == 200
+            return httpx.get(self.url + "/health/ready", timeout=2.0, auth=self.credentials).status_code == 200
         except httpx.HTTPError:
             return False
 

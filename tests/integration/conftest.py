@@ -37,3 +37,10 @@ def schema_registry() -> Iterator[ThrowawaySchemaRegistry]:
     """An empty Apicurio Registry (Confluent API at ``.confluent_url``), built once into the cache directory."""
     with ThrowawaySchemaRegistry(Settings().cache_dir) as registry:
         yield registry
+
+
+@pytest.fixture
+def schema_registry_with_auth() -> Iterator[ThrowawaySchemaRegistry]:
+    """The same registry asking for HTTP basic auth on every path (user and password in ``.credentials``)."""
+    with ThrowawaySchemaRegistry(Settings().cache_dir, credentials=("streamproc", "registry-pw-7Qx")) as registry:
+        yield registry

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from streamproc import codec
-from streamproc.core.events import FailureEvent, InferenceResult
+from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.apicurio import ThrowawaySchemaRegistry
 from streamproc.errors import ExitCode
@@ -33,7 +33,7 @@ from streamproc.kafka.schema_registry import (
 from streamproc.settings import RegistryAccess, Settings
 from tests.integration import pipeline
 from tests.integration.test_json_records import raw_records
-from tests.integration.test_operations import cli
+from tests.integration.test_operations import batch_file, cli, wait_converged
 
 pytestmark = pytest.mark.integration
 
@@ -158,3 +158,73 @@ def test_worker_writes_the_confluent_wire_format_and_every_reader_reads_it_by_id
         results = {row[0] for row in db.execute("SELECT custom_id FROM results WHERE batch = ?", (batch,))}
         failures = {row[0] for row in db.execute("SELECT custom_id FROM failures WHERE batch = ?", (batch,))}
     assert results == {i.split("/")[1] for i in [*avro_ids, confluent_id]} and failures == {"failed"}
+
+
+def test_submit_and_the_retry_tiers_write_the_confluent_wire_format_and_the_batch_completes(
+        schema_registry: ThrowawaySchemaRegistry, settings: Settings, tmp_path: Path) -> None:
+    """A submitted batch's requests and every copy a retry tier holds are ``00`` + the id registered under the
+    topic's subject; the flaky mock makes some requests go through a tier, and every request still ends."""
+    topology, url = settings.topology(), schema_registry.confluent_url
+    batch = f"srsub-{uuid.uuid4().hex[:8]}"
+    submitted = cli(settings, "submit", str(batch_file(tmp_path / "batch.jsonl", 30)), "--batch-id", batch,
+                    schema_registry_url=url)
+    assert submitted.returncode == 0, submitted.stderr
+    mock = pipeline.start_mock("flaky")
+    worker = pipeline.WorkerProcess(pipeline.worker_env(settings, mock.url, tmp_path / "worker",
+                                                        schema_registry_url=url), tmp_path / "worker.log")
+    worker.start()
+    try:
+        statuses = wait_converged(settings, batch, 180, worker)
+    finally:
+        worker.stop()
+        mock.stop()
+    assert statuses[-1]["converged"] and statuses[-1]["submitted"] == 30, worker.log_tail()
+
+    registry = SchemaRegistry(RegistryAccess(url=url, username=None, password=None))
+    request_id = registry.register(subject(topology.requests), codec.avro_schema(InferenceRequest))  # already there
+    tiers = [topology.retry(tier) for tier in topology.tiers]
+    records = [record for record in asyncio.run(raw_records(settings, [topology.requests, *tiers]))
+               if record.key is not None and record.key.startswith(batch.encode())]
+    on_tiers = [record for record in records if record.topic in tiers]
+    assert len(records) - len(on_tiers) == 30 and on_tiers, "the flaky mock sends some requests to a tier"
+    frame = b"\x00" + request_id.to_bytes(4, "big")
+    assert all(record.value is not None and record.value[:5] == frame for record in records)
+    assert {subject(topic) for topic in [topology.requests, *tiers]} <= set(httpx.get(f"{url}/subjects").json())
+
+
+def test_basic_auth_against_the_registry_right_credentials_run_and_wrong_ones_refuse_in_one_line(
+        schema_registry_with_auth: ThrowawaySchemaRegistry, settings: Settings, tmp_path: Path) -> None:
+    """The registry asks for basic auth on every path: without credentials it answers 401; with the right ones
+    ``submit`` and the worker register and a batch completes; with a wrong password the worker exits 3 in one
+    line that names the settings and never the password."""
+    url = schema_registry_with_auth.confluent_url
+    user, password = schema_registry_with_auth.credentials or ("", "")
+    assert httpx.get(f"{url}/subjects").status_code == 401
+    assert httpx.get(f"{url}/subjects", auth=(user, password)).status_code == 200
+
+    wrong = "not-the-registry-pw"
+    env = pipeline.worker_env(settings, "http://127.0.0.1:9/v1", settings.data_dir, schema_registry_url=url,
+                              schema_registry_username=user, schema_registry_password=wrong)
+    refused = subprocess.run([sys.executable, "-m", "streamproc", "worker"], env=env, capture_output=True,
+                             text=True, timeout=120, check=False)
+    assert refused.returncode == ExitCode.CONFIGURATION, refused.stderr[-2000:]
+    lines = [line for line in refused.stderr.splitlines() if "STREAMPROC_SCHEMA_REGISTRY" in line]
+    assert len(lines) == 1 and "refused the credentials (401)" in lines[0], refused.stderr[-2000:]
+    assert wrong not in refused.stderr + refused.stdout and "Traceback" not in refused.stderr
+
+    batch = f"srauth-{uuid.uuid4().hex[:8]}"
+    access = {"schema_registry_url": url, "schema_registry_username": user, "schema_registry_password": password}
+    submitted = cli(settings, "submit", str(batch_file(tmp_path / "batch.jsonl", 6)), "--batch-id", batch, **access)
+    assert submitted.returncode == 0, submitted.stderr
+    mock = pipeline.start_mock("clean")
+    worker = pipeline.WorkerProcess(pipeline.worker_env(settings, mock.url, tmp_path / "worker", **access),
+                                    tmp_path / "worker.log")
+    worker.start()
+    try:
+        statuses = wait_converged(settings, batch, 120, worker)
+    finally:
+        worker.stop()
+        mock.stop()
+    assert statuses[-1]["succeeded"] == 6, worker.log_tail()
+    subjects = httpx.get(f"{url}/subjects", auth=(user, password)).json()
+    assert subject(settings.topology().results) in subjects and password not in worker.log_tail(100_000)
