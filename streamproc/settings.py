@@ -152,11 +152,13 @@ class LocalStackSettings(SettingsValue):
 
 
 class RegistryAccess(SettingsValue):
-    """Where a schema registry's Confluent API is, and its HTTP basic auth."""
+    """Where a schema registry's Confluent API is, its HTTP basic auth, and the CA(s) an https one is checked
+    against (None: the system's trust store)."""
 
     url: str
     username: str | None
     password: SecretStr | None
+    ca_file: Path | None = None
 
 
 class Settings(BaseSettings):
@@ -295,6 +297,9 @@ class Settings(BaseSettings):
         default=None, pattern=r"^\d+\.\d+\.\d+$", description="During a rolling upgrade, the release the "
         "workers are upgraded from (e.g. 0.1.0): every record is written with that release's schemas, so its "
         "workers still read them; unset once none is left.")
+    schema_registry_ca_file: Path | None = Field(
+        default=None, description="PEM file of the CA(s) that signed an https registry's certificate, in place of "
+        "the system's trust store (a registry's CA is often not the brokers': STREAMPROC_KAFKA_SSL_CAFILE is unused).")
     # -- guards (design §5): protect the provider and the budget --------------------------------------------
     llm_rpm: float = Field(default=0, ge=0, description="Requests/min per model this account may send; 0 = learn "
                            "it from the provider's x-ratelimit-limit-requests header.")
@@ -435,7 +440,7 @@ class Settings(BaseSettings):
         if self.schema_registry_url is None:
             return None
         return RegistryAccess(url=self.schema_registry_url, username=self.schema_registry_username,
-                              password=self.schema_registry_password)
+                              password=self.schema_registry_password, ca_file=self.schema_registry_ca_file)
 
     @property
     def local_stack(self) -> LocalStackSettings:

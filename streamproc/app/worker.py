@@ -63,7 +63,7 @@ from streamproc.core.retry_policy import Tier, due_within_tier
 from streamproc.core.spend_cap import Cap, SpendLedger
 from streamproc.core.sweep_scope import SweepScope
 from streamproc.core.topology import Topology
-from streamproc.errors import ExitCode
+from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
 from streamproc.kafka.clients import kafka_admin
 from streamproc.kafka.connection import KafkaConnection
@@ -494,6 +494,10 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     for noisy in ("httpx", "httpcore"):  # httpx logs every request at INFO: a line (and CPU) per LLM call
         logging.getLogger(noisy).setLevel(logging.WARNING)
     write_as_release(settings.upgrade_from)  # during a rolling upgrade, what the older workers read (design §6)
+    if settings.schema_registry is not None and settings.record_format == "json":
+        # the registry decides the framing (Confluent Avro): JSON asked for as well would be silently ignored
+        raise UserFacingError("STREAMPROC_RECORD_FORMAT=json and STREAMPROC_SCHEMA_REGISTRY_URL are both set: with a "
+                              "schema registry results are written in the Confluent wire format (Avro); unset one")
     models = load_model_list(settings.models_file, settings.llm_endpoint)  # no endpoint at all stops here
     check_routes(models, settings.guards.routes)
     # a refused key, or one bound for plain http elsewhere, stops here

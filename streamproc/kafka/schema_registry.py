@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,17 @@ def topic_schemas(topology: Topology) -> dict[str, type[Event]]:
     }
 
 
+def _trust(access: RegistryAccess) -> ssl.SSLContext | bool:
+    """What an https registry's certificate is checked against: the CA file given, else the system's store."""
+    if access.ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(access.ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise SchemaRegistryRefused(f"STREAMPROC_SCHEMA_REGISTRY_CA_FILE {access.ca_file}: not a readable PEM file "
+                                    f"of CA certificates ({exc})") from exc
+
+
 class SchemaRegistry:
     """Registers schemas and resolves ids; one HTTP client, and every id's schema cached."""
 
@@ -76,7 +88,7 @@ class SchemaRegistry:
         auth = ((access.username, access.password.get_secret_value() if access.password else "")
                 if access.username else None)
         self._url = access.url.rstrip("/")
-        self._client = httpx.Client(base_url=self._url, auth=auth, timeout=timeout_s,
+        self._client = httpx.Client(base_url=self._url, auth=auth, timeout=timeout_s, verify=_trust(access),
                                     headers={"Accept": _CONTENT_TYPE}, transport=transport)
         self._schemas: dict[int, str] = {}
         self._fetch_failures: dict[int, str] = {}  # id -> why its last fetch ahead failed (tried again next time)

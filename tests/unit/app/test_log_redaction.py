@@ -76,6 +76,9 @@ def run_worker(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
      "STREAMPROC_LLM_API_KEY holds whitespace"),
     ({"STREAMPROC_LLM_BASE_URL": "http://127.0.0.1:9/v1", "STREAMPROC_LLM_API_KEY": KEY,
       "STREAMPROC_LLM_API_KEY_FILE": "/dev/null"}, "not both"),
+    ({"STREAMPROC_LLM_BASE_URL": "http://127.0.0.1:9/v1", "STREAMPROC_LLM_API_KEY": KEY,
+      "STREAMPROC_RECORD_FORMAT": "json", "STREAMPROC_SCHEMA_REGISTRY_URL": "http://127.0.0.1:9"},
+     "STREAMPROC_RECORD_FORMAT=json and STREAMPROC_SCHEMA_REGISTRY_URL are both set"),
 ])
 def test_the_worker_refuses_to_start(tmp_path: Path, env: dict[str, str], why: str) -> None:
     done = run_worker(tmp_path, **env)

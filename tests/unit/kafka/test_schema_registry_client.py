@@ -1,5 +1,6 @@
 """The registry client's HTTP side: basic auth is sent, a refusal of the credentials is one line that names the
-settings and not the password, and an unknown id is fetched off the event loop (the registry itself is tested for
+settings and not the password, an unknown id is fetched off the event loop, and an https registry is trusted through
+a private CA file (the registry itself is tested for
 real in tests/integration/test_schema_registry.py)."""
 
 from __future__ import annotations
@@ -7,7 +8,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +22,7 @@ from pydantic import SecretStr
 from streamproc import codec
 from streamproc.codec import avro_schema
 from streamproc.core.events import InferenceRequest
+from streamproc.devstack.certificates import CertificateSet, ensure_certificates
 from streamproc.kafka.schema_registry import SchemaNotFetched, SchemaRegistry, SchemaRegistryRefused
 from streamproc.settings import RegistryAccess, Settings
 
@@ -98,3 +105,44 @@ def test_a_failed_fetch_is_reported_by_the_lookup_and_tried_again_by_the_next_re
     assert registry.known_schema(9) == SCHEMA_TEXT
     asyncio.run(registry.fetch_ahead(b"{}"))  # no Confluent frame: nothing to fetch, no request
     assert answers == []
+
+
+@pytest.fixture(scope="module")
+def https_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, CertificateSet]]:
+    """A real HTTPS server on 127.0.0.1 with a certificate from a private CA, answering every schema id."""
+    certificates = ensure_certificates(tmp_path_factory.mktemp("ca"), [])
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"schema": SCHEMA_TEXT}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificates.broker)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", certificates
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_https_registry_is_trusted_through_its_private_ca_file_and_only_then(
+        https_registry: tuple[str, CertificateSet]) -> None:
+    url, certificates = https_registry
+    trusted = SchemaRegistry(RegistryAccess(url=url, username=None, password=None, ca_file=certificates.ca))
+    assert trusted.schema(1) == SCHEMA_TEXT
+    for ca_file in (None, certificates.other_ca):  # the system's store, or another CA: the certificate is refused
+        with pytest.raises(SchemaRegistryRefused, match="CERTIFICATE_VERIFY_FAILED"):
+            SchemaRegistry(RegistryAccess(url=url, username=None, password=None, ca_file=ca_file)).schema(1)
+    with pytest.raises(SchemaRegistryRefused, match="STREAMPROC_SCHEMA_REGISTRY_CA_FILE"):
+        SchemaRegistry(RegistryAccess(url=url, username=None, password=None, ca_file=certificates.broker.parent / "no"))
+    assert Settings(schema_registry_url=url, schema_registry_ca_file=certificates.ca).schema_registry == \
+        RegistryAccess(url=url, username=None, password=None, ca_file=certificates.ca)
