@@ -1,7 +1,8 @@
 """The schema registry against a real registry (Apicurio Registry's Confluent API, built from Maven Central by
 the devstack) and the real broker: our schemas registered under ``<topic>-value``, records in the Confluent wire
 format read back by id with one lookup per id, a worker that writes its results in that format and reads a request
-framed so, the export reading them by id, and a worker that refuses to start when the registry says incompatible."""
+framed so, the export reading them by id, a worker that refuses to start when the registry says incompatible,
+``submit`` and the retry tiers writing requests by id, and basic auth against a registry that asks for it."""
 
 from __future__ import annotations
 
@@ -160,24 +161,31 @@ def test_worker_writes_the_confluent_wire_format_and_every_reader_reads_it_by_id
     assert results == {i.split("/")[1] for i in [*avro_ids, confluent_id]} and failures == {"failed"}
 
 
+def _submit_and_run(settings: Settings, tmp_path: Path, batch: str, count: int, mock_profile: str,
+                    **registry: str) -> tuple[list[dict[str, Any]], pipeline.WorkerProcess]:
+    """``submit`` a batch of ``count`` requests and run a worker until it converged, both with the registry
+    settings given; the status polls and the (stopped) worker."""
+    submitted = cli(settings, "submit", str(batch_file(tmp_path / "batch.jsonl", count)), "--batch-id", batch,
+                    **registry)
+    assert submitted.returncode == 0, submitted.stderr
+    mock = pipeline.start_mock(mock_profile)
+    worker = pipeline.WorkerProcess(pipeline.worker_env(settings, mock.url, tmp_path / "worker", **registry),
+                                    tmp_path / "worker.log")
+    worker.start()
+    try:
+        return wait_converged(settings, batch, 180, worker), worker
+    finally:
+        worker.stop()
+        mock.stop()
+
+
 def test_submit_and_the_retry_tiers_write_the_confluent_wire_format_and_the_batch_completes(
         schema_registry: ThrowawaySchemaRegistry, settings: Settings, tmp_path: Path) -> None:
     """A submitted batch's requests and every copy a retry tier holds are ``00`` + the id registered under the
     topic's subject; the flaky mock makes some requests go through a tier, and every request still ends."""
     topology, url = settings.topology(), schema_registry.confluent_url
     batch = f"srsub-{uuid.uuid4().hex[:8]}"
-    submitted = cli(settings, "submit", str(batch_file(tmp_path / "batch.jsonl", 30)), "--batch-id", batch,
-                    schema_registry_url=url)
-    assert submitted.returncode == 0, submitted.stderr
-    mock = pipeline.start_mock("flaky")
-    worker = pipeline.WorkerProcess(pipeline.worker_env(settings, mock.url, tmp_path / "worker",
-                                                        schema_registry_url=url), tmp_path / "worker.log")
-    worker.start()
-    try:
-        statuses = wait_converged(settings, batch, 180, worker)
-    finally:
-        worker.stop()
-        mock.stop()
+    statuses, worker = _submit_and_run(settings, tmp_path, batch, 30, "flaky", schema_registry_url=url)
     assert statuses[-1]["converged"] and statuses[-1]["submitted"] == 30, worker.log_tail()
 
     registry = SchemaRegistry(RegistryAccess(url=url, username=None, password=None))
@@ -214,17 +222,7 @@ def test_basic_auth_against_the_registry_right_credentials_run_and_wrong_ones_re
 
     batch = f"srauth-{uuid.uuid4().hex[:8]}"
     access = {"schema_registry_url": url, "schema_registry_username": user, "schema_registry_password": password}
-    submitted = cli(settings, "submit", str(batch_file(tmp_path / "batch.jsonl", 6)), "--batch-id", batch, **access)
-    assert submitted.returncode == 0, submitted.stderr
-    mock = pipeline.start_mock("clean")
-    worker = pipeline.WorkerProcess(pipeline.worker_env(settings, mock.url, tmp_path / "worker", **access),
-                                    tmp_path / "worker.log")
-    worker.start()
-    try:
-        statuses = wait_converged(settings, batch, 120, worker)
-    finally:
-        worker.stop()
-        mock.stop()
+    statuses, worker = _submit_and_run(settings, tmp_path, batch, 6, "clean", **access)
     assert statuses[-1]["succeeded"] == 6, worker.log_tail()
     subjects = httpx.get(f"{url}/subjects", auth=(user, password)).json()
     assert subject(settings.topology().results) in subjects and password not in worker.log_tail(100_000)
