@@ -423,10 +423,16 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
               help="Report the stream instead: the requests that name no batch (JSON requests without batch_id).")
 @click.option("--hours", default=24, show_default=True, type=click.IntRange(1, MAX_HOURS),
               help="With --stream: how many clock hours (UTC) of arrivals and ends to show, the current one last.")
+@click.option("--verify", is_flag=True,
+              help="Count the batch from every request state on the changelog instead of the workers' summaries: "
+                   "slower the more requests were ever made, and a check of the summaries.")
 @json_option("the counts")
-def status(batch_id: str | None, stream: bool, hours: int, as_json: bool) -> None:
+def status(batch_id: str | None, stream: bool, hours: int, verify: bool, as_json: bool) -> None:
     """Counts of a batch: submitted, succeeded, failed per layer, retrying, in flight, pending,
     converged, and what its results cost (spend) beside its spend cap.
+
+    The counts are the workers' summaries (each worker publishes what changed at most once a second), and it
+    says how old the newest of them is; --verify counts every state on the changelog instead.
 
     When no request of the batch ended for STREAMPROC_STALL_AFTER_S (120 s) although some have not, it also
     says how many wait and why (no worker consuming, an open breaker, a paused model, its spend cap (budget_exhausted),
@@ -451,7 +457,7 @@ def status(batch_id: str | None, stream: bool, hours: int, as_json: bool) -> Non
     connection, topology = resolve_connection(settings), settings.topology()
     report = (_run(read_stream_status(connection, topology, hours=hours)) if batch_id is None else
               _run(read_status(connection, topology, batch_id, stall_after_s=settings.stall_after_s,
-                               prices=settings.model_prices)))
+                               prices=settings.model_prices, verify=verify)))
     if as_json:
         _echo_json(report.as_json())
         return
@@ -566,7 +572,9 @@ def raise_cap(batch_id: str, max_cost_usd: float | None, max_tokens: int | None,
               help="Show the newest N batches; 0: all.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print OpenAI's list shape: {\"object\": \"list\", \"data\": [batch, ...]}.")
-def batches(limit: int, as_json: bool) -> None:
+@click.option("--verify", is_flag=True,
+              help="Count from every request state on the changelog instead of the workers' summaries.")
+def batches(limit: int, as_json: bool, verify: bool) -> None:
     """The batches of this deployment, newest first: id, created, status, total, succeeded, failed, waiting, spend.
 
     Status is OpenAI's: completed once every request ended (converged), else in_progress.
@@ -579,7 +587,7 @@ def batches(limit: int, as_json: bool) -> None:
     from streamproc.ops.batches import format_batches, list_batches
 
     settings = _settings()
-    entries = _run(list_batches(resolve_connection(settings), settings.topology(), settings.model_prices))
+    entries = _run(list_batches(resolve_connection(settings), settings.topology(), settings.model_prices, verify))
     shown = entries[:limit] if limit else entries
     if as_json:
         _echo_json({"object": "list", "data": [entry.as_json() for entry in shown],

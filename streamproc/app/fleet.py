@@ -31,7 +31,7 @@ from aiokafka.structs import ConsumerRecord
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_fixed
 
 from streamproc.app.topic_reader import TopicReader
-from streamproc.codec.fleet_beat import decode_beat, encode_beat
+from streamproc.codec.fleet_beat import SPENT_SUFFIX, decode_beat, encode_beat
 from streamproc.core.events import InferenceRequest
 from streamproc.core.fleet_share import (
     BEAT_S,
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 
 FOLLOW_S = 0.2  # how often the topic is read: how soon the others' beats are known
 FORGOTTEN_AFTER_S = 60.0  # a beat written longer ago than this (by its record's time) is a worker long gone
-SPENT_SUFFIX = "/spend"  # the key of a stopped worker's last spend: its id and this (a worker id holds no '/')
 
 
 def worker_id() -> str:

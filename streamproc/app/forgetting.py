@@ -5,8 +5,9 @@ The changelog is compacted and keyed by request id, and a restore applies a reco
 (faust's ``apply_changelog_batch``), so a tombstone in the partition the state was written to removes the state
 from every later restore, and compaction removes both once the segment rolls. The tombstones are written first
 and the manifest after them: a worker that reads the manifest deletes the batch's states from its own RocksDB
-(``app/table_purge``), which the tombstones already cover on the changelog. Exports and the sink read the results
-and failure topics, which are left as they are.
+(``app/table_purge``), which the tombstones already cover on the changelog. Its batch summaries are tombstoned too
+(one key per partition), so the summary topic keeps only the batches not forgotten. Exports and the sink read the
+results and failure topics, which are left as they are.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from aiokafka.structs import ConsumerRecord
 from streamproc import codec
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest, decode_manifest, encode_manifest
+from streamproc.codec.summary_record import encode_summary_key
 from streamproc.core.batch_status import BatchesFold, BatchStatus
+from streamproc.core.batch_summary import SummaryKey
 from streamproc.core.events import RequestState
 from streamproc.core.retention import Forgotten, finished_before, forgotten_at, refusal
 from streamproc.core.topology import Topology
@@ -160,6 +163,10 @@ class BatchForgetter:
                     await asyncio.gather(*pending)
                     pending.clear()
             await asyncio.gather(*pending)
+            for batch_id in chosen:  # its counts leave the summaries (a worker tombstones them too once it knows)
+                await asyncio.gather(*[await producer.send(self._topology.summaries, value=None,
+                                                           key=encode_summary_key(SummaryKey(batch_id, partition)))
+                                       for partition in range(self._topology.partitions)])
             for batch_id, manifest in chosen.items():
                 await producer.send_and_wait(self._topology.batches, key=batch_id.encode(),
                                              value=encode_manifest(manifest))

@@ -110,11 +110,16 @@ STATE_CHANGELOG = {**COMPACTED, "segment.ms": str(60 * 60 * 1000)}
 FLEET = {"cleanup.policy": "compact,delete", "segment.ms": str(60 * 1000), "retention.ms": str(60 * 60 * 1000)}
 
 
+# A summary is rewritten at most once a second per (batch, partition) while its batch moves: a segment rolled every
+# ten minutes lets the cleaner bring the topic down to one record per key, live batches x partitions.
+SUMMARIES = {**COMPACTED, "segment.ms": str(10 * 60 * 1000)}
+
+
 async def ensure_pipeline_topics(kafka: KafkaConnection, topology: Topology,
                                  replication: ReplicationRequest = AUTOMATIC) -> Replication:
-    """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests and the workers'
-    beats compacted, the results and failure topics kept longer than automatic retention keeps a batch (when it is
-    on: ``Topology.keep_outcomes_ms``).
+    """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests, the workers'
+    beats and the batch summaries compacted, the results and failure topics kept longer than automatic retention
+    keeps a batch (when it is on: ``Topology.keep_outcomes_ms``).
 
     The state table's changelog is created here too, before any worker starts: when faust creates it
     itself, its consumer can cache metadata taken while the new topic has no partitions yet, and then
@@ -125,7 +130,7 @@ async def ensure_pipeline_topics(kafka: KafkaConnection, topology: Topology,
     kept = ({} if topology.keep_outcomes_ms is None else
             {topic: {"retention.ms": str(topology.keep_outcomes_ms)} for topic in topology.outcomes})
     return await ensure_topics(kafka, {**topology.all_topics(), topology.state_changelog: topology.partitions,
-                                           topology.batches: 1, topology.fleet: 1},
+                                           topology.batches: 1, topology.fleet: 1, topology.summaries: 1},
                                configs={**kept, topology.batches: COMPACTED, topology.state_changelog: STATE_CHANGELOG,
-                                        topology.fleet: FLEET},
+                                        topology.fleet: FLEET, topology.summaries: SUMMARIES},
                                replication=replication)

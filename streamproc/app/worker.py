@@ -35,6 +35,7 @@ from tenacity import (
 from streamproc import codec
 from streamproc.app import log_redaction
 from streamproc.app.auto_forget import AutoForget
+from streamproc.app.batch_summaries import PUBLISH_EVERY_S, BatchSummaries
 from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.dispatcher import Dispatcher
 from streamproc.app.faust_app import make_faust_app
@@ -151,18 +152,22 @@ class TableStore:
     offsets delivered in one loop pass are stored once, the highest per partition (faust reads it to resume a
     restore there)."""
 
-    def __init__(self, table: Any, producer: Any, scope: SweepScope) -> None:
+    def __init__(self, table: Any, producer: Any, scope: SweepScope, summaries: BatchSummaries) -> None:
         self._table = table
         self._producer = producer
         self._scope = scope
+        self._summaries = summaries
         self._in_order: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)  # per changelog partition
         self._delivered: dict[Any, int] = {}  # changelog partition -> highest offset acked, not yet stored
 
     def get(self, request_id: str) -> RequestState | None:
         """Read from the table's store: ``Table.get`` asks RocksDB twice (``in``, then the value), a third of a
         state read's cost, and adds only faust's monitor count of table reads."""
-        raw = self._table.data.get(request_id.encode())
-        return codec.decode(raw, RequestState) if raw else None
+        key = request_id.encode()
+        raw = self._table.data.get(key)
+        state = codec.decode(raw, RequestState) if raw else None
+        self._summaries.read(key, state)
+        return state
 
     async def put(self, state: RequestState) -> None:
         key = state.request_id.encode()
@@ -171,8 +176,10 @@ class TableStore:
         if event is None:
             raise RuntimeError(f"request {state.request_id}: the state table is written only while handling a record")
         partition = event.message.partition
+        replaced = self._replaced(key)
         self._table.data[key] = value  # RocksDB now, before any await: a read right after sees it
         self._scope.written(key)
+        self._summaries.written(partition, key, replaced, state)
         async with self._in_order[partition]:  # a later write of the key must not reach the changelog first
             try:
                 delivery = await self._producer.send(self._table.changelog_topic_name, key, value,
@@ -181,6 +188,17 @@ class TableStore:
                 raise StateWriteFailed(f"request {state.request_id}: its {state.status.value} state was written "
                                        f"locally but not sent to the changelog: {exc!r}") from exc
         delivery.add_done_callback(self._on_delivered)
+
+    def _replaced(self, key: bytes) -> RequestState | None:
+        """The state a write replaces: the one the handler read (no second decode), else the store's."""
+        known, state = self._summaries.known(key)
+        if known:
+            return state
+        raw = self._table.data.get(key)
+        try:
+            return codec.decode(raw, RequestState) if raw else None
+        except codec.CodecError:  # the handler reported it when it read it
+            return None
 
     def _on_delivered(self, delivery: asyncio.Future[Any]) -> None:
         if delivery.cancelled() or delivery.exception() is not None:
@@ -251,7 +269,9 @@ class WorkerRuntime:
         self._halted = asyncio.Event()
         self._open_lanes: set[tuple[Any, int]] = set()  # (partition, consumer generation) of records taken
         self.sweep_scope = SweepScope()  # the table's writes, for the reconciler
-        store = TableStore(self.table, self.app.producer, self.sweep_scope)
+        self.summaries = BatchSummaries(self.table, self.app.producer, self.topology.summaries, self.owned_partitions,
+                                        lambda: self.batch_sizes.forgotten_batches, self._restored)
+        store = TableStore(self.table, self.app.producer, self.sweep_scope, self.summaries)
         self.table_purge = TablePurge(self.table, self.app.producer, lambda: self.batch_sizes.forgotten_batches,
                                       self.owned_partitions)
         day_cap = None if settings.max_cost_usd_per_day is None else Cap(settings.max_cost_usd_per_day)
@@ -275,6 +295,15 @@ class WorkerRuntime:
         except Exception:  # the consumer is not started yet
             return True, generation
         return not any(tp.topic in self.topology.inputs for tp in assignment), generation
+
+    def _restored(self) -> bool:
+        """No rebalance under way and the owned partitions restored: faust resumes the streams only then."""
+        return self.app.flow_control.is_active() and not getattr(self.app, "rebalancing", False)
+
+    async def _on_revoked(self, *args: Any, **kwargs: Any) -> None:
+        """faust's signal: its sender (the app), then the partitions revoked (a set of TPs)."""
+        revoked = args[1] if len(args) > 1 else kwargs.get("revoked", ())
+        self.summaries.revoked({tp.partition for tp in revoked if tp.topic == self.topology.requests})
 
     def owned_partitions(self) -> set[int]:
         """The partitions of the state table this worker writes now (those of its requests partitions)."""
@@ -310,6 +339,20 @@ class WorkerRuntime:
         consumed = [self.topology.requests, *map(self.topology.retry, self.topology.tiers)]
         watch_skipped_records(self.app, consumed, self._on_skipped)
         self.app.timer(_PURGE_INTERVAL_S, name="streamproc.app.forgotten-purge")(self._purge_forgotten)
+        self.app.timer(PUBLISH_EVERY_S, name="streamproc.app.batch-summaries")(self._publish_summaries)
+        self.app.on_partitions_revoked.connect(self._on_revoked)
+        self.app.on_before_shutdown.connect(self._last_summaries)
+
+    async def _publish_summaries(self) -> None:
+        try:
+            await self.summaries.publish_once()
+        except Exception:  # a send refused: what changed is written again at the batch's next change
+            log.exception("could not publish the batch summaries")
+
+    async def _last_summaries(self, *_args: Any, **_kwargs: Any) -> None:
+        """A worker stopping writes what changed since the last pass: with no other worker to rebuild its partitions,
+        status would otherwise miss those changes until a worker starts."""
+        await self._publish_summaries()
 
     async def _dispatch(self, stream: Any) -> None:
         await self._consume(stream, delayed=False)

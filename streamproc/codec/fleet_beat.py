@@ -21,6 +21,7 @@ from streamproc.core.fleet_share import BEAT_S, Beat, ModelDemand
 from streamproc.core.spend_cap import Scope, Spend
 
 VERSION: Final = 1
+SPENT_SUFFIX: Final = "/spend"  # the key of a stopped worker's last spend: its id and this (a worker id holds no '/')
 _EVERY_MS = (100, 60_000)  # a beat interval outside this is clamped: staleness is counted in beats
 _AMOUNTS = ("waiting_calls", "waiting_tokens", "sent_rpm", "sent_tpm")
 _LIMITS = ("limit_rpm", "limit_tpm", "share")

@@ -7,13 +7,15 @@ command touches:
 * every command that ensures the topics (submit, worker, sink) creates the missing ones and describes all of
   them, the state changelog included: Create + Describe on ``<prefix>.`` and on the changelog;
 * the worker consumes ``<prefix>.requests``, the retry tiers and the manifests, writes results, failures, retries
-  and dead letters, reads and writes the workers' beats (``<prefix>.fleet``) and describes its group (the beats'
+  and dead letters, reads and writes the workers' beats (``<prefix>.fleet``), writes the batch summaries
+  (``<prefix>.summaries``) and describes its group (the beats'
   fallback), and faust creates, writes and reads its own topics, all named ``<app_id>-...`` (the table's
   changelog, its leader topic); its group is the app id;
 * idempotent producers (submit, cancel, backfill, the worker) need IdempotentWrite on the cluster;
 * status and lag read the workers' group's offsets (Describe on the group; lag also the sink's), status, batches
   and backfill read the state changelog, results and backfill read the failure topics, status, batches and results
   read the manifests, cancel rewrites one, status reads the workers' beats (the deployments out of rotation);
+  status and batches read the batch summaries (``status --verify`` the state changelog);
 * the sink reads results, failures and dead letters in its own group ``<app_id>.sink`` (or one named after it).
 
 Read and Write imply Describe in Kafka; it is still listed where a principal needs it, so the plan reads plainly.
@@ -135,6 +137,7 @@ def submitter_grants(topology: Topology) -> list[Grant]:
         Grant(SUBMITTER, ("Write", "Describe"), Resource(ResourceType.TOPIC, topology.requests)),
         Grant(SUBMITTER, ("Read", "Write", "Describe"), Resource(ResourceType.TOPIC, topology.batches)),
         Grant(SUBMITTER, ("Read", "Describe"), Resource(ResourceType.TOPIC, topology.fleet)),
+        Grant(SUBMITTER, ("Read", "Describe"), Resource(ResourceType.TOPIC, topology.summaries)),
         Grant(SUBMITTER, ("Read", "Describe"), Resource(ResourceType.TOPIC, topology.results)),
         Grant(SUBMITTER, ("Read", "Describe"), _failure_topics(topology)),
         Grant(SUBMITTER, ("Describe",), Resource(ResourceType.GROUP, topology.app_id)),

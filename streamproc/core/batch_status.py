@@ -1,23 +1,19 @@
 """Per-batch counts, folded from the request-state changelog (the RocksDB table's backup topic).
 
-Reading the changelog rather than asking workers means ``status`` works with any number of workers,
-or none running. The fold keeps one small entry per request id of the batch and is fed incrementally,
-so the progress display of ``run`` reads only what changed since its last poll.
+The fold keeps one small entry per request id of the batch and is fed incrementally; its cost grows with every
+request the changelog holds, so it is ``status --verify``: ``status``, ``batches`` and ``run`` read the workers'
+summaries (core.batch_summary), counted into a status by :func:`counted_status` as the fold's entries are.
 """
 
 from __future__ import annotations
 
-import sys
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any
 
+from streamproc.core.batch_summary import BatchCounts, LatestState
 from streamproc.core.events import RequestState
-from streamproc.core.request_state import DEFERRAL_CODES
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
-
-_ENDED = (RequestStatus.SUCCEEDED, RequestStatus.FAILED)
 
 
 @dataclass(frozen=True)
@@ -119,26 +115,28 @@ def format_status(status: BatchStatus) -> str:
     return "\n".join(f"{name:<10} {value}" for name, value in rows)
 
 
-class LatestState(NamedTuple):
-    """What a status needs of a request's latest state: one small entry per request id held by a fold."""
+def counted_status(batch_id: str, counts: BatchCounts, submitted: int, started_ms: int = 0) -> BatchStatus:
+    """The batch's status from its counts: they always add up to ``submitted``, ids not seen by a worker yet being
+    pending.
 
-    status: RequestStatus
-    layer: FailureLayer | None
-    code: str | None
-    created_ms: int
-    updated_ms: int
-    model: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    reused: bool
-    tenant: str
-    priority: str
-
-    @classmethod
-    def of(cls, state: RequestState) -> LatestState:
-        return cls(state.status, state.last_layer, state.last_error_code, state.created_ms, state.updated_ms,
-                   state.model, state.prompt_tokens, state.completion_tokens, state.reused, sys.intern(state.tenant),
-                   sys.intern(state.priority))
+    Ids the state knows beyond ``submitted`` (a manifest not written yet, or a foreign producer) raise
+    ``submitted`` rather than break the sum. ``started_ms`` is when the batch was submitted (its manifest), where
+    its progress is measured from until a request ended.
+    """
+    count = counts.by_status
+    seen = sum(count.values()) - count[RequestStatus.PENDING.value]
+    total = max(submitted, seen)
+    return BatchStatus(
+        batch_id=batch_id, submitted=total, succeeded=count[RequestStatus.SUCCEEDED.value],
+        failed={layer.value: counts.failed[layer.value] for layer in FailureLayer},
+        retrying=count[RequestStatus.RETRYING.value], in_flight=count[RequestStatus.IN_FLIGHT.value],
+        pending=total - seen, parked={code: n for code, n in counts.parked.items() if n},
+        last_progress_ms=max(started_ms or counts.first_created_ms, counts.last_ended_ms),
+        usage={model: tokens for model, tokens in counts.usage.items() if tokens != (0, 0)},  # no tokens: nothing
+        # to price (a reused answer), and a count that moved out leaves its model at zero
+        reused=counts.reused, first_started_ms=counts.first_created_ms,
+        tenants={name: n for name, n in counts.tenants.items() if n},
+        priorities={name: n for name, n in counts.priorities.items() if n})
 
 
 @dataclass
@@ -159,43 +157,7 @@ class StatusFold:
         return min((entry.created_ms for entry in self._latest.values()), default=0)
 
     def status(self, submitted: int, started_ms: int = 0) -> BatchStatus:
-        """Counts that always add up to ``submitted``: ids not seen by a worker yet are pending.
-
-        Ids the state knows beyond ``submitted`` (a manifest not written yet, or a foreign producer) raise
-        ``submitted`` rather than break the sum. ``started_ms`` is when the batch was submitted (its
-        manifest), where its progress is measured from until a request ended.
-        """
-        by_status: Counter[RequestStatus] = Counter()
-        failed = dict.fromkeys((layer.value for layer in FailureLayer), 0)
-        parked: Counter[str] = Counter()
-        usage: dict[str, tuple[int, int]] = {}
-        reused = 0
-        tenants: Counter[str] = Counter()
-        priorities: Counter[str] = Counter()
-        progress_ms = started_ms or self.first_created_ms
-        for entry in self._latest.values():
-            by_status[entry.status] += 1
-            if entry.status is not RequestStatus.PENDING:
-                tenants[entry.tenant] += 1
-                priorities[entry.priority] += 1
-            reused += entry.status is RequestStatus.SUCCEEDED and entry.reused
-            if entry.status in _ENDED and entry.model is not None:  # a result, or an answer paid but too large
-                prompt, completion = usage.get(entry.model, (0, 0))
-                usage[entry.model] = (prompt + entry.prompt_tokens, completion + entry.completion_tokens)
-            if entry.status is RequestStatus.FAILED:
-                failed[(entry.layer or FailureLayer.BUSINESS).value] += 1
-            if entry.status in _ENDED:
-                progress_ms = max(progress_ms, entry.updated_ms)
-            elif entry.status is RequestStatus.RETRYING and entry.code is not None and entry.code in DEFERRAL_CODES:
-                parked[entry.code] += 1
-        seen = len(self._latest) - by_status[RequestStatus.PENDING]
-        total = max(submitted, seen)
-        return BatchStatus(
-            batch_id=self.batch_id, submitted=total, succeeded=by_status[RequestStatus.SUCCEEDED], failed=failed,
-            retrying=by_status[RequestStatus.RETRYING], in_flight=by_status[RequestStatus.IN_FLIGHT],
-            pending=total - seen, parked=dict(parked), last_progress_ms=progress_ms, usage=usage, reused=reused,
-            first_started_ms=self.first_created_ms, tenants=dict(tenants), priorities=dict(priorities),
-        )
+        return counted_status(self.batch_id, BatchCounts.of(self._latest.values()), submitted, started_ms)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from streamproc.core.batch_status import LatestState
+from streamproc.core.batch_summary import LatestState
 from streamproc.core.events import RequestState
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 

@@ -59,6 +59,12 @@ class Topology:
         return f"{self.prefix}.fleet"
 
     @property
+    def summaries(self) -> str:
+        """Per-batch counts the workers keep, one record per (batch, partition) (compacted, one partition): see
+        :mod:`streamproc.codec.summary_record`."""
+        return f"{self.prefix}.summaries"
+
+    @property
     def inputs(self) -> list[str]:
         """The topics the workers' group consumes: new requests and every retry tier."""
         return [self.requests, *(self.retry(tier) for tier in self.tiers)]

@@ -1,7 +1,8 @@
 """``batches``: every batch of this deployment with its counts and state, newest first, like OpenAI's batch list.
 
-Batches come from their manifests (``submit`` writes one per batch) and from the request states (a batch
-produced without ``submit`` has none); counts are folded from the state changelog as ``status`` does.
+Batches come from their manifests (``submit`` writes one per batch) and from the workers' summaries (a batch
+produced without ``submit`` has none); counts are the summaries' as ``status`` has them, or with ``verify`` folded
+from the state changelog.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest
 from streamproc.core.batch_lifecycle import Lifecycle
-from streamproc.core.batch_status import BatchesFold, BatchStatus
+from streamproc.core.batch_status import BatchesFold, BatchStatus, counted_status
+from streamproc.core.batch_summary import BatchCounts, SummaryView
 from streamproc.core.spend_cap import Cap, spend_json, spend_of
 from streamproc.core.topology import Topology
 from streamproc.kafka.connection import KafkaConnection
-from streamproc.ops.status import decode_caps, decode_records, lifecycle_of, read_status, status_of
+from streamproc.ops.status import decode_caps, decode_records, lifecycle_of, read_status, read_summaries, status_of
 
 COLUMNS = ("BATCH", "CREATED", "STATUS", "TENANT", "PRIORITY", "TOTAL", "SUCCEEDED", "FAILED", "WAITING", "SPEND")
 _LEFT_ALIGNED = 5  # the first columns are words, the rest numbers
@@ -57,22 +59,34 @@ class BatchEntry:
 
 
 async def list_batches(kafka: KafkaConnection, topology: Topology,
-                       prices: Mapping[str, tuple[float, float]] | None = None) -> list[BatchEntry]:
-    """Every batch of this deployment, newest first, with what its results cost at ``prices``."""
+                       prices: Mapping[str, tuple[float, float]] | None = None,
+                       verify: bool = False) -> list[BatchEntry]:
+    """Every batch of this deployment, newest first, with what its results cost at ``prices``; counted from the
+    workers' summaries, or with ``verify`` from every state on the changelog."""
     fold = BatchesFold()
+    summaries = SummaryView()
     manifests: dict[str, BatchManifest] = {}
     caps: dict[str, Cap] = {}
-    async with TopicReader(kafka, [topology.state_changelog, topology.batches]) as reader:
+    counted = topology.state_changelog if verify else topology.summaries
+    async with TopicReader(kafka, [counted, topology.batches]) as reader:
         async for chunk in reader.chunks_to_end():
             found, states = decode_records(chunk, topology)
             manifests.update((manifest.batch_id, manifest) for manifest in found)
             caps.update(decode_caps(chunk, topology))
             fold.apply(states)
+            read_summaries(chunk, topology, summaries)
+    summed = summaries.batches()
     entries = []
-    for batch_id in manifests.keys() | fold.folds.keys():
+    for batch_id in manifests.keys() | fold.folds.keys() | summed.keys():
         manifest = manifests.get(batch_id)
-        status = status_of(manifest, functools.partial(fold.status, batch_id))
-        created_ms = fold.folds[batch_id].first_created_ms if manifest is None else manifest.created_ms
+        if verify:
+            status = status_of(manifest, functools.partial(fold.status, batch_id))
+            first_ms = fold.folds[batch_id].first_created_ms if batch_id in fold.folds else 0
+        else:
+            counts = summed.get(batch_id, (BatchCounts(), 0))[0]
+            status = status_of(manifest, functools.partial(counted_status, batch_id, counts))
+            first_ms = counts.first_created_ms
+        created_ms = first_ms if manifest is None else manifest.created_ms
         spend = spend_json(spend_of(status.usage, prices or {}), caps.get(batch_id))
         entries.append(BatchEntry(status, created_ms, manifest, spend))
     return sorted(entries, key=lambda entry: (entry.created_ms, entry.status.batch_id), reverse=True)

@@ -1,11 +1,14 @@
-"""``status`` against Kafka: the batch manifest plus the request-state changelog, folded incrementally, and,
-once the batch has not moved for a while, the workers' consumer group, to say why (core.batch_stall); and the
-deployments out of rotation at the live workers, from their fleet beats (core.deployments_out). And the stream:
-the requests that name no batch, folded from the same changelog (core.stream_status)."""
+"""``status`` against Kafka: the batch manifest plus the workers' summaries of its counts (core.batch_summary; with
+``--verify``, the request-state changelog folded instead, whose cost grows with every request ever made), read
+incrementally, and, once the batch has not moved for a while, the workers' consumer group, to say why
+(core.batch_stall); and the deployments out of rotation at the live workers, from their fleet beats
+(core.deployments_out). And the stream: the requests that name no batch, folded from the changelog
+(core.stream_status)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -16,15 +19,16 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord
 
 from streamproc import codec
-from streamproc.app.fleet import SPENT_SUFFIX
 from streamproc.app.lag_reader import GroupNotFound, LagError, read_lag
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.batch_cap import decode_batch_cap
-from streamproc.codec.fleet_beat import decode_beat
+from streamproc.codec.fleet_beat import SPENT_SUFFIX, decode_beat
 from streamproc.codec.manifest import BatchManifest, decode_manifest
+from streamproc.codec.summary_record import decode_summary, decode_summary_key
 from streamproc.core.batch_lifecycle import Lifecycle, lifecycle
 from streamproc.core.batch_stall import BatchStall, GroupView, diagnose, needs_group
-from streamproc.core.batch_status import BatchStatus, StatusFold, format_status
+from streamproc.core.batch_status import BatchStatus, StatusFold, counted_status, format_status
+from streamproc.core.batch_summary import SummaryView
 from streamproc.core.deployments_out import DeploymentOut, FleetOutView
 from streamproc.core.events import RequestState
 from streamproc.core.spend_cap import Cap, spend_json, spend_of
@@ -54,6 +58,7 @@ class StatusReport:
     cap: Cap | None = None  # its spend cap (``submit --max-cost-usd``, ``raise-cap``)
     prices: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # STREAMPROC_MODEL_PRICES
     out: tuple[DeploymentOut, ...] = ()  # deployments out of rotation at the live workers
+    summary_at_ms: int | None = None  # when the newest summary counted was written (0: none yet); None: verified
 
     @property
     def lifecycle(self) -> Lifecycle:
@@ -66,7 +71,9 @@ class StatusReport:
         workers: its key, why, and at how many workers)."""
         return {**self.status.as_json(), "spend": spend_json(spend_of(self.status.usage, self.prices), self.cap),
                 "stalled": None if self.stall is None else self.stall.as_json(), **self.lifecycle.as_json(),
-                "deployments_out": [out.as_json() for out in self.out]}
+                "deployments_out": [out.as_json() for out in self.out],
+                "counted_from": "changelog" if self.summary_at_ms is None else "summaries",
+                "summary_at": None if not self.summary_at_ms else self.summary_at_ms // 1000}
 
     def format(self) -> str:
         text = format_status(self.status)
@@ -81,6 +88,11 @@ class StatusReport:
                      "refused; its results and failures stay on their topics")
         for out in self.out:
             text += f"\n{'out':<10} {out.describe()}"
+        if self.summary_at_ms:
+            age_s = max(0.0, time.time() - self.summary_at_ms / 1000)
+            text += f"\n{'counted':<10} by the workers, as of {_local(self.summary_at_ms)} ({age_s:.0f} s ago)"
+        elif self.summary_at_ms is None:
+            text += f"\n{'counted':<10} from every state on the changelog (--verify)"
         return text if self.stall is None else f"{text}\n{'stalled':<10} {self.stall.describe()}"
 
 
@@ -109,17 +121,18 @@ def status_of(manifest: BatchManifest | None, fold: Callable[[int, int], BatchSt
 
 
 async def read_status(kafka: KafkaConnection, topology: Topology, batch_id: str, *, stall_after_s: float,
-                      prices: Mapping[str, tuple[float, float]] | None = None) -> StatusReport:
+                      prices: Mapping[str, tuple[float, float]] | None = None, verify: bool = False) -> StatusReport:
     """One consistent snapshot of a batch's counts, with the stall diagnosis once it has not moved for
-    ``stall_after_s``; its spend at ``prices``."""
-    async with BatchStatusReader(kafka, topology, batch_id) as reader:
+    ``stall_after_s``; its spend at ``prices``. Counted from the workers' summaries, or with ``verify`` from every
+    state on the changelog."""
+    async with BatchStatusReader(kafka, topology, batch_id, verify=verify) as reader:
         current = await reader.refresh()
         stall = await reader.stall(current, stall_after_s)
         out = await reader.deployments_out()
     if reader.manifest is None and current.submitted == 0:
         raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {topology.batches} and "
                                 "no request state names it)")
-    return StatusReport(current, stall, reader.manifest, reader.cap, prices or {}, out)
+    return StatusReport(current, stall, reader.manifest, reader.cap, prices or {}, out, reader.summary_at_ms)
 
 
 async def read_stream_status(kafka: KafkaConnection, topology: Topology, *, hours: int) -> StreamStatus:
@@ -132,13 +145,17 @@ async def read_stream_status(kafka: KafkaConnection, topology: Topology, *, hour
 
 
 class BatchStatusReader:
-    """Keeps a reader open so that each ``refresh`` reads only the changes since the previous one."""
+    """Keeps a reader open so that each ``refresh`` reads only the changes since the previous one: of the summary
+    topic, or with ``verify`` of the state changelog."""
 
-    def __init__(self, kafka: KafkaConnection, topology: Topology, batch_id: str) -> None:
+    def __init__(self, kafka: KafkaConnection, topology: Topology, batch_id: str, *, verify: bool = False) -> None:
         self._kafka = kafka
         self._topology = topology
-        self._reader = TopicReader(kafka, [topology.state_changelog, topology.batches])
-        self._fold = StatusFold(batch_id)
+        self._reader = TopicReader(kafka, [topology.state_changelog if verify else topology.summaries,
+                                           topology.batches])
+        self._fold = StatusFold(batch_id) if verify else None
+        self._batch_id = batch_id
+        self._summaries = SummaryView()
         self._group: GroupView | None = None
         self._group_read_at = -GROUP_REFRESH_S
         self.manifest: BatchManifest | None = None
@@ -156,15 +173,24 @@ class BatchStatusReader:
         if self._fleet is not None:
             await self._fleet.__aexit__(exc_type, exc, tb)
 
+    @property
+    def summary_at_ms(self) -> int | None:
+        """When the newest summary of the batch was written (0: none yet); None when counted from the changelog."""
+        return None if self._fold is not None else self._summaries.batch(self._batch_id)[1]
+
     async def refresh(self) -> BatchStatus:
         records = await self._reader.read_to_end()
         manifests, states = decode_records(records, self._topology)
-        self.cap = decode_caps(records, self._topology).get(self._fold.batch_id, self.cap)
+        self.cap = decode_caps(records, self._topology).get(self._batch_id, self.cap)
         for manifest in manifests:
-            if manifest.batch_id == self._fold.batch_id:
+            if manifest.batch_id == self._batch_id:
                 self.manifest = manifest
-        self._fold.apply(states)
-        return status_of(self.manifest, self._fold.status)
+        if self._fold is not None:
+            self._fold.apply(states)
+            return status_of(self.manifest, self._fold.status)
+        read_summaries(records, self._topology, self._summaries)
+        counts = self._summaries.batch(self._batch_id)[0]
+        return status_of(self.manifest, functools.partial(counted_status, self._batch_id, counts))
 
     async def deployments_out(self) -> tuple[DeploymentOut, ...]:
         """The deployments out of rotation at the live workers, as their fleet beats say (design §5.10); none when
@@ -211,12 +237,25 @@ def decode_records(records: Iterable[ConsumerRecord[Any, Any]],
                 manifests.append(decode_manifest(record.value))
             except ValueError:
                 continue
-        elif record.value:
+        elif record.topic == topology.state_changelog and record.value:
             try:
                 states.append(codec.decode(record.value, RequestState))
             except codec.CodecError:
                 continue
     return manifests, states
+
+
+def read_summaries(records: Iterable[ConsumerRecord[Any, Any]], topology: Topology, view: SummaryView) -> None:
+    """Put the batch summaries among ``records`` into ``view``, in log order; a record this version cannot read is
+    skipped with a warning (a newer worker's: its batch then shows fewer counts until ``--verify``)."""
+    for record in records:
+        if record.topic != topology.summaries:
+            continue
+        try:
+            key = decode_summary_key(bytes(record.key or b""))
+            view.put(key, *(decode_summary(record.value) if record.value is not None else (None, 0)))
+        except ValueError as exc:
+            log.warning("a batch summary at offset %d was skipped: %s", record.offset, exc)
 
 
 def decode_caps(records: Iterable[ConsumerRecord[Any, Any]], topology: Topology) -> dict[str, Cap]:

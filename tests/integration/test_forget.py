@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 from rocksdict import AccessType, Rdict
 
+from streamproc.app.bootstrap import resolve_connection
+from streamproc.app.topic_reader import TopicReader
+from streamproc.core.batch_summary import SummaryView
+from streamproc.devstack.chaos.tally import counts_of
+from streamproc.ops.status import read_summaries
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,
@@ -78,6 +83,9 @@ def test_a_forgotten_batch_leaves_the_state_and_its_requests_are_refused(setting
         status = status_of(settings, "old")
         live = status_of(settings, "live")
         listed = json.loads(cli(settings, "batches", "--json").stdout)
+        listed_verified = json.loads(cli(settings, "batches", "--json", "--verify").stdout)
+        live_verified = json.loads(cli(settings, "status", "--batch-id", "live", "--json", "--verify").stdout)
+        summarized = asyncio.run(summarized_batches(settings))
         resubmitted = cli(settings, "submit", str(tmp_path / "old.jsonl"), "--batch-id", "old")
         exported = cli(settings, "results", "--batch-id", "old", "--output", str(tmp_path / "out.jsonl"))
         time.sleep(PURGE_WAIT_S)
@@ -95,12 +103,26 @@ def test_a_forgotten_batch_leaves_the_state_and_its_requests_are_refused(setting
     assert status["forgotten_at"] is not None and status["completed_at"] is not None
     assert live["status"] == "completed" and live["succeeded"] == 10
     assert {entry["id"]: entry["status"] for entry in listed["data"]} == {"old": "forgotten", "live": "completed"}
+    # the workers' summaries count what the fold of every state counts, and hold nothing of the forgotten batch
+    assert listed["data"] == listed_verified["data"]
+    assert counts_of(live) == counts_of(live_verified) and live["counted_from"] == "summaries"
+    assert live_verified["counted_from"] == "changelog"
+    assert set(summarized) == {"live"}, summarized
     assert resubmitted.returncode != 0 and "forgotten since" in resubmitted.stderr, resubmitted.stderr
     assert exported.returncode == 0, exported.stderr
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 30  # the results stay on their topic
     restored = stored_ids(disk) + stored_ids(fresh_disk)  # the two workers split the partitions (and standbys)
     assert not [request_id for request_id in restored if request_id.startswith("old/")], restored
     assert set(restored) == set(LIVE_IDS)
+
+
+async def summarized_batches(settings: Settings) -> set[str]:
+    """The batches the summary topic holds counts of (a forgotten batch's keys are tombstoned)."""
+    topology = settings.topology()
+    view = SummaryView()
+    async with TopicReader(resolve_connection(settings), [topology.summaries]) as reader:
+        read_summaries(await reader.read_to_end(), topology, view)
+    return set(view.batches())
 
 
 async def _refused(ids: list[str], settings: Settings, *workers: WorkerProcess) -> Outcomes:

@@ -43,7 +43,7 @@ from streamproc.devstack.chaos.poison import (
     build_submitted,
     inject,
 )
-from streamproc.devstack.chaos.tally import ChaosFacts, Tally, WorkerExit, explained, lost_ids, tally
+from streamproc.devstack.chaos.tally import ChaosFacts, Tally, WorkerExit, counts_of, explained, lost_ids, tally
 from streamproc.devstack.chaos.worker_metrics import HEDGED, REDRIVEN, MetricsLedger, scrape
 from streamproc.settings import Settings
 
@@ -347,7 +347,8 @@ class ChaosRun:
         calls = {i: int(entry["calls"]) for i, entry in stats.get("per_request_id", {}).items()}
         ledger = self.stack.proxy.ledger()
         exported = await self._export()
-        status_json = await self._status()
+        verified_json = await self._status("--verify")
+        status_json = await self._summary_status(verified_json)
         outcomes = self.outcomes.outcomes
         lost = lost_ids(self.names.batch_id, self.submitted, outcomes)
         not_terminal = [i for i in self.submitted if (entry := self.states.latest.get(i)) is None
@@ -368,7 +369,7 @@ class ChaosRun:
             redriven=self.metrics.total(REDRIVEN), hedged=self.metrics.total(HEDGED),
             converged_at_s=self.progress.converged_at_s, submitted_at_s=self.submitted_at_s, wall_s=self.now(),
             poison=self.poison, unplanned_exits=self.exits, unfinished_states=described, trace=trace,
-            status_json=status_json)
+            status_json=status_json, verified_json=verified_json)
 
     def _stall_threshold_s(self) -> float:
         """The workers' watchdog threshold, as they compute it: slowest retry tier plus the LLM timeout."""
@@ -394,8 +395,20 @@ class ChaosRun:
             raise ChaosError(f"streamproc results exited with {code}: {out.strip()[-2000:]}")
         return await asyncio.to_thread(export_ids, output, errors)
 
-    async def _status(self) -> dict[str, Any] | None:
-        code, out = await self.stack.cli("status", "--batch-id", self.names.batch_id, "--json")
+    async def _summary_status(self, verified: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``status`` from the workers' summaries, asked again until it counts what ``--verify`` counted (a worker
+        writes what changed once a second, and a partition moved by a kill is written whole once restored) or
+        ``SUMMARY_WAIT_S`` passed."""
+        deadline = time.monotonic() + SUMMARY_WAIT_S
+        while True:
+            status = await self._status()
+            if (verified is None or status is None or counts_of(status) == counts_of(verified)
+                    or time.monotonic() > deadline):
+                return status
+            await asyncio.sleep(1.0)
+
+    async def _status(self, *extra: str) -> dict[str, Any] | None:
+        code, out = await self.stack.cli("status", "--batch-id", self.names.batch_id, "--json", *extra)
         if code != 0:
             self.say(f"streamproc status exited with {code}: {out.strip()[-500:]}")
             return None
@@ -404,6 +417,9 @@ class ChaosRun:
         except (ValueError, IndexError):
             return None
         return parsed
+
+
+SUMMARY_WAIT_S = 20.0
 
 
 def _in_background(tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]) -> None:

@@ -57,7 +57,8 @@ class ChaosFacts:
     unplanned_exits: Sequence[WorkerExit] = ()
     unfinished_states: Mapping[str, str] = field(default_factory=dict)  # request id -> its state, described
     trace: Sequence[str] = ()
-    status_json: Mapping[str, object] | None = None  # `streamproc status --json` at the end
+    status_json: Mapping[str, object] | None = None  # `streamproc status --json` at the end (the summaries)
+    verified_json: Mapping[str, object] | None = None  # `streamproc status --json --verify` (the changelog fold)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,14 @@ class Tally:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+COUNT_KEYS = ("submitted", "succeeded", "failed", "retrying", "in_flight", "pending", "converged", "usage", "reused")
+
+
+def counts_of(status: Mapping[str, object]) -> dict[str, object]:
+    """What ``status --json`` counts (no times, no stall): what the summaries and the fold must agree on."""
+    return {key: status.get(key) for key in COUNT_KEYS}
 
 
 def lost_ids(batch_id: str, submitted: Sequence[str], outcomes: Outcomes) -> list[str]:
@@ -322,6 +331,14 @@ def _convergence(facts: ChaosFacts, sheet: _Sheet) -> None:
                               "converged" if facts.status_json.get("converged") else "NOT converged",
                               ", ".join(f"{k} {facts.status_json.get(k)}"
                                         for k in ("succeeded", "failed", "retrying", "in_flight", "pending"))))
+    if facts.status_json is not None and facts.verified_json is not None:
+        summary, verified = counts_of(facts.status_json), counts_of(facts.verified_json)
+        differ = [f"{key} {summary[key]} (--verify {verified[key]})" for key in COUNT_KEYS
+                  if summary[key] != verified[key]]
+        sheet.rows.append(Row("status = --verify", "yes" if not differ else "NO", "; ".join(differ)))
+        if differ:
+            sheet.problems.append("status from the workers' summaries differs from status --verify: "
+                                  + "; ".join(differ))
     if facts.unfinished_states:
         sheet.details.append(f"{len(facts.unfinished_states)} request(s) of the batch not ended, with their state:")
         sheet.details += [f"  {i}: {state}" for i, state in sorted(facts.unfinished_states.items())[:50]]

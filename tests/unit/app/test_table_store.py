@@ -19,6 +19,7 @@ from aiokafka.structs import RecordMetadata, TopicPartition
 from faust.streams import _current_event
 
 from streamproc import codec
+from streamproc.app.batch_summaries import BatchSummaries
 from streamproc.app.handler import StateWriteFailed
 from streamproc.app.worker import TableStore
 from streamproc.core.events import RequestState
@@ -83,7 +84,8 @@ class FakeProducer:
 def table_store(producer: FakeProducer) -> tuple[TableStore, FakeStore]:
     store = FakeStore()
     table = SimpleNamespace(data=store, changelog_topic_name=CHANGELOG)
-    return TableStore(table, producer, SweepScope()), store
+    summaries = BatchSummaries(table, producer, "llm.summaries", owned=lambda: {3}, forgotten=set, ready=lambda: True)
+    return TableStore(table, producer, SweepScope(), summaries), store
 
 
 def state(status: RequestStatus, attempts: int = 1) -> RequestState:
