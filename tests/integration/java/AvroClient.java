@@ -8,7 +8,6 @@ import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.Base64;
-import java.util.HashMap;
 import java.util.List;
 import java.util.Properties;
 import java.util.TreeMap;
@@ -17,6 +16,7 @@ import java.util.UUID;
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericRecord;
+import org.apache.avro.generic.GenericRecordBuilder;
 import org.apache.avro.message.BinaryMessageDecoder;
 import org.apache.avro.message.BinaryMessageEncoder;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
@@ -49,15 +49,15 @@ public final class AvroClient {
                  new KafkaProducer<>(config, new StringSerializer(), new ByteArraySerializer())) {
             for (int i = 0; i < count; i++) {
                 String id = batch + "/j-" + i;
-                GenericRecord request = new GenericData.Record(schema);
-                request.put("request_id", id);
-                request.put("body_json", "{\"model\": \"mock-small\", \"max_tokens\": 256, \"messages\": "
-                    + "[{\"role\": \"user\", \"content\": \"Label Java item " + i + ".\"}]}");
-                request.put("url", "/v1/chat/completions");
-                request.put("batch_id", batch);
-                request.put("submitted_ms", System.currentTimeMillis());
-                request.put("repair", null);
-                request.put("metadata", new HashMap<String, String>());
+                // the builder fills every field this program does not set with the schema's default, so a field
+                // added to the schema later (with its default, as the project's evolution rule says) needs no change
+                GenericRecord request = new GenericRecordBuilder(schema)
+                    .set("request_id", id)
+                    .set("body_json", "{\"model\": \"mock-small\", \"max_tokens\": 256, \"messages\": "
+                        + "[{\"role\": \"user\", \"content\": \"Label Java item " + i + ".\"}]}")
+                    .set("batch_id", batch)
+                    .set("submitted_ms", System.currentTimeMillis())
+                    .build();
                 ByteBuffer encoded = encoder.encode(request);
                 byte[] value = new byte[encoded.remaining()];
                 encoded.get(value);
