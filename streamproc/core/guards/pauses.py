@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streamproc.core.guards.bounded import MAX_MODELS, LruDict
+from streamproc.core.guards.sent_order import SentOrder
 from streamproc.core.outcome import ConfigurationProblem, Failure, Outcome, Success
 from streamproc.core.vocabulary import FailureLayer
 
@@ -47,9 +48,7 @@ class _Model:
     first: Signature | None = None  # the failure its first calls all gave
     repeats: int = 0
     pause: Pause | None = None
-    sent: int = 0  # calls handed a number by :meth:`ModelPauses.begin`
-    judged: int = 0  # calls judged in the order sent: the next one to judge
-    ended: dict[int, Signature | None] = field(default_factory=dict)  # ended, waiting for those sent before
+    order: SentOrder[Signature] = field(default_factory=SentOrder)  # calls judged in the order sent
 
 
 REQUEST_SCOPED = frozenset({"context_length_exceeded", "content_policy_violation", "refusal"})
@@ -108,9 +107,7 @@ class ModelPauses:
 
     def begin(self, model: str) -> int:
         """The number of a call about to go to ``model``; pass it to :meth:`record` or :meth:`abandon`."""
-        state = self._model(model)
-        state.sent += 1
-        return state.sent - 1
+        return self._model(model).order.begin()
 
     def abandon(self, model: str, call: int, now: float) -> None:
         """Call number ``call`` ended without an answer: it neither counts nor holds the calls after it (whose
@@ -122,7 +119,6 @@ class ModelPauses:
         state = self._model(model)
         if answered(outcome):
             state.proven = True
-            state.ended.clear()
             if state.pause is not None:
                 state.pause = None
                 self._changed(model, None)
@@ -131,12 +127,9 @@ class ModelPauses:
 
     def _end(self, model: str, call: int, failed_as: Signature | None, now: float) -> None:
         state = self._model(model)
-        if state.proven or state.pause is not None or call < state.judged:
+        if state.proven or state.pause is not None:
             return
-        state.ended[call] = failed_as
-        while state.judged in state.ended and not state.proven and state.pause is None:
-            failed = state.ended.pop(state.judged)
-            state.judged += 1
+        for failed in state.order.end(call, failed_as):
             self._judge(model, state, failed, now)
 
     def _judge(self, model: str, state: _Model, failed_as: Signature | None, now: float) -> None:
@@ -154,7 +147,7 @@ class ModelPauses:
             status, code, message = failed_as
             state.pause = Pause(f"its first {state.repeats} calls all failed alike: "
                                 f"{code} (HTTP {status}): {message}"[:1000], now, now + self._probe_interval_s)
-            state.ended.clear()
+            state.order.skip()
             self._changed(model, state.pause)
 
     def _model(self, model: str) -> _Model:
