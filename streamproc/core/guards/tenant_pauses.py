@@ -81,9 +81,9 @@ class TenantPauses:
         """The number of a call about to go; pass it to :meth:`record` or :meth:`abandon`."""
         return self._runs[(tenant, model)].order.begin()
 
-    def abandon(self, tenant: str, model: str, call: int) -> None:
+    def abandon(self, tenant: str, model: str, call: int, now: float) -> None:
         """Call number ``call`` ended without an answer: it neither counts nor holds back the calls after it."""
-        self._end(tenant, model, call, None, None)
+        self._end(tenant, model, call, None, now)
 
     def record(self, tenant: str, model: str, outcome: Outcome, now: float, call: int) -> None:
         """Call number ``call`` (from :meth:`begin`) of ``tenant`` to ``model`` ended with ``outcome``."""
@@ -93,14 +93,14 @@ class TenantPauses:
         else:
             self._end(tenant, model, call, signature(outcome), now)
 
-    def _end(self, tenant: str, model: str, call: int, ended: Ended | None, now: float | None) -> None:
+    def _end(self, tenant: str, model: str, call: int, ended: Ended | None, now: float) -> None:
         run = self._runs.get((tenant, model))
         if run is None:  # dropped from the bound since it began
             return
         for due in run.order.end(call, ended):
             self._judge(tenant, model, run, due, now)
 
-    def _judge(self, tenant: str, model: str, run: _Run, ended: Ended | None, now: float | None) -> None:
+    def _judge(self, tenant: str, model: str, run: _Run, ended: Ended | None, now: float) -> None:
         """The next call in the order sent ended: answered, failed as a signature, or neither (None)."""
         if isinstance(ended, str):  # answered
             run.failing_as, run.repeats = None, 0
@@ -108,7 +108,7 @@ class TenantPauses:
                 run.pause = None
                 self._changed(tenant, model, None)
             return
-        if ended is None or now is None or run.pause is not None:
+        if ended is None or run.pause is not None:
             return
         if ended != run.failing_as:
             run.failing_as, run.repeats = ended, 0
