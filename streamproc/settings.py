@@ -76,6 +76,13 @@ class BreakerSettings(SettingsValue):
     hold_s: float  # how long a call may wait (in memory) for an open breaker before it is parked
 
 
+class TenantPauseSettings(SettingsValue):
+    """When one tenant's calls of a model that fail alike pause that tenant there (core.guards.tenant_pauses)."""
+
+    after: int  # calls of the tenant in a row that failed alike
+    probe_s: float  # one probe call per interval while paused
+
+
 class RetryBudgetSettings(SettingsValue):
     """Retries a batch may spend: ``ratio`` of its first attempts, and ``minimum`` whatever its size."""
 
@@ -97,6 +104,7 @@ class GuardSettings(SettingsValue):
     rate: RateLimitSettings
     in_flight: InFlightSettings
     breaker: BreakerSettings | None  # None: no breakers
+    tenant_pause: TenantPauseSettings | None  # None: no tenant is paused
     retry_budget: RetryBudgetSettings
     routes: RouteSettings
     hedge_ratio: float  # at most this share of calls is sent a second time when slower than its model's p99
@@ -328,6 +336,11 @@ class Settings(BaseSettings):
                                   "half-open probe.")
     breaker_hold_s: float = Field(default=10.0, ge=0, description="How long a call waits in memory for an open "
                                   "breaker (holding its slot) before it is parked in a retry tier.")
+    tenant_pause_after: int = Field(default=5, ge=0, description="A tenant whose calls of a model failed alike this "
+                                    "many times in a row while other tenants' calls of it were answered is paused "
+                                    "on that model (its requests wait); 0 = never.")
+    tenant_pause_probe_s: float = Field(default=30.0, gt=0, description="While a tenant is paused, one of its calls "
+                                        "per this many seconds probes whether it was fixed.")
     retry_budget_ratio: float = Field(default=0.2, ge=0, description="Retries allowed per batch, as a fraction "
                                       "of its first attempts; beyond it failures end retry_budget_exhausted.")
     retry_budget_min: int = Field(default=10, ge=0, description="Retries every batch may spend whatever its size.")
@@ -413,6 +426,8 @@ class Settings(BaseSettings):
             breaker=BreakerSettings(failure_rate=self.breaker_failure_rate, window_s=self.breaker_window_s,
                                     min_calls=self.breaker_min_calls, open_s=self.breaker_open_s,
                                     hold_s=self.breaker_hold_s) if self.breaker_enabled else None,
+            tenant_pause=TenantPauseSettings(after=self.tenant_pause_after, probe_s=self.tenant_pause_probe_s)
+            if self.tenant_pause_after else None,
             retry_budget=RetryBudgetSettings(ratio=self.retry_budget_ratio, minimum=self.retry_budget_min),
             routes=RouteSettings(context_windows=self.context_windows, context_fallbacks=self.context_fallbacks,
                                  model_fallbacks=self.model_fallbacks),

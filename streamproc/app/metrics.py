@@ -23,7 +23,8 @@ are in seconds, a state is a label):
 * ``in_flight``: records being handled; ``consumer_lag{topic,partition}``; ``partition_stalled{topic,partition}``;
 * ``consumer_lag_updated_timestamp_seconds``: when ``consumer_lag`` was last read successfully;
 * guards: ``circuit_breaker_state{model,state}`` (1 for the breaker's state, 0 for the other two of
-  ``closed``, ``half_open``, ``open``), ``model_paused{model}``, ``adaptive_in_flight_limit``,
+  ``closed``, ``half_open``, ``open``), ``model_paused{model}``, ``tenant_paused{tenant,model}``,
+  ``adaptive_in_flight_limit``,
   ``deployment_in_flight_limit{deployment}`` (the model list's), ``rate_limit_requests_per_second{model}`` /
   ``rate_limit_tokens_per_second{model}`` (the limits paced under, after the share), ``rate_limit_pace{model}``
   (the fraction of them sent at now),
@@ -184,7 +185,7 @@ class WorkerMetrics:
         """The guards' state, read at every scrape (see :class:`GuardsCollector`); the models their routes name
         keep their labels."""
         self.models.configure(guards.routes.models())
-        self.registry.register(GuardsCollector(guards, self.models))
+        self.registry.register(GuardsCollector(guards, self.models, self.tenants))
 
     def track_fleet(self, shares: Callable[[], FleetShares]) -> None:
         """``rate_limit_share`` and ``fleet_workers`` read ``shares()`` at every scrape."""
@@ -245,9 +246,24 @@ class _ReadCounter(Collector):
 class GuardsCollector(Collector):
     """Reads the worker's :class:`Guards` when scraped, so the guards keep plain counters and no metric objects."""
 
-    def __init__(self, guards: Guards, models: ModelLabels | None = None) -> None:
+    def __init__(self, guards: Guards, models: ModelLabels | None = None, tenants: TenantLabels | None = None) -> None:
         self._guards = guards
         self._models = models or ModelLabels()
+        self._tenants = tenants or TenantLabels(())
+
+    def _tenants_paused(self) -> Metric:
+        tenant_paused = GaugeMetricFamily(f"{NAMESPACE}_tenant_paused", "1 while a tenant is paused on a model "
+                                          "because its calls failed alike while other tenants' were answered (its "
+                                          "requests of that model wait; one probe per interval); for a label "
+                                          "\"other\" the number paused under it.", labels=["tenant", "model"])
+        by_label: dict[tuple[str, str], int] = {}
+        pauses = self._guards.tenant_pauses
+        for tenant, model in pauses.paused() if pauses is not None else ():
+            key = (self._tenants.label(tenant), self._models.label(model))
+            by_label[key] = by_label.get(key, 0) + 1
+        for (tenant, model), count in by_label.items():
+            tenant_paused.add_metric([tenant, model], count)
+        return tenant_paused
 
     def collect(self) -> Iterable[Metric]:
         guards = self._guards
@@ -272,6 +288,7 @@ class GuardsCollector(Collector):
         for model, count in paused_by_label.items():
             paused.add_metric([model], count)
         yield paused
+        yield self._tenants_paused()
         if guards.in_flight_limit is not None:
             yield GaugeMetricFamily(f"{NAMESPACE}_adaptive_in_flight_limit",
                                     "The adaptive (latency-gradient) in-flight limit of LLM calls: with a model "

@@ -7,6 +7,8 @@ members, and the lag of its input topics):
 
 * ``no_worker``: the group has no member, so nothing reads the batch's requests at all;
 * ``circuit_open`` / ``model_paused``: parked by an open circuit breaker or a paused model;
+* ``tenant_paused``: parked because the batch's tenant is paused on the model (its calls failed alike while
+  other tenants' were answered; core.guards.tenant_pauses);
 * ``budget_exhausted``: parked at the batch's or the day's spend cap (core.spend_cap);
 * ``duplicate``: read by a worker (nothing left to read) but never recorded under this batch: skipped as a
   duplicate, because another batch's request holds the id (ids produced without batch scope, core.identity);
@@ -28,6 +30,7 @@ from streamproc.core.durations import format_duration
 NO_WORKER: Final = "no_worker"
 CIRCUIT_OPEN: Final = "circuit_open"
 MODEL_PAUSED: Final = "model_paused"
+TENANT_PAUSED: Final = "tenant_paused"
 BUDGET_EXHAUSTED: Final = "budget_exhausted"
 REBALANCING: Final = "rebalancing"
 DUPLICATE: Final = "duplicate"
@@ -80,6 +83,8 @@ class BatchStall:
             NO_WORKER: f"with no worker consuming (the consumer group {name} has no member: start `streamproc worker`)",
             CIRCUIT_OPEN: "waiting on an open circuit breaker (the LLM endpoint fails; see the worker log)",
             MODEL_PAUSED: "waiting on a paused model (its first calls all failed alike; see the worker log)",
+            TENANT_PAUSED: "waiting while their tenant is paused on the model (its calls failed alike while other "
+                           "tenants' were answered; one probe call checks each interval; see the worker log)",
             BUDGET_EXHAUSTED: "waiting at the spend cap of the batch or of the day (`streamproc raise-cap` lets them "
                               "go on; `cancel` ends them budget_exceeded)",
             REBALANCING: "parked while the workers' group rebalanced (they are read again once it ends; a rebalance "

@@ -45,10 +45,11 @@ from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 CIRCUIT_OPEN = "circuit_open"
 MODEL_PAUSED = "model_paused"  # parked: the model's first calls all failed alike (core.guards.pauses)
+TENANT_PAUSED = "tenant_paused"  # parked: its tenant's calls of the model failed alike (core.guards.tenant_pauses)
 BUDGET_EXHAUSTED = "budget_exhausted"  # parked: its batch or the day reached its spend cap (core.spend_cap)
 REBALANCING = "rebalancing"  # parked: a rebalance began while its call waited its turn (design §5.7)
 # parked records: their attempt is still to be made
-DEFERRAL_CODES = frozenset({CIRCUIT_OPEN, MODEL_PAUSED, BUDGET_EXHAUSTED, REBALANCING})
+DEFERRAL_CODES = frozenset({CIRCUIT_OPEN, MODEL_PAUSED, TENANT_PAUSED, BUDGET_EXHAUSTED, REBALANCING})
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from streamproc.core.guards.long_requests import NO_POOL, LongRequests
 from streamproc.core.guards.pauses import ModelPauses, Pause
 from streamproc.core.guards.rate_limits import Pacing, RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
+from streamproc.core.guards.tenant_pauses import TenantPauses
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.model_list import ANY_MODEL, ModelList, single_endpoint
 from streamproc.core.model_names import INVALID_MODEL_NAME, model_name_problem
@@ -73,7 +74,8 @@ class Guards:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
                  wait: EventWait | None = None, models: ModelList | None = None,
-                 giving_way: Callable[[], bool] = lambda: False, long_requests: LongRequests = NO_POOL) -> None:
+                 giving_way: Callable[[], bool] = lambda: False, long_requests: LongRequests = NO_POOL,
+                 tenant_pauses: TenantPauses | None = None) -> None:
         self._caller = caller
         self.routes = routes or Routes()
         self.models = models or single_endpoint()  # the deployments of each model
@@ -84,6 +86,7 @@ class Guards:
         self._expected_first_attempts = expected_first_attempts  # batch -> this worker's share of its size
         self.estimator = estimator or TokenEstimator()
         self.pauses = ModelPauses(on_change=_log_pause)  # models whose first calls all failed alike
+        self.tenant_pauses = tenant_pauses  # tenants whose calls of a model failed alike; None: never paused
         self.fallbacks: dict[tuple[str, str, str], int] = {}  # (from, to, reason) -> calls
         self.budget_exhausted = 0  # read by the metrics collector, like fallbacks
         self._paced: RateLimitedLayer | None = None
@@ -105,7 +108,7 @@ class Guards:
         if gate is not None:
             stack = GatedLayer(stack, gate, clock, deployment_of)
         routing = RoutingLayer(stack, self.routes, self._breakers, self._count_fallback, clock, wait, self.pauses,
-                               self.models)
+                               self.models, self.tenant_pauses)
         return ContextFallbackLayer(routing, self.routes, self._count_fallback)
 
     @classmethod
@@ -130,6 +133,9 @@ class Guards:
             models=models,
             giving_way=giving_way,
             long_requests=long_requests_of(in_flight),
+            tenant_pauses=None if settings.tenant_pause is None else TenantPauses(
+                threshold=settings.tenant_pause.after, probe_interval_s=settings.tenant_pause.probe_s,
+                on_change=_log_tenant_pause),
         )
 
     # -- before the call -----------------------------------------------------------------------------------
@@ -229,6 +235,15 @@ class Guards:
 def long_requests_of(in_flight: InFlightSettings) -> LongRequests:
     """The pool for long requests the settings describe (the gate's share, the client's timing apart)."""
     return LongRequests(threshold_tokens=in_flight.long_threshold_tokens, share=in_flight.long_share)
+
+
+def _log_tenant_pause(tenant: str, model: str, pause: Pause | None) -> None:
+    if pause is not None:
+        log.warning("tenant %s paused on model %s: %s; its requests of that model wait in the shortest retry tier, "
+                    "one probe call per interval checks whether it was fixed (other tenants go on)",
+                    tenant, model, pause.reason)
+    else:
+        log.warning("tenant %s resumed on model %s: a probe call was answered", tenant, model)
 
 
 def _log_pause(model: str, pause: Pause | None) -> None:

@@ -1,6 +1,8 @@
 """The layer that picks the model: the first of the requested one and its fallbacks whose breaker is not open
 and that is not paused for a systematic failure (:mod:`streamproc.core.guards.pauses`; a paused model lets
-one probe call through per interval, and this layer records each model's outcomes for it).
+one probe call through per interval, and this layer records each model's outcomes for it). Before that, a call
+of a tenant paused on the requested model (:mod:`streamproc.core.guards.tenant_pauses`: its calls failed alike
+while other tenants' were answered) is deferred at once, unless it is that pause's probe.
 
 When every candidate's breaker is open, the call waits (holding its dispatcher slot, so consumption stops
 by itself) for one to change or to let a probe through, as long as that can happen within the hold; else it
@@ -27,9 +29,10 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.balance import Choice, DeploymentLoad
 from streamproc.core.guards.pauses import ModelPauses
 from streamproc.core.guards.routing import Routes
+from streamproc.core.guards.tenant_pauses import TenantPauses
 from streamproc.core.model_list import Deployment, ModelList, single_endpoint
 from streamproc.core.outcome import Failure
-from streamproc.core.request_state import CIRCUIT_OPEN, MODEL_PAUSED, REBALANCING
+from streamproc.core.request_state import CIRCUIT_OPEN, MODEL_PAUSED, REBALANCING, TENANT_PAUSED
 from streamproc.llm.breakers import Breakers, breaks
 from streamproc.llm.client import CallResult
 from streamproc.llm.layer import Layer, Refused
@@ -67,11 +70,13 @@ class RoutingLayer:
 
     def __init__(self, inner: Layer[CallResult | Refused], routes: Routes, breakers: Breakers,
                  count_fallback: CountFallback, clock: Callable[[], float], wait: EventWait | None = None,
-                 pauses: ModelPauses | None = None, models: ModelList | None = None) -> None:
+                 pauses: ModelPauses | None = None, models: ModelList | None = None,
+                 tenants: TenantPauses | None = None) -> None:
         self._inner = inner
         self._routes = routes
         self._breakers = breakers
         self._pauses = pauses or ModelPauses()
+        self._tenants = tenants  # None: no tenant is paused
         self._count_fallback = count_fallback
         self._clock = clock
         self._wait = wait or _wait_for_event
@@ -79,6 +84,31 @@ class RoutingLayer:
         self.load = DeploymentLoad()  # the outstanding calls of the deployments of models that have several
 
     async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> Routed | Deferred:
+        tenants, tenant, requested = self._tenants, request.tenant, body["model"]
+        if tenants is None:
+            return await self._route(request, body, first)
+        if not tenants.may_call(tenant, requested, self._clock()):
+            return self._tenant_deferred(tenants, tenant, requested)
+        call = tenants.begin(tenant, requested)
+        try:
+            routed = await self._route(request, body, first)
+        except BaseException:
+            tenants.abandon(tenant, requested, call, self._clock())
+            raise
+        if isinstance(routed, Deferred):
+            tenants.abandon(tenant, requested, call, self._clock())
+        else:
+            tenants.record(tenant, requested, routed.result.outcome, self._clock(), call)
+        return routed
+
+    def _tenant_deferred(self, tenants: TenantPauses, tenant: str, model: str) -> Deferred:
+        now = self._clock()
+        pause = tenants.paused().get((tenant, model))
+        why = pause.reason if pause is not None else "paused"
+        return Deferred(max(0.0, tenants.retry_at(tenant, model, now) - now), model, TENANT_PAUSED,
+                        f"tenant {tenant} is paused on {model}: {why}")
+
+    async def _route(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> Routed | Deferred:
         requested: str = body["model"]
         deadline = self._clock() + self._breakers.hold_s
         failed: set[str] = set()  # deployments this call already failed on

@@ -19,8 +19,10 @@ from streamproc.core.decision import Retries
 from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.lag import PartitionLag
+from streamproc.core.outcome import Failure, Success
 from streamproc.core.retry_policy import RetryPolicy
 from streamproc.core.spend_cap import Cap, Exhausted, Spend, batch_scope, day_scope
+from streamproc.core.vocabulary import FailureLayer
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.llm.client import CallResult
 from streamproc.llm.completion import check_completion
@@ -406,3 +408,17 @@ async def test_a_request_with_an_invalid_tenant_header_ends_as_invalid_tenancy(m
     failure, _ = sink.failures[0]
     assert (failure.error_code, failure.terminal) == ("invalid_tenancy", True)
     assert "tenant 'no spaces please' is not a tenant name" in failure.message
+
+
+def test_a_paused_tenant_is_a_gauge_by_tenant_and_model() -> None:
+    guards = Guards.from_settings(Settings().guards, NeverCalled())
+    pauses = guards.tenant_pauses
+    assert pauses is not None  # on by default
+    pauses.record("team-b", "gpt-a", Success("fine", "gpt-a", 1, 1), 0.0, pauses.begin("team-b", "gpt-a"))
+    refused = Failure(FailureLayer.BUSINESS, "invalid_value", "HTTP 400: bad", 400)
+    for _ in range(5):
+        pauses.record("team-a", "gpt-a", refused, 1.0, pauses.begin("team-a", "gpt-a"))
+    metrics = WorkerMetrics(CollectorRegistry())
+    metrics.track_guards(guards)
+    assert metrics.registry.get_sample_value("streamproc_tenant_paused", {"tenant": "team-a", "model": "gpt-a"}) == 1
+    assert metrics.registry.get_sample_value("streamproc_tenant_paused", {"tenant": "team-b", "model": "gpt-a"}) is None

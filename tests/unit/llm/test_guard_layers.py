@@ -19,6 +19,7 @@ from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.guards.long_requests import LongRequests
 from streamproc.core.guards.rate_limits import RateLimiter, RateLimits
 from streamproc.core.guards.routing import Routes
+from streamproc.core.guards.tenant_pauses import TenantPauses
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.outcome import Failure, Success
 from streamproc.core.vocabulary import FailureLayer
@@ -149,6 +150,37 @@ async def test_a_model_whose_first_calls_all_fail_alike_is_paused_and_probed() -
     clock.now += 60  # the probe
     assert isinstance(await routing.call(REQUEST, BODY, True), Routed)
     assert isinstance(await routing.call(REQUEST, BODY, True), Deferred)  # one probe per interval
+
+
+@dataclass
+class RefusesTenant:
+    """The HTTP caller: refuses every call of one tenant alike (a bad parameter its integration sets) until fixed."""
+
+    tenant: str
+    fixed: bool = False
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult:
+        if request.tenant == self.tenant and not self.fixed:
+            return CallResult(Failure(FailureLayer.BUSINESS, "invalid_value", "HTTP 400: temperature > 2", 400), b"", 5)
+        return OK
+
+
+async def test_a_tenant_whose_calls_fail_alike_is_paused_while_other_tenants_calls_go_on() -> None:
+    clock, caller = MonotonicClock(), RefusesTenant("a")
+    routing = RoutingLayer(caller, Routes(), Breakers(None), lambda *key: None, clock,
+                           tenants=TenantPauses(threshold=3, probe_interval_s=10))
+    of_a, of_b = replace(REQUEST, tenant="a"), replace(REQUEST, tenant="b")
+    assert isinstance(await routing.call(of_b, BODY, True), Routed)
+    for _ in range(3):
+        assert isinstance(await routing.call(of_a, BODY, True), Routed)  # the failures themselves are answers
+    deferred = await routing.call(of_a, BODY, True)
+    assert isinstance(deferred, Deferred) and deferred.code == "tenant_paused" and deferred.delay_s == 10.0
+    assert "tenant a is paused on big" in deferred.reason and "temperature > 2" in deferred.reason
+    assert isinstance(await routing.call(of_b, BODY, True), Routed)  # the model is not paused for b
+    clock.now += 10
+    caller.fixed = True
+    assert isinstance(await routing.call(of_a, BODY, True), Routed)  # the probe, answered: resumed
+    assert isinstance(await routing.call(of_a, BODY, True), Routed)
 
 
 @dataclass
