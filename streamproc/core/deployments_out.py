@@ -7,6 +7,9 @@ why (the last failure that counted against its breaker, or the failure that paus
 live workers' beats. Bounded: at most ``MAX_OUT`` deployments per beat and in the merge, reasons cut to
 ``MAX_REASON`` characters (a beat stays small, and a reason is free text from a failure).
 
+A tenant paused on a model (core.guards.tenant_pauses) is out the same way, under the key ``<model> for tenant
+<tenant>``: ``status`` shows it to the batches that have requests of that tenant (:func:`concerning`), with why.
+
 Pure: the worker names its breakers' states and failures, the reader gives the beats it read.
 """
 
@@ -43,10 +46,22 @@ def paused_reason(pause_reason: str) -> str:
     return f"paused: {pause_reason}"[:MAX_REASON]
 
 
-def worker_out(breakers_out: Mapping[str, str], paused: Mapping[str, str]) -> dict[str, str]:
-    """A worker's deployments out: those whose breaker is out, and those paused (each ``key -> pause reason``).
-    One that is both gives its breaker's reason: that it fails or hangs matters before what it refused."""
-    return {**{key: paused_reason(reason) for key, reason in paused.items()}, **breakers_out}
+FOR_TENANT: Final = " for tenant "
+
+
+def tenant_key(tenant: str, model: str) -> str:
+    """The key of a tenant paused on a model (a tenant has no spaces: core.tenancy)."""
+    return f"{model}{FOR_TENANT}{tenant}"
+
+
+def worker_out(breakers_out: Mapping[str, str], paused: Mapping[str, str],
+               tenants_paused: Mapping[tuple[str, str], str] | None = None) -> dict[str, str]:
+    """A worker's deployments out: those whose breaker is out, and those paused (each ``key -> pause reason``);
+    then the tenants paused on a model (``(tenant, model) -> pause reason``). A deployment that is both gives its
+    breaker's reason: that it fails or hangs matters before what it refused."""
+    tenants = {tenant_key(tenant, model): f"tenant {tenant} paused: {reason}"[:MAX_REASON]
+               for (tenant, model), reason in (tenants_paused or {}).items()}
+    return {**{key: paused_reason(reason) for key, reason in paused.items()}, **breakers_out, **tenants}
 
 
 def bounded(out: Mapping[str, str]) -> dict[str, str]:
@@ -68,6 +83,18 @@ class DeploymentOut:
     def describe(self) -> str:
         at = "1 worker" if self.workers == 1 else f"{self.workers} workers"
         return f"{self.deployment}: {self.reason} ({at})"
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant this entry is about (a tenant paused on a model); None: a deployment, everyone's."""
+        _, mark, tenant = self.deployment.rpartition(FOR_TENANT)
+        return tenant if mark else None
+
+
+def concerning(out: Iterable[DeploymentOut], tenants: Iterable[str]) -> tuple[DeploymentOut, ...]:
+    """What a batch with requests of ``tenants`` is shown: every deployment out, and the pauses of its tenants."""
+    mine = set(tenants)
+    return tuple(entry for entry in out if entry.tenant is None or entry.tenant in mine)
 
 
 def fleet_out(beats: Iterable[Mapping[str, str]]) -> tuple[DeploymentOut, ...]:

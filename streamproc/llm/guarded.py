@@ -211,9 +211,12 @@ class Guards:
 
     def out(self) -> dict[str, str]:
         """The deployments (models, for the single endpoint) out of rotation, their breaker open or half-open or
-        paused, and why: what this worker's fleet beat says for ``status`` (core.deployments_out)."""
+        paused, and the tenants paused on a model, and why: what this worker's fleet beat says for ``status``
+        (core.deployments_out)."""
         paused = {key: pause.reason for key, pause in self.pauses.paused().items()}
-        return worker_out(self._breakers.out(), paused)
+        tenants = {} if self.tenant_pauses is None else {
+            key: pause.reason for key, pause in self.tenant_pauses.paused().items()}
+        return worker_out(self._breakers.out(), paused, tenants)
 
     def breaker_states(self) -> dict[str, BreakerState]:
         return {model: breaker.state for model, breaker in self.breakers.items()}

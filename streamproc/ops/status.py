@@ -29,7 +29,7 @@ from streamproc.core.batch_lifecycle import Lifecycle, lifecycle
 from streamproc.core.batch_stall import BatchStall, GroupView, diagnose, needs_group
 from streamproc.core.batch_status import BatchStatus, StatusFold, counted_status, format_status
 from streamproc.core.batch_summary import SummaryView
-from streamproc.core.deployments_out import DeploymentOut, FleetOutView
+from streamproc.core.deployments_out import DeploymentOut, FleetOutView, concerning
 from streamproc.core.events import RequestState
 from streamproc.core.spend_cap import Cap, spend_json, spend_of
 from streamproc.core.stream_status import StreamFold, StreamStatus
@@ -132,7 +132,8 @@ async def read_status(kafka: KafkaConnection, topology: Topology, batch_id: str,
     if reader.manifest is None and current.submitted == 0:
         raise UnknownBatchError(f"no batch {batch_id!r} here (no manifest on {topology.batches} and "
                                 "no request state names it)")
-    return StatusReport(current, stall, reader.manifest, reader.cap, prices or {}, out, reader.summary_at_ms)
+    return StatusReport(current, stall, reader.manifest, reader.cap, prices or {}, concerning(out, current.tenants),
+                        reader.summary_at_ms)
 
 
 async def read_stream_status(kafka: KafkaConnection, topology: Topology, *, hours: int) -> StreamStatus:

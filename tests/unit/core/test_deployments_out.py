@@ -8,6 +8,7 @@ from streamproc.core.deployments_out import (
     MAX_REASON,
     DeploymentOut,
     FleetOutView,
+    concerning,
     failure_kind,
     fleet_out,
     out_reason,
@@ -31,6 +32,16 @@ def test_a_worker_s_deployments_out_are_its_breakers_out_and_its_paused_ones() -
                      {"m@2": refused, "m@3": refused})
     assert out == {"m@1": "circuit breaker open", "m@2": f"paused: {refused}", "m@3": "circuit breaker half_open"}
     assert len(paused_reason("x" * 1000)) == MAX_REASON and worker_out({}, {}) == {}
+
+
+def test_a_tenant_paused_on_a_model_is_shown_to_that_tenant_s_batches_only() -> None:
+    out = worker_out({}, {"m@2": "refused"}, {("team-a", "gpt-a"): "its last 5 calls of gpt-a all failed alike"})
+    assert out["gpt-a for tenant team-a"] == "tenant team-a paused: its last 5 calls of gpt-a all failed alike"
+    fleet = fleet_out([out])
+    assert [entry.tenant for entry in fleet] == ["team-a", None]  # by key: "gpt-a ..." before "m@2"
+    assert [entry.deployment for entry in concerning(fleet, {"team-b": 3})] == ["m@2"]
+    assert [entry.deployment for entry in concerning(fleet, {"team-a": 1, "team-b": 3})] == [
+        "gpt-a for tenant team-a", "m@2"]
 
 
 def test_the_fleet_s_deployments_out_merge_by_key_with_the_reason_most_workers_give() -> None:
