@@ -60,7 +60,8 @@ class BatchStatus:
         return {"batch_id": self.batch_id, "submitted": self.submitted, "succeeded": self.succeeded,
                 "failed": dict(self.failed), "retrying": self.retrying, "in_flight": self.in_flight,
                 "pending": self.pending, "converged": self.converged, "usage": self.usage_json(),
-                "reused": self.reused, "tenants": dict(self.tenants), "priorities": dict(self.priorities)}
+                "reused": self.reused, "tenants": dict(self.tenants), "priorities": dict(self.priorities),
+                "parked": dict(self.parked)}
 
     def with_pending_as(self, tenant: str, priority: str) -> BatchStatus:
         """The counts with the requests no worker saw yet (``pending``) under this tenant and priority (the
@@ -93,6 +94,11 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def parked_text(parked: dict[str, int]) -> str:
+    """Requests a guard parked, by why: ``12 tenant_paused, 3 circuit_open``."""
+    return ", ".join(f"{count} {code}" for code, count in sorted(parked.items()))
+
+
 def format_status(status: BatchStatus) -> str:
     """A few aligned lines for people; ``--json`` is the form for scripts."""
     failed = ", ".join(f"{layer} {count}" for layer, count in status.failed.items())
@@ -101,7 +107,7 @@ def format_status(status: BatchStatus) -> str:
         ("submitted", str(status.submitted)),
         ("succeeded", str(status.succeeded) + (f" ({status.reused} reused, no call)" if status.reused else "")),
         ("failed", f"{status.terminal_failures} ({failed})"),
-        ("retrying", str(status.retrying)),
+        ("retrying", str(status.retrying) + (f" ({parked_text(status.parked)} parked)" if status.parked else "")),
         ("in flight", str(status.in_flight)),
         ("pending", str(status.pending)),
         ("converged", "yes" if status.converged else "no"),

@@ -16,7 +16,7 @@ from typing import Any
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest
 from streamproc.core.batch_lifecycle import Lifecycle
-from streamproc.core.batch_status import BatchesFold, BatchStatus, counted_status
+from streamproc.core.batch_status import BatchesFold, BatchStatus, counted_status, parked_text
 from streamproc.core.batch_summary import BatchCounts, SummaryView
 from streamproc.core.spend_cap import Cap, spend_json, spend_of
 from streamproc.core.topology import Topology
@@ -106,12 +106,19 @@ def format_batches(entries: list[BatchEntry]) -> str:
         (entry.status.batch_id, _created(entry.created_ms), entry.state, _most(entry.status.tenants),
          _most(entry.status.priorities), str(entry.status.submitted),
          str(entry.status.succeeded), str(entry.status.terminal_failures),
-         str(entry.status.submitted - entry.status.ended), _spend(entry.spend))
+         _waiting(entry.status), _spend(entry.spend))
         for entry in entries]
     widths = [max(len(row[column]) for row in rows) for column in range(len(COLUMNS))]
     return "\n".join("  ".join(cell.ljust(width) if column < _LEFT_ALIGNED else cell.rjust(width)
                                for column, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
                      for row in rows)
+
+
+def _waiting(status: BatchStatus) -> str:
+    """The requests not ended, and of them those a guard parked, by why (``12 (12 tenant_paused)``): a batch that
+    waits on a paused tenant or model says so in the list, not only in ``status``."""
+    waiting = str(status.submitted - status.ended)
+    return f"{waiting} ({parked_text(status.parked)})" if status.parked else waiting
 
 
 def _most(counts: dict[str, int]) -> str:

@@ -25,7 +25,7 @@ def test_counts_add_up_and_latest_state_wins() -> None:
                                 "retrying": 1, "in_flight": 1, "pending": 2, "converged": False,
                                 "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
                                           "by_model": {}}, "reused": 0,
-                                "tenants": {"default": 3}, "priorities": {"normal": 3}}
+                                "tenants": {"default": 3}, "priorities": {"normal": 3}, "parked": {}}
 
 
 def test_converged_when_every_request_ended() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from streamproc.codec.manifest import BatchManifest
-from streamproc.core.batch_status import BatchesFold
+from streamproc.core.batch_status import BatchesFold, format_status
 from streamproc.core.events import RequestState
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 from streamproc.ops.batches import BatchEntry, format_batches
@@ -90,3 +90,15 @@ def test_a_forgotten_batch_is_listed_as_forgotten_with_the_counts_it_ended_with(
         "status": "forgotten", "completed_at": 1_700_000_500, "forgotten_at": 1_700_000_900,
         "request_counts": {"total": 3, "completed": 2, "failed": 1}}
     assert "forgotten" in format_batches([BatchEntry(status, manifest.created_ms, manifest)])
+
+
+def test_a_batch_waiting_on_a_paused_tenant_says_so_in_the_list_and_in_status() -> None:
+    fold = BatchesFold()
+    fold.apply([replace(state("a/1", "a", RequestStatus.RETRYING), last_error_code="tenant_paused"),
+                replace(state("a/2", "a", RequestStatus.RETRYING), last_error_code="tenant_paused"),
+                state("a/3", "a", RequestStatus.SUCCEEDED)])
+    status = fold.status("a", 3)
+    assert status.as_json()["parked"] == {"tenant_paused": 2}
+    row = format_batches([BatchEntry(status, 0, None)]).splitlines()[1]
+    assert "2 (2 tenant_paused)" in row
+    assert "retrying   2 (2 tenant_paused parked)" in format_status(status)
