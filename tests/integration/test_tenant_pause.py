@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +32,11 @@ pytestmark = pytest.mark.integration
 
 REFUSED_CALLS = 8  # the mock refuses the first 8 calls of tenant A's (identical) body alike, then answers
 PROBE_S = 15.0
+
+
+def status(env: dict[str, str], batch_id: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "streamproc", "status", "--batch-id", batch_id, "--json"], env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
 
 
 def tenant_a_request(i: int) -> InferenceRequest:
@@ -63,6 +70,8 @@ async def test_a_tenant_refused_alike_is_paused_while_another_tenants_batch_comp
             await produce_requests(settings.kafka_bootstrap, settings, of_a)
             outcomes = await reader.wait_until_ended([r.request_id for r in of_b], 120, worker)
             paused_when_b_ended = scrape_gauge(port, "streamproc_tenant_paused", paused_labels)
+            shown_a, shown_b = await asyncio.gather(asyncio.to_thread(status, env, "batch-a"),
+                                                    asyncio.to_thread(status, env, "batch-b"))
             outcomes = await reader.wait_until_ended([r.request_id for r in of_a], 120 + 4 * PROBE_S, worker)
             await asyncio.sleep(3)  # anything written twice would show now
             await reader.poll()
@@ -82,4 +91,10 @@ async def test_a_tenant_refused_alike_is_paused_while_another_tenants_batch_comp
     assert "tenant team-a paused on model mock-small" in log and "tenant team-a resumed on model mock-small" in log
     assert paused_when_b_ended == 1.0, log[-3000:]  # B completed while A was paused
     assert paused_after is None  # resumed: no series
+    # status, while A was paused: A's batch says why and how many wait for it; B's names no tenant's pause
+    a_json, b_json = json.loads(shown_a.stdout), json.loads(shown_b.stdout)
+    [out] = a_json["deployments_out"]
+    assert out["deployment"] == "mock-small for tenant team-a" and "tenant team-a paused" in out["reason"], out
+    assert "failed alike" in out["reason"] and a_json["parked"].get("tenant_paused", 0) >= 1, a_json
+    assert b_json["deployments_out"] == [] and b_json["parked"] == {}, b_json
     assert sum(bool(outcomes.results.get(r.request_id)) for r in of_a) == len(of_a) - REFUSED_CALLS
