@@ -47,6 +47,8 @@ class LedgerRow(NamedTuple):
     provider_body: str | None
     provider_request_id: str | None
     deployment: str | None
+    tenant: str
+    priority: str
     status: str  # the requests view's: succeeded, failed or retrying
 
 
@@ -67,7 +69,8 @@ def failure_event(row: LedgerRow) -> FailureEvent:
     """The failure event a row was written from (``rows.failure_row`` the other way)."""
     repair = None if row.repair is None else RepairContext(**json.loads(row.repair))
     request = InferenceRequest(row.request_id, row.body, url=row.url, batch_id=row.batch or None,
-                               submitted_ms=row.submitted_ms, repair=repair, metadata=json.loads(row.metadata))
+                               submitted_ms=row.submitted_ms, repair=repair, metadata=json.loads(row.metadata),
+                               tenant=row.tenant, priority=row.priority)
     return FailureEvent(request, FailureLayer(row.layer), row.code, row.message, row.attempt, bool(row.terminal),
                         first_failure_ms=epoch_ms(row.first_failed_at), last_failure_ms=epoch_ms(row.failed_at),
                         http_status=row.http_status, retry_after_ms=row.retry_after_ms,

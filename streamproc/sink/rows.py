@@ -70,6 +70,8 @@ class ResultRow(NamedTuple):
     provider_request_id: str | None  # the provider's id for the call, when it sent one
     reused_from: str | None  # the request whose answer this reuses (no call made)
     deployment: str | None  # the deployment of the model list that answered (migration 5)
+    tenant: str  # the request's (migration 7)
+    priority: str
 
     @property
     def key(self) -> tuple[str, str]:
@@ -99,6 +101,8 @@ class FailureRow(NamedTuple):
     submitted_ms: int  # the request's own, so a replay from the database is the record a topic replay sends
     repair: str | None  # the request's repair context as JSON ({"bad_output", "reason"}), when it carried one
     deployment: str | None  # the deployment of the model list the failed call was made to (migration 6)
+    tenant: str  # the request's (migration 7)
+    priority: str
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -138,7 +142,8 @@ def result_row(result: InferenceResult) -> ResultRow:
         completion_tokens=tokens("completion_tokens"), total_tokens=tokens("total_tokens"),
         attempt=result.attempts, latency_ms=result.latency_ms, finished_at=iso_ms(result.completed_ms),
         input_hash=result.input_hash, provider_request_id=result.provider_request_id,
-        reused_from=result.reused_from, deployment=result.deployment)
+        reused_from=result.reused_from, deployment=result.deployment, tenant=result.tenant,
+        priority=result.priority)
 
 
 def failure_row(failure: FailureEvent) -> FailureRow:
@@ -153,7 +158,7 @@ def failure_row(failure: FailureEvent) -> FailureRow:
         provider_body=failure.response_body, provider_request_id=failure.provider_request_id,
         submitted_ms=request.submitted_ms,
         repair=None if request.repair is None else json.dumps(asdict(request.repair), sort_keys=True),
-        deployment=failure.deployment)
+        deployment=failure.deployment, tenant=request.tenant, priority=request.priority)
 
 
 def dead_letter_row(record: Record) -> DeadLetterRow:

@@ -131,6 +131,14 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "failures keep the deployment of the model list the failed call was made to", (
         "ALTER TABLE failures ADD COLUMN deployment TEXT",
     )),
+    # the request's tenant and priority (design §3), so SQL can group by tenant; rows from before were all the
+    # default tenant's at normal priority (they were written before requests had either)
+    Migration(7, "results and failures keep the request's tenant and priority", (
+        "ALTER TABLE results ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'",
+        "ALTER TABLE results ADD COLUMN priority TEXT NOT NULL DEFAULT 'normal'",
+        "ALTER TABLE failures ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'",
+        "ALTER TABLE failures ADD COLUMN priority TEXT NOT NULL DEFAULT 'normal'",
+    )),
 )
 
 

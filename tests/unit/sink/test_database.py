@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -146,10 +147,21 @@ def test_results_store_the_deployment_and_a_version_4_database_migrates_with_nul
 
 
 def test_failures_store_the_deployment_and_a_version_5_database_migrates_with_null_for_its_rows(path: Path) -> None:
-    before = FailureRow._fields[:-1]  # a version-5 row: all but the deployment
-    assert FailureRow._fields[-1] == "deployment"
+    before = FailureRow._fields[:FailureRow._fields.index("deployment")]  # a version-5 row: the columns before it
     database_at(path, 5, f"INSERT INTO failures ({', '.join(before)}) VALUES ({', '.join('?' for _ in before)})",
-                failure_row(failure("old"))[:-1])
+                failure_row(failure("old"))[:len(before)])
     write_once(path, failure("req-1", deployment="mock-small@2"), failure("req-2"))
     assert query(path, "SELECT custom_id, deployment FROM failures ORDER BY custom_id") == [
         ("old", None), ("req-1", "mock-small@2"), ("req-2", None)]
+
+
+def test_rows_keep_the_tenant_and_priority_and_a_version_6_database_reads_the_default_tenant_s(path: Path) -> None:
+    before = FailureRow._fields[:FailureRow._fields.index("tenant")]  # a version-6 row
+    database_at(path, 6, f"INSERT INTO failures ({', '.join(before)}) VALUES ({', '.join('?' for _ in before)})",
+                failure_row(failure("old"))[:len(before)])
+    of_a = failure("req-1")
+    of_a = replace(of_a, request=replace(of_a.request, tenant="team-a", priority="high"))
+    write_once(path, of_a, replace(result("req-2"), tenant="team-b", priority="low"))
+    assert query(path, "SELECT custom_id, tenant, priority FROM failures ORDER BY custom_id") == [
+        ("old", "default", "normal"), ("req-1", "team-a", "high")]
+    assert query(path, "SELECT tenant, priority FROM results") == [("team-b", "low")]

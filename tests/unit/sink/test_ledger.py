@@ -44,7 +44,8 @@ def terminal(custom_id: str, batch: str | None = "b1", **kwargs: Any) -> Failure
 def test_the_rows_give_back_the_terminal_failure_events_as_the_topics_carry_them(
         target: SqliteTarget, database: SinkDatabase) -> None:
     repaired = replace(terminal("req-r", layer=FailureLayer.TRANSPORT, code="read_timeout", status=None),
-                       request=replace(failure("req-r").request, repair=RepairContext("{not json", "invalid_json")))
+                       request=replace(failure("req-r").request, repair=RepairContext("{not json", "invalid_json"),
+                                       tenant="team-a", priority="low"))
     events = [terminal("req-1", attempt=3, failed_ms=1_700_000_000_123, deployment="gpt@2"), repaired,
               terminal("legacy-1", None, layer=FailureLayer.SEMANTIC, code="invalid_json")]
     write(database, failure("req-1", attempt=1), failure("req-1", attempt=2, failed_ms=5_500), *events)
