@@ -426,8 +426,10 @@ class Settings(BaseSettings):
             breaker=BreakerSettings(failure_rate=self.breaker_failure_rate, window_s=self.breaker_window_s,
                                     min_calls=self.breaker_min_calls, open_s=self.breaker_open_s,
                                     hold_s=self.breaker_hold_s) if self.breaker_enabled else None,
+            # off in a rolling upgrade: a worker of an earlier release does not know a record parked as
+            # tenant_paused for a parked attempt, and would not take it up
             tenant_pause=TenantPauseSettings(after=self.tenant_pause_after, probe_s=self.tenant_pause_probe_s)
-            if self.tenant_pause_after else None,
+            if self.tenant_pause_after and self.upgrade_from is None else None,
             retry_budget=RetryBudgetSettings(ratio=self.retry_budget_ratio, minimum=self.retry_budget_min),
             routes=RouteSettings(context_windows=self.context_windows, context_fallbacks=self.context_fallbacks,
                                  model_fallbacks=self.model_fallbacks),

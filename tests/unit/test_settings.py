@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from streamproc.core.replication import ReplicationRequest
-from streamproc.settings import BreakerSettings, InFlightSettings, Settings
+from streamproc.settings import BreakerSettings, InFlightSettings, Settings, TenantPauseSettings
 
 
 def test_reads_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,6 +98,12 @@ def test_the_in_flight_limit_starts_and_stays_within_its_ceiling() -> None:
     assert Settings(in_flight=256, adaptive_min_in_flight=32, adaptive_initial_in_flight=16, long_request_tokens=0,
                     long_request_share=0.5).guards.in_flight == \
         InFlightSettings(floor=32, ceiling=256, start=32, long_threshold_tokens=0, long_share=0.5)
+
+
+def test_tenant_pauses_are_on_by_default_and_off_at_zero_or_in_a_rolling_upgrade() -> None:
+    assert Settings(tenant_pause_probe_s=10).guards.tenant_pause == TenantPauseSettings(after=5, probe_s=10.0)
+    assert Settings(tenant_pause_after=0).guards.tenant_pause is None
+    assert Settings(upgrade_from="0.1.0").guards.tenant_pause is None  # its workers know no tenant_paused record
 
 
 def test_breakers_turned_off_are_no_breaker_settings() -> None:
