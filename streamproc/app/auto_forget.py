@@ -2,9 +2,11 @@
 than that, as ``streamproc forget --finished-before`` does (design §6, forget).
 
 One worker does it, the owner of partition 0 of the requests topic: a rebalance can give two workers that belief
-for a moment, and forgetting a batch twice only writes its tombstones and manifest again. Each look reads the
-whole changelog, so it runs every tenth of the retention (at most hourly). A failure is logged and tried again
-at the next look; it never stops the worker.
+for a moment, and forgetting a batch twice only writes its manifest again. Each look reads the summaries and the
+manifests, not the changelog (app/forgetting): which batches finished is in the workers' summed counts, and each
+worker's purge (app/table_purge) deletes and tombstones the states of a batch once its manifest says forgotten.
+It runs every tenth of the retention (10 s to an hour). A failure is logged and tried again at the next look; it
+never stops the worker.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ class AutoForget:
         if not self._leads():
             return []
         try:
-            done = await self._forgetter.forget_finished_before(self._clock_ms() - self._retain_ms)
+            done = await self._forgetter.forget_finished_by_summaries(self._clock_ms() - self._retain_ms)
         except Exception:
             log.exception("automatic retention: could not forget the finished batches; trying at the next look")
             return []
         for outcome in done:
-            log.info("automatic retention: forgot batch %s, finished more than %.0f s ago (%d states removed)",
-                     outcome.batch_id, self._retain_ms / 1000, outcome.states)
+            kept = outcome.forgotten
+            log.info("automatic retention: forgot batch %s, finished more than %.0f s ago (%d requests; the workers "
+                     "delete their states)", outcome.batch_id, self._retain_ms / 1000,
+                     0 if kept is None else kept.succeeded + sum(kept.failed.values()))
         return done

@@ -1,6 +1,12 @@
 """Forget finished batches on Kafka: tombstone their states on the state changelog and mark their manifest forgotten
 (design §8, "State size"). ``streamproc forget`` and the workers' automatic retention both come here.
 
+The command folds the changelog, to know each state's key and partition (it may run with no worker up, and ids
+without batch scope are found only there). Automatic retention runs in a worker, every few seconds when the
+retention is short, so it reads only the summaries and the manifests (their size grows with the batches kept, not
+with the requests): it chooses from the summed counts and writes the manifests, and every worker's purge
+(``app/table_purge``) deletes the batch's states from its disk and tombstones them on the partitions it owns.
+
 The changelog is compacted and keyed by request id, and a restore applies a record without a value as a delete
 (faust's ``apply_changelog_batch``), so a tombstone in the partition the state was written to removes the state
 from every later restore, and compaction removes both once the segment rolls. The tombstones are written first
@@ -13,6 +19,7 @@ results and failure topics, which are left as they are.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
@@ -20,13 +27,14 @@ from dataclasses import dataclass, field, replace
 from aiokafka.structs import ConsumerRecord
 
 from streamproc import codec
+from streamproc.app.summary_reader import read_summaries
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest, decode_manifest, encode_manifest
 from streamproc.codec.summary_record import encode_summary_key
 from streamproc.core.batch_status import BatchesFold, BatchStatus
-from streamproc.core.batch_summary import SummaryKey
+from streamproc.core.batch_summary import SummaryKey, SummaryView
 from streamproc.core.events import RequestState
-from streamproc.core.retention import Forgotten, finished_before, forgotten_at, refusal
+from streamproc.core.retention import Forgotten, Submitted, finished_before, finished_by_counts, forgotten_at, refusal
 from streamproc.core.topology import Topology
 from streamproc.kafka.clients import kafka_producer
 from streamproc.kafka.connection import KafkaConnection
@@ -112,6 +120,32 @@ class BatchForgetter:
         history = await self._read()
         return await self._forget(history, history.finished_before(cutoff_ms), force=False)
 
+    async def forget_finished_by_summaries(self, cutoff_ms: int) -> list[Forgetting]:
+        """Automatic retention's look: forget every batch whose summed summaries say its requests all ended before
+        ``cutoff_ms``, reading no request state. Its manifest and summary keys are written here; its states are
+        deleted and tombstoned by the workers that hold them (``app/table_purge``), so ``states`` is 0."""
+        manifests: dict[str, BatchManifest] = {}
+        view = SummaryView()
+        async with TopicReader(self._kafka, [self._topology.summaries, self._topology.batches]) as reader:
+            async for chunk in reader.chunks_to_end():
+                read_summaries(chunk, self._topology, view)
+                for record in chunk:
+                    if record.topic == self._topology.batches and record.value:
+                        with contextlib.suppress(ValueError):
+                            manifest = decode_manifest(record.value)
+                            manifests[manifest.batch_id] = manifest
+        summed = {batch_id: counts for batch_id, (counts, _at_ms) in view.batches().items()}
+        submitted = {batch_id: Submitted(manifest.submitted, manifest.created_ms, manifest.forgotten is not None)
+                     for batch_id, manifest in manifests.items()}
+        now_ms = self._clock_ms()
+        chosen = {status.batch_id: replace(manifests.get(status.batch_id) or BatchManifest(
+                      status.batch_id, status.submitted, status.first_started_ms, ""),
+                      forgotten=forgotten_at(status, now_ms))
+                  for status in finished_by_counts(summed, submitted, cutoff_ms)}
+        if chosen:
+            await self._write({}, chosen)
+        return [Forgetting(batch_id, 0, manifest.forgotten) for batch_id, manifest in chosen.items()]
+
     async def _read(self) -> BatchHistory:
         history = BatchHistory()
         async with TopicReader(self._kafka, [self._topology.state_changelog, self._topology.batches]) as reader:
@@ -142,18 +176,20 @@ class BatchForgetter:
                                        forgotten=forgotten_at(status, self._clock_ms()))
         if not chosen:
             return outcomes
-        tombstoned = await self._write(history, chosen)
+        tombstoned = await self._write(history.keys, chosen)
         return outcomes + [Forgetting(batch_id, tombstoned.get(batch_id, 0), manifest.forgotten)
                            for batch_id, manifest in chosen.items()]
 
-    async def _write(self, history: BatchHistory, chosen: Mapping[str, BatchManifest]) -> dict[str, int]:
-        """The states' tombstones, acknowledged, then the manifests; returns the tombstones per batch."""
+    async def _write(self, keys: Mapping[bytes, tuple[int, str | None]],
+                     chosen: Mapping[str, BatchManifest]) -> dict[str, int]:
+        """The tombstones of the chosen batches' states among ``keys`` (key -> partition, batch id), acknowledged,
+        then those of their summaries and the manifests; returns the states tombstoned per batch."""
         counts: dict[str, int] = {}
         producer = kafka_producer(self._kafka, **self._producer_options)
         await producer.start()
         try:
             pending: list[asyncio.Future[object]] = []
-            for key, (partition, batch_id) in history.keys.items():
+            for key, (partition, batch_id) in keys.items():
                 if batch_id is None or batch_id not in chosen:
                     continue
                 pending.append(await producer.send(self._topology.state_changelog, key=key, value=None,

@@ -314,8 +314,9 @@ class WorkerRuntime:
         return {tp.partition for tp in assignment if tp.topic == self.topology.requests}
 
     async def _purge_forgotten(self) -> None:
-        """Delete forgotten batches' states from this worker's disk and their answers from its result index."""
-        if getattr(self.app, "rebalancing", False):
+        """Delete forgotten batches' states from this worker's disk and their answers from its result index; only
+        once its partitions are restored (a state the restore writes after the purge would stay)."""
+        if not self._restored():
             return
         try:
             await self.table_purge.run_once()

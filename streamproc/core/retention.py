@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
-from streamproc.core.batch_status import BatchStatus
+from streamproc.core.batch_status import BatchStatus, counted_status
+from streamproc.core.batch_summary import BatchCounts
 from streamproc.core.durations import parse_duration_ms
 
 BATCH_FORGOTTEN: Final = "batch_forgotten"
@@ -63,6 +64,35 @@ def finished_before(status: BatchStatus, cutoff_ms: int) -> bool:
     return status.converged and status.last_progress_ms < cutoff_ms
 
 
+class Submitted(NamedTuple):
+    """What a batch's manifest tells retention: how many requests it submitted, when, and whether it is forgotten."""
+
+    requests: int
+    created_ms: int
+    forgotten: bool = False
+
+
+def finished_by_counts(counts: Mapping[str, BatchCounts], manifests: Mapping[str, Submitted],
+                       cutoff_ms: int) -> list[BatchStatus]:
+    """The batches not forgotten yet whose summed counts (the workers' summaries) say every request ended before
+    ``cutoff_ms``, by batch id: automatic retention's choice, without a read of any request's state.
+
+    A batch is counted as ``status`` counts it (``counted_status``), so a batch with a manifest and no summary
+    yet is pending, not finished; one without a manifest (produced without ``submit``) has the requests its
+    counts hold. The summaries lag the states, never the other way: an ended request stays ended, so a batch
+    they call finished is.
+    """
+    due = []
+    for batch_id in sorted(counts.keys() | manifests.keys()):
+        manifest = manifests.get(batch_id, Submitted(0, 0))
+        if manifest.forgotten:
+            continue
+        status = counted_status(batch_id, counts.get(batch_id, BatchCounts()), manifest.requests, manifest.created_ms)
+        if finished_before(status, cutoff_ms):
+            due.append(status)
+    return due
+
+
 def parse_retention_ms(text: str) -> int | None:
     """A retention such as ``30d``, ``12h``, ``90m`` or bare seconds, in ms; None when it is none of these."""
     text = text.strip()
@@ -74,7 +104,7 @@ def parse_retention_ms(text: str) -> int | None:
 
 def check_interval_s(retain_ms: int) -> float:
     """How often automatic retention looks for batches to forget: a tenth of the retention, at least every hour and
-    at most every 10 s (each look reads the whole changelog)."""
+    at most every 10 s (each look reads the summaries and manifests: their size grows with the batches kept)."""
     return min(3600.0, max(10.0, retain_ms / 10_000))
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from streamproc.app.summary_reader import read_summaries
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.manifest import BatchManifest
 from streamproc.core.batch_lifecycle import Lifecycle
@@ -21,7 +22,7 @@ from streamproc.core.batch_summary import BatchCounts, SummaryView
 from streamproc.core.spend_cap import Cap, spend_json, spend_of
 from streamproc.core.topology import Topology
 from streamproc.kafka.connection import KafkaConnection
-from streamproc.ops.status import decode_caps, decode_records, lifecycle_of, read_status, read_summaries, status_of
+from streamproc.ops.status import decode_caps, decode_records, lifecycle_of, read_status, status_of
 
 COLUMNS = ("BATCH", "CREATED", "STATUS", "TENANT", "PRIORITY", "TOTAL", "SUCCEEDED", "FAILED", "WAITING", "SPEND")
 _LEFT_ALIGNED = 5  # the first columns are words, the rest numbers

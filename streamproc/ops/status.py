@@ -20,11 +20,11 @@ from aiokafka.structs import ConsumerRecord
 
 from streamproc import codec
 from streamproc.app.lag_reader import GroupNotFound, LagError, read_lag
+from streamproc.app.summary_reader import read_summaries
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.batch_cap import decode_batch_cap
 from streamproc.codec.fleet_beat import SPENT_SUFFIX, decode_beat
 from streamproc.codec.manifest import BatchManifest, decode_manifest
-from streamproc.codec.summary_record import decode_summary, decode_summary_key
 from streamproc.core.batch_lifecycle import Lifecycle, lifecycle
 from streamproc.core.batch_stall import BatchStall, GroupView, diagnose, needs_group
 from streamproc.core.batch_status import BatchStatus, StatusFold, counted_status, format_status
@@ -244,19 +244,6 @@ def decode_records(records: Iterable[ConsumerRecord[Any, Any]],
             except codec.CodecError:
                 continue
     return manifests, states
-
-
-def read_summaries(records: Iterable[ConsumerRecord[Any, Any]], topology: Topology, view: SummaryView) -> None:
-    """Put the batch summaries among ``records`` into ``view``, in log order; a record this version cannot read is
-    skipped with a warning (a newer worker's: its batch then shows fewer counts until ``--verify``)."""
-    for record in records:
-        if record.topic != topology.summaries:
-            continue
-        try:
-            key = decode_summary_key(bytes(record.key or b""))
-            view.put(key, *(decode_summary(record.value) if record.value is not None else (None, 0)))
-        except ValueError as exc:
-            log.warning("a batch summary at offset %d was skipped: %s", record.offset, exc)
 
 
 def decode_caps(records: Iterable[ConsumerRecord[Any, Any]], topology: Topology) -> dict[str, Cap]:

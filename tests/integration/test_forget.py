@@ -13,10 +13,10 @@ import pytest
 from rocksdict import AccessType, Rdict
 
 from streamproc.app.bootstrap import resolve_connection
+from streamproc.app.summary_reader import read_summaries
 from streamproc.app.topic_reader import TopicReader
 from streamproc.core.batch_summary import SummaryView
 from streamproc.devstack.chaos.tally import counts_of
-from streamproc.ops.status import read_summaries
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,

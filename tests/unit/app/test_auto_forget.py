@@ -16,7 +16,7 @@ class FakeForgetter:
         self.cutoffs: list[int] = []
         self._fails = fails
 
-    async def forget_finished_before(self, cutoff_ms: int) -> list[Forgetting]:
+    async def forget_finished_by_summaries(self, cutoff_ms: int) -> list[Forgetting]:
         self.cutoffs.append(cutoff_ms)
         if self._fails:
             raise OSError("broker gone")

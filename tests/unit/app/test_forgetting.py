@@ -73,24 +73,33 @@ class FakeProducer:
         self.sent.append((topic, key, value, partition))
 
 
-def test_a_worker_deletes_forgotten_batches_by_key_range_and_tombstones_only_the_partitions_it_owns(
+def test_a_worker_deletes_and_tombstones_forgotten_batches_by_key_range_on_the_partitions_it_owns(
         tmp_path: Path) -> None:
     table, producer = FakeTable(tmp_path, [0, 1]), FakeProducer()
     for partition, key in ((0, b"a/1"), (0, b"ab/1"), (1, b"a/2"), (1, b"b/1"), (0, b"a"), (1, b"a0")):
         table.data._dbs[partition][key] = b"state"
     forgotten: set[str] = set()
-    purge = TablePurge(table, producer, lambda: forgotten, owned=lambda: {1})
+    owned = {1}
+    purge = TablePurge(table, producer, lambda: forgotten, owned=lambda: owned)
     assert asyncio.run(purge.run_once()) == 0
     forgotten.add("a")
-    assert asyncio.run(purge.run_once()) == 2
-    assert [list(table.data._dbs[p].keys()) for p in (0, 1)] == [[b"a", b"ab/1"], [b"a0", b"b/1"]]
+    assert asyncio.run(purge.run_once()) == 1
+    assert [list(table.data._dbs[p].keys()) for p in (0, 1)] == [[b"a", b"a/1", b"ab/1"], [b"a0", b"b/1"]]
     assert producer.sent == [(table.changelog_topic_name, b"a/2", None, 1)]  # partition 0 is a standby here
-    table.data._dbs[0][b"a/3"] = b"state"  # written again meanwhile: the next change of partitions finds it
+    table.data._dbs[1][b"a/3"] = b"state"  # written again meanwhile: not looked for again while owned
     assert asyncio.run(purge.run_once()) == 0  # nothing new: no pass over the partitions
+    owned.add(0)  # its owner died before its pass: the standby taken over is purged of every forgotten batch
     table.data._dbs[2] = Rdict(str(tmp_path / "2"), Options(raw_mode=True))
     table.data._dbs[2][b"a/9"] = b"state"
-    assert asyncio.run(purge.run_once()) == 1  # a new partition is purged of every forgotten batch
-    assert list(table.data._dbs[2].keys()) == []
+    owned.add(2)  # a partition new to this worker too
+    assert asyncio.run(purge.run_once()) == 2
+    assert [list(table.data._dbs[p].keys()) for p in (0, 2)] == [[b"a", b"ab/1"], []]
+    assert producer.sent[1:] == [(table.changelog_topic_name, b"a/1", None, 0),
+                                 (table.changelog_topic_name, b"a/9", None, 2)]
+    owned.discard(1)
+    assert asyncio.run(purge.run_once()) == 0
+    owned.add(1)  # back after another worker owned it: the state written again above goes too
+    assert asyncio.run(purge.run_once()) == 1 and list(table.data._dbs[1].keys()) == [b"a0", b"b/1"]
     for db in table.data._dbs.values():
         db.close()
 

@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 
 from streamproc.core.batch_status import BatchStatus, StatusFold
+from streamproc.core.batch_summary import BatchCounts, LatestState
 from streamproc.core.events import RequestState
-from streamproc.core.retention import Forgotten, finished_before, forgotten_at, parse_retention_ms, refusal
+from streamproc.core.retention import (
+    Forgotten,
+    Submitted,
+    finished_before,
+    finished_by_counts,
+    forgotten_at,
+    parse_retention_ms,
+    refusal,
+)
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 
@@ -65,3 +74,28 @@ def test_results_and_failures_outlive_automatic_retention_by_a_week() -> None:
 
     assert outcomes_retention_ms(None) is None
     assert outcomes_retention_ms(30 * 86_400_000) == 37 * 86_400_000
+
+
+def _counts(batch_id: str, *ends: tuple[RequestStatus, int]) -> BatchCounts:
+    return BatchCounts.of(LatestState.of(RequestState(f"{batch_id}/{index}", status, "h", batch_id=batch_id,
+                                                      created_ms=10, updated_ms=updated_ms))
+                          for index, (status, updated_ms) in enumerate(ends))
+
+
+def test_retention_chooses_from_the_summed_counts_the_batches_that_finished_before_the_cutoff() -> None:
+    done, late = (RequestStatus.SUCCEEDED, 100), (RequestStatus.FAILED, 900)
+    counts = {"old": _counts("old", done, done), "late": _counts("late", done, late),
+              "short": _counts("short", done),  # its manifest says 2: one not seen by a worker yet
+              "moving": _counts("moving", done, (RequestStatus.RETRYING, 50)),
+              "gone": _counts("gone", done),  # a forgotten batch's summary not tombstoned yet
+              "foreign": _counts("foreign", done)}  # produced without submit: no manifest
+    manifests = {"old": Submitted(2, 5), "late": Submitted(2, 5), "short": Submitted(2, 5),
+                 "moving": Submitted(2, 5), "gone": Submitted(1, 5, forgotten=True),
+                 "unseen": Submitted(3, 5)}  # submitted, no worker has counted any of it
+    due = finished_by_counts(counts, manifests, cutoff_ms=500)
+    assert [(status.batch_id, status.submitted, status.last_progress_ms) for status in due] == [
+        ("foreign", 1, 100), ("old", 2, 100)]
+    assert [status.batch_id for status in finished_by_counts(counts, manifests, cutoff_ms=901)] == [
+        "foreign", "late", "old"]
+    assert finished_by_counts(counts, manifests, cutoff_ms=100) == []  # ended at 100: not before it
+    assert forgotten_at(due[1], 1_000) == Forgotten(1_000, 100, 2)
