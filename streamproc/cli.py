@@ -133,13 +133,17 @@ def kafka_options(command: FC) -> FC:
 
 def _settings(ctx: click.Context | None = None) -> Settings:
     """The environment's settings, with ``-b`` and ``--command-config`` over their variables."""
-    from streamproc.codec.releases import write_as_release
     from streamproc.settings import Settings
 
     meta = (ctx or click.get_current_context()).meta
     given = {"kafka_bootstrap": meta.get(_BOOTSTRAP), "kafka_client_properties": meta.get(_COMMAND_CONFIG)}
     settings = Settings(**{name: value for name, value in given.items() if value})
-    write_as_release(settings.upgrade_from)  # every command that writes events writes what that release reads
+    if settings.upgrade_from is not None or "streamproc.codec.framing" in sys.modules:
+        # every command that writes events writes what that release reads; until the Avro side is loaded it
+        # writes the current schemas, so a command that reads no event (status) does not load it
+        from streamproc.codec.releases import write_as_release
+
+        write_as_release(settings.upgrade_from)
     return settings
 
 

@@ -11,24 +11,52 @@ public API is re-exported here, so callers write
 
 from __future__ import annotations
 
-from streamproc.codec.codec_error import CodecError, CodecErrorCode
-from streamproc.codec.framing import (
-    CONFLUENT_MAGIC,
-    SINGLE_OBJECT_MAGIC,
-    Codec,
-    SchemaLookup,
-    confluent_schema_id,
-    decode,
-    encode,
-    encode_confluent,
-    peek_request_id,
-    register_writer_schema,
-    writing_schema,
-)
-from streamproc.codec.json_events import JSON_EVENT_TYPES, encode_json
-from streamproc.codec.json_request import InvalidJsonRequest, is_json, read_json_request
-from streamproc.codec.records import Event, from_avro, to_avro
-from streamproc.codec.writer_schemas import FINGERPRINT_ALGORITHM, avro_schema, schema_fingerprint
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamproc.codec.codec_error import CodecError, CodecErrorCode
+    from streamproc.codec.framing import (
+        CONFLUENT_MAGIC,
+        SINGLE_OBJECT_MAGIC,
+        Codec,
+        SchemaLookup,
+        confluent_schema_id,
+        decode,
+        encode,
+        encode_confluent,
+        peek_request_id,
+        register_writer_schema,
+        writing_schema,
+    )
+    from streamproc.codec.json_events import JSON_EVENT_TYPES, encode_json
+    from streamproc.codec.json_request import InvalidJsonRequest, is_json, read_json_request
+    from streamproc.codec.records import Event, from_avro, to_avro
+    from streamproc.codec.writer_schemas import FINGERPRINT_ALGORITHM, avro_schema, schema_fingerprint
+
+# The re-exports load on first use (PEP 562): importing a small module of the package (``manifest``,
+# ``summary_record``) runs this file, and the Avro side (fastavro, every schema parsed) would cost each such
+# command, ``status`` included, a tenth of a second it never uses.
+_EXPORTED_FROM = {
+    "CodecError": "codec_error", "CodecErrorCode": "codec_error",
+    **dict.fromkeys(("CONFLUENT_MAGIC", "SINGLE_OBJECT_MAGIC", "Codec", "SchemaLookup", "confluent_schema_id",
+                     "decode", "encode", "encode_confluent", "peek_request_id", "register_writer_schema",
+                     "writing_schema"), "framing"),
+    "JSON_EVENT_TYPES": "json_events", "encode_json": "json_events",
+    "InvalidJsonRequest": "json_request", "is_json": "json_request", "read_json_request": "json_request",
+    "Event": "records", "from_avro": "records", "to_avro": "records",
+    "FINGERPRINT_ALGORITHM": "writer_schemas", "avro_schema": "writer_schemas", "schema_fingerprint": "writer_schemas",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTED_FROM.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # the next use is a plain lookup
+    return value
+
 
 __all__ = [
     "CONFLUENT_MAGIC",

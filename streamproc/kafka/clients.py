@@ -14,7 +14,6 @@ from aiokafka.helpers import create_ssl_context
 
 from streamproc.errors import UserFacingError
 from streamproc.kafka.connection import KafkaConnection
-from streamproc.kafka.tokens import token_provider
 
 
 class TlsFilesError(UserFacingError):
@@ -43,7 +42,11 @@ def tls_context(connection: KafkaConnection) -> ssl.SSLContext | None:
 @functools.cache
 def shared_token_provider(connection: KafkaConnection) -> AbstractTokenProvider | None:
     """One provider per connection, so every client shares its cached token."""
-    return token_provider(connection.oauth) if connection.oauth else None
+    if not connection.oauth:
+        return None
+    from streamproc.kafka.tokens import token_provider  # httpx (and what it loads) only for OAUTHBEARER
+
+    return token_provider(connection.oauth)
 
 
 def auth_options(connection: KafkaConnection) -> dict[str, Any]:

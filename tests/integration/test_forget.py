@@ -15,6 +15,7 @@ from rocksdict import AccessType, Rdict
 from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.summary_reader import read_summaries
 from streamproc.app.topic_reader import TopicReader
+from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.batch_summary import SummaryView
 from streamproc.devstack.chaos.tally import counts_of
 from streamproc.settings import Settings
@@ -23,6 +24,7 @@ from tests.integration.pipeline import (
     Outcomes,
     WorkerProcess,
     chat_request,
+    produce,
     produce_requests,
     start_mock,
     worker_env,
@@ -138,7 +140,14 @@ async def _refused(ids: list[str], settings: Settings, *workers: WorkerProcess) 
 
 
 def test_workers_forget_batches_finished_longer_ago_than_the_retention(settings: Settings, tmp_path: Path) -> None:
+    """Chosen from the summaries (no fold of the changelog): the finished batch goes, its states leave the disk and,
+    through the worker's own tombstones, the changelog; a batch that has not finished stays."""
     assert cli(settings, "submit", str(batch_file(tmp_path / "in.jsonl", 10)), "--batch-id", "brief").returncode == 0
+    open_ids = [f"open/c-{i}" for i in range(3)]  # its manifest says 5: two never arrive, so it never finishes
+    opened = [chat_request(request_id, i, batch_id="open") for i, request_id in enumerate(open_ids)]
+    asyncio.run(produce_requests(str(settings.kafka_bootstrap), settings, opened))
+    asyncio.run(produce(str(settings.kafka_bootstrap), settings.topology().batches,
+                        [(b"open", encode_manifest(BatchManifest("open", 5, int(time.time() * 1000), "test")))]))
     mock = start_mock("clean", 5)
     worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", retain_finished="15s"),
                            tmp_path / "worker.log")
@@ -148,7 +157,9 @@ def test_workers_forget_batches_finished_longer_ago_than_the_retention(settings:
         deadline = time.monotonic() + 90  # 15 s after its end, at the next look (every 10 s)
         while (current := status_of(settings, "brief"))["status"] != "forgotten" and time.monotonic() < deadline:
             time.sleep(2)
-        time.sleep(PURGE_WAIT_S)
+        time.sleep(PURGE_WAIT_S + 10)  # a purge pass, and another look of retention that must leave "open" alone
+        still_open = status_of(settings, "open")
+        live = asyncio.run(live_changelog_keys(settings))
     finally:
         worker.stop()
         mock.stop()
@@ -156,4 +167,20 @@ def test_workers_forget_batches_finished_longer_ago_than_the_retention(settings:
     assert current["forgotten_at"] - current["completed_at"] >= 15 and current["succeeded"] == 10
     assert current["completed_at"] == finished["completed_at"]
     assert "automatic retention: forgot batch brief" in worker.log_tail(1_000_000)
-    assert stored_ids(tmp_path / "w1") == []
+    assert "automatic retention: forgot batch open" not in worker.log_tail(1_000_000)
+    assert (still_open["status"], still_open["succeeded"], still_open["pending"]) == ("in_progress", 3, 2), still_open
+    assert stored_ids(tmp_path / "w1") == open_ids
+    assert live == set(open_ids)  # the purge's tombstones took brief's states off the changelog
+
+
+async def live_changelog_keys(settings: Settings) -> set[str]:
+    """The request ids the state changelog still holds a state of (a tombstone takes one out)."""
+    live: set[str] = set()
+    async with TopicReader(resolve_connection(settings), [settings.topology().state_changelog]) as reader:
+        for record in await reader.read_to_end():
+            key = bytes(record.key or b"").decode()
+            if record.value is None:
+                live.discard(key)
+            elif not key.startswith("__"):
+                live.add(key)
+    return live
