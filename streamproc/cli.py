@@ -428,8 +428,8 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
 @click.option("--hours", default=24, show_default=True, type=click.IntRange(1, MAX_HOURS),
               help="With --stream: how many clock hours (UTC) of arrivals and ends to show, the current one last.")
 @click.option("--verify", is_flag=True,
-              help="Count the batch from every request state on the changelog instead of the workers' summaries: "
-                   "slower the more requests were ever made, and a check of the summaries.")
+              help="Count the batch (or the stream) from every request state on the changelog instead of the "
+                   "workers' summaries: slower the more requests were ever made, and a check of the summaries.")
 @json_option("the counts")
 def status(batch_id: str | None, stream: bool, hours: int, verify: bool, as_json: bool) -> None:
     """Counts of a batch: submitted, succeeded, failed per layer, retrying, in flight, pending,
@@ -445,7 +445,7 @@ def status(batch_id: str | None, stream: bool, hours: int, verify: bool, as_json
     say.
 
     With --stream, the requests that name no batch instead: their counts per outcome (failures per layer and
-    code), and per hour how many arrived, succeeded and failed.
+    code), and per hour how many arrived, succeeded and failed, from the workers' summary of them too.
 
     \b
     Example:
@@ -459,7 +459,7 @@ def status(batch_id: str | None, stream: bool, hours: int, verify: bool, as_json
 
     settings = _settings()
     connection, topology = resolve_connection(settings), settings.topology()
-    report = (_run(read_stream_status(connection, topology, hours=hours)) if batch_id is None else
+    report = (_run(read_stream_status(connection, topology, hours=hours, verify=verify)) if batch_id is None else
               _run(read_status(connection, topology, batch_id, stall_after_s=settings.stall_after_s,
                                prices=settings.model_prices, verify=verify)))
     if as_json:

@@ -1,5 +1,5 @@
 """A worker keeps each batch's counts per partition it owns and publishes them to the summary topic (design §4,
-batch summaries).
+batch summaries); the requests that name no batch are counted as the batch None, the stream.
 
 Counts of a partition are built from its RocksDB store once the partition is this worker's and restored (a scan of
 its states in key order, in chunks, so the loop goes on meanwhile), then moved by every state write (TableStore: the
@@ -23,7 +23,7 @@ from typing import Any
 
 from streamproc import codec
 from streamproc.codec.summary_record import encode_summary, encode_summary_key
-from streamproc.core.batch_summary import BatchCounts, LatestState, SummaryKey
+from streamproc.core.batch_summary import HOUR_MS, HOURS_KEPT, BatchCounts, LatestState, SummaryKey, hour_of
 from streamproc.core.events import RequestState
 
 log = logging.getLogger(__name__)
@@ -44,9 +44,9 @@ class BatchSummaries:
         self._owned = owned  # the partitions whose states this worker writes now
         self._forgotten = forgotten  # every batch forgotten so far
         self._ready = ready  # no rebalance under way and the owned partitions restored
-        self._counts: dict[int, dict[str, BatchCounts]] = {}  # partitions counted, or being counted
+        self._counts: dict[int, dict[str | None, BatchCounts]] = {}  # partitions counted, or being counted
         self._cursor: dict[int, bytes | None] = {}  # partitions being counted: the last key counted (None: none)
-        self._changed: dict[int, set[str]] = {}
+        self._changed: dict[int, set[str | None]] = {}
         self._latest: OrderedDict[bytes, RequestState] = OrderedDict()  # states just read or written, by key
 
     def known(self, key: bytes) -> tuple[bool, RequestState | None]:
@@ -64,13 +64,13 @@ class BatchSummaries:
         """A state write: ``replaced`` is the state it overwrote (None: the request's first)."""
         self._remember(key, state)
         batches = self._counts.get(partition)
-        if batches is None or state.batch_id is None:  # not counted yet: the scan will read it
+        if batches is None:  # not counted yet: the scan will read it
             return
         if partition in self._cursor:
             cursor = self._cursor[partition]
             if cursor is None or key > cursor:  # ahead of the scan: it reads the new state
                 return
-        if replaced is not None and replaced.batch_id is not None:
+        if replaced is not None:
             batches.setdefault(replaced.batch_id, BatchCounts()).add(LatestState.of(replaced), -1)
         batches.setdefault(state.batch_id, BatchCounts()).add(LatestState.of(state))
         self._changed.setdefault(partition, set()).add(state.batch_id)
@@ -99,14 +99,19 @@ class BatchSummaries:
             await self._build(partition)
         forgotten = set(self._forgotten())
         now_ms = int(time.time() * 1000)
+        first_hour_ms = hour_of(now_ms) - (HOURS_KEPT - 1) * HOUR_MS
         sends = []
         for partition, batches in list(self._counts.items()):  # a revoke may come while a send waits
             if partition in self._cursor:
                 continue
             changed, self._changed[partition] = self._changed.get(partition, set()), set()
-            for batch_id in sorted(changed | (forgotten & batches.keys())):
+            for batch_id in sorted(changed | (forgotten & batches.keys()), key=lambda batch: batch or ""):
                 # a forgotten batch's tombstone: `forget` wrote them too, but a write of ours may have come after
-                value = None if batch_id in forgotten else encode_summary(batches[batch_id], now_ms)
+                if batch_id in forgotten:
+                    value = None
+                else:
+                    batches[batch_id].drop_hours_before(first_hour_ms)
+                    value = encode_summary(batches[batch_id], now_ms)
                 key = encode_summary_key(SummaryKey(batch_id, partition))
                 sends.append(await self._producer.send(self._topic, key, value, partition=0, timestamp=None,
                                                        headers=None))
@@ -122,7 +127,7 @@ class BatchSummaries:
         """Count the partition's states from its store, in key order and in chunks, yielding between them: a
         write behind the scan's cursor moves the counts (``written``), one ahead of it is read by the scan."""
         db = dict(getattr(self._table.data, "_dbs", {})).get(partition)
-        batches: dict[str, BatchCounts] = {}
+        batches: dict[str | None, BatchCounts] = {}
         self._counts[partition], self._cursor[partition] = batches, None
         scanned = 0
         while db is not None:
@@ -139,8 +144,7 @@ class BatchSummaries:
                     state = codec.decode(raw, RequestState)
                 except (codec.CodecError, TypeError):  # faust's own keys (its offset), undecodable state
                     continue
-                if state.batch_id is not None:
-                    batches.setdefault(state.batch_id, BatchCounts()).add(LatestState.of(state))
+                batches.setdefault(state.batch_id, BatchCounts()).add(LatestState.of(state))
             scanned += len(chunk)
             if len(chunk) < SCAN_CHUNK:
                 break

@@ -12,13 +12,16 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from streamproc.core.events import RequestState
 from streamproc.core.request_state import DEFERRAL_CODES
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 _ENDED = (RequestStatus.SUCCEEDED, RequestStatus.FAILED)
+HOUR_MS: Final = 3_600_000
+HOURS_KEPT: Final = 7 * 24
+"""The clock hours a count of arrivals and ends per hour keeps (``status --stream --hours`` shows at most these)."""
 
 
 class LatestState(NamedTuple):
@@ -61,6 +64,10 @@ class BatchCounts:
     reused: int = 0
     first_created_ms: int = 0
     last_ended_ms: int = 0
+    codes: Counter[str] = field(default_factory=Counter)  # error code -> terminal failures ("unknown": none)
+    arrived: Counter[int] = field(default_factory=Counter)  # clock hour (ms) -> requests first taken in it
+    succeeded_in: Counter[int] = field(default_factory=Counter)  # clock hour (ms) -> requests that succeeded in it
+    failed_in: Counter[int] = field(default_factory=Counter)  # clock hour (ms) -> requests that failed in it
 
     @classmethod
     def of(cls, entries: Iterable[LatestState]) -> BatchCounts:
@@ -72,6 +79,12 @@ class BatchCounts:
     def add(self, entry: LatestState, sign: int = 1) -> None:
         """Count ``entry`` in (``sign`` 1) or, for a state being replaced, out (``sign`` -1)."""
         self.by_status[entry.status.value] += sign
+        self.arrived[entry.created_ms // HOUR_MS * HOUR_MS] += sign  # hour_of, inlined: every state write comes here
+        if entry.status is RequestStatus.SUCCEEDED:
+            self.succeeded_in[entry.updated_ms // HOUR_MS * HOUR_MS] += sign
+        elif entry.status is RequestStatus.FAILED:
+            self.failed_in[entry.updated_ms // HOUR_MS * HOUR_MS] += sign
+            self.codes[entry.code or "unknown"] += sign
         if entry.status is not RequestStatus.PENDING:
             self.tenants[entry.tenant] += sign
             self.priorities[entry.priority] += sign
@@ -102,6 +115,10 @@ class BatchCounts:
             mine = self.usage.get(model, (0, 0))
             self.usage[model] = (mine[0] + prompt, mine[1] + completion)
         self.reused += other.reused
+        self.codes.update(other.codes)
+        for by_hour, other_by_hour in ((self.arrived, other.arrived), (self.succeeded_in, other.succeeded_in),
+                                       (self.failed_in, other.failed_in)):
+            by_hour.update(other_by_hour)
         if other.first_created_ms and (not self.first_created_ms or other.first_created_ms < self.first_created_ms):
             self.first_created_ms = other.first_created_ms
         self.last_ended_ms = max(self.last_ended_ms, other.last_ended_ms)
@@ -110,11 +127,24 @@ class BatchCounts:
     def empty(self) -> bool:
         return not any(self.by_status.values())
 
+    def drop_hours_before(self, first_ms: int) -> None:
+        """Forget the per-hour counts of the hours before ``first_ms``: nothing shows them, and a stream that runs
+        for months would otherwise keep one entry per hour it ran."""
+        for by_hour in (self.arrived, self.succeeded_in, self.failed_in):
+            for hour in [hour for hour in by_hour if hour < first_ms]:
+                del by_hour[hour]
+
+
+def hour_of(ms: int) -> int:
+    """The start of the clock hour (UTC) ``ms`` falls in."""
+    return ms // HOUR_MS * HOUR_MS
+
 
 class SummaryKey(NamedTuple):
-    """Where a summary is kept: one record per (batch, partition of the request topics) on the summary topic."""
+    """Where a summary is kept: one record per (batch, partition of the request topics) on the summary topic;
+    ``batch_id`` None is the stream, the requests that name no batch."""
 
-    batch_id: str
+    batch_id: str | None
     partition: int
 
 
@@ -132,16 +162,20 @@ class SummaryView:
             self.latest[key] = (counts, at_ms)
 
     def batches(self) -> Mapping[str, tuple[BatchCounts, int]]:
-        """Per batch, its partitions' counts summed, and when the newest of them was written (ms)."""
+        """Per batch, its partitions' counts summed, and when the newest of them was written (ms); the stream is
+        not a batch (:meth:`batch` of None)."""
         summed: dict[str, tuple[BatchCounts, int]] = {}
         for key, (counts, at_ms) in self.latest.items():
+            if key.batch_id is None:
+                continue
             total, newest = summed.get(key.batch_id, (BatchCounts(), 0))
             total.merge(counts)
             summed[key.batch_id] = (total, max(newest, at_ms))
         return summed
 
-    def batch(self, batch_id: str) -> tuple[BatchCounts, int]:
-        """One batch's counts summed over its partitions, and when the newest was written (0: no summary)."""
+    def batch(self, batch_id: str | None) -> tuple[BatchCounts, int]:
+        """One batch's counts (None: the stream's) summed over its partitions, and when the newest was written (0:
+        no summary)."""
         total, newest = BatchCounts(), 0
         for key, (counts, at_ms) in self.latest.items():
             if key.batch_id == batch_id:

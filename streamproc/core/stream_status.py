@@ -1,5 +1,6 @@
-"""The stream's counts: the requests that name no batch (design §3, "JSON requests"), folded from the
-request-state changelog as a batch's status is, with how many arrived and ended in each of the last hours.
+"""The stream's counts: the requests that name no batch (design §3, "JSON requests"), from the workers' summary of
+them (core.batch_summary, the batch ``None``) or folded from the request-state changelog (``--verify``), with how
+many arrived and ended in each of the last hours. Both go through :func:`stream_status`, so they agree.
 
 A stream has no manifest and never converges, so what it has instead of ``submitted`` and ``converged`` is
 its rate: per clock hour (UTC), how many requests a worker first took and how many ended, by outcome.
@@ -13,12 +14,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from streamproc.core.batch_summary import LatestState
+from streamproc.core.batch_summary import HOUR_MS, HOURS_KEPT, BatchCounts, LatestState
 from streamproc.core.events import RequestState
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
-HOUR_MS: Final = 3_600_000
-MAX_HOURS: Final = 7 * 24
+__all__ = ["HOUR_MS", "MAX_CODES", "MAX_HOURS", "HourCounts", "StreamFold", "StreamStatus", "stream_status"]
+
+MAX_HOURS: Final = HOURS_KEPT
 """The most hours one view shows: a week, so the output stays a screenful of rows and a small JSON document."""
 MAX_CODES: Final = 10
 """The failure codes a view names, the most frequent first; the rest are summed under ``other``."""
@@ -111,41 +113,27 @@ class StreamFold:
 
     def status(self, now_ms: int, hours: int) -> StreamStatus:
         """The counts, and the ``hours`` clock hours up to the one ``now_ms`` falls in (1 to ``MAX_HOURS``)."""
-        if not 1 <= hours <= MAX_HOURS:
-            raise ValueError(f"hours must be 1 to {MAX_HOURS}, not {hours}")
-        first_ms = (now_ms // HOUR_MS - hours + 1) * HOUR_MS
-        by_status: Counter[RequestStatus] = Counter()
-        failed = dict.fromkeys((layer.value for layer in FailureLayer), 0)
-        codes: Counter[str] = Counter()
-        arrived: Counter[int] = Counter()
-        succeeded: Counter[int] = Counter()
-        failed_in: Counter[int] = Counter()
-        last_ended_ms = 0
-        for entry in self._latest.values():
-            by_status[entry.status] += 1
-            if entry.created_ms >= first_ms:
-                arrived[_hour(entry.created_ms)] += 1
-            if entry.status not in (RequestStatus.SUCCEEDED, RequestStatus.FAILED):
-                continue
-            last_ended_ms = max(last_ended_ms, entry.updated_ms)
-            ended_in = succeeded if entry.status is RequestStatus.SUCCEEDED else failed_in
-            if entry.updated_ms >= first_ms:
-                ended_in[_hour(entry.updated_ms)] += 1
-            if entry.status is RequestStatus.FAILED:
-                failed[(entry.layer or FailureLayer.BUSINESS).value] += 1
-                codes[entry.code or "unknown"] += 1
-        starts = range(first_ms, first_ms + hours * HOUR_MS, HOUR_MS)
-        return StreamStatus(
-            requests=len(self._latest), succeeded=by_status[RequestStatus.SUCCEEDED], failed=failed,
-            failed_codes=_top(codes), retrying=by_status[RequestStatus.RETRYING],
-            in_flight=by_status[RequestStatus.IN_FLIGHT], pending=by_status[RequestStatus.PENDING],
-            hours=tuple(HourCounts(start, arrived[start], succeeded[start], failed_in[start]) for start in starts),
-            last_ended_ms=last_ended_ms,
-        )
+        return stream_status(BatchCounts.of(self._latest.values()), now_ms, hours)
 
 
-def _hour(ms: int) -> int:
-    return ms // HOUR_MS * HOUR_MS
+def stream_status(counts: BatchCounts, now_ms: int, hours: int) -> StreamStatus:
+    """The stream's status from its counts, and the ``hours`` clock hours up to the one ``now_ms`` falls in (1 to
+    ``MAX_HOURS``)."""
+    if not 1 <= hours <= MAX_HOURS:
+        raise ValueError(f"hours must be 1 to {MAX_HOURS}, not {hours}")
+    first_ms = (now_ms // HOUR_MS - hours + 1) * HOUR_MS
+    count = counts.by_status
+    starts = range(first_ms, first_ms + hours * HOUR_MS, HOUR_MS)
+    return StreamStatus(
+        requests=sum(count.values()), succeeded=count[RequestStatus.SUCCEEDED.value],
+        failed={layer.value: counts.failed[layer.value] for layer in FailureLayer},
+        failed_codes=_top(Counter({code: n for code, n in counts.codes.items() if n})),
+        retrying=count[RequestStatus.RETRYING.value], in_flight=count[RequestStatus.IN_FLIGHT.value],
+        pending=count[RequestStatus.PENDING.value],
+        hours=tuple(HourCounts(start, counts.arrived[start], counts.succeeded_in[start], counts.failed_in[start])
+                    for start in starts),
+        last_ended_ms=counts.last_ended_ms,
+    )
 
 
 def _top(codes: Counter[str]) -> dict[str, int]:

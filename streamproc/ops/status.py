@@ -2,8 +2,8 @@
 ``--verify``, the request-state changelog folded instead, whose cost grows with every request ever made), read
 incrementally, and, once the batch has not moved for a while, the workers' consumer group, to say why
 (core.batch_stall); and the deployments out of rotation at the live workers, from their fleet beats
-(core.deployments_out). And the stream: the requests that name no batch, folded from the changelog
-(core.stream_status)."""
+(core.deployments_out). And the stream: the requests that name no batch, from the workers' summary of them (with
+``--verify`` folded from the changelog; core.stream_status)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from streamproc.core.batch_summary import SummaryView
 from streamproc.core.deployments_out import DeploymentOut, FleetOutView, concerning
 from streamproc.core.events import RequestState
 from streamproc.core.spend_cap import Cap, spend_json, spend_of
-from streamproc.core.stream_status import StreamFold, StreamStatus
+from streamproc.core.stream_status import StreamFold, StreamStatus, stream_status
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.connection import KafkaConnection
@@ -136,13 +136,22 @@ async def read_status(kafka: KafkaConnection, topology: Topology, batch_id: str,
                         reader.summary_at_ms)
 
 
-async def read_stream_status(kafka: KafkaConnection, topology: Topology, *, hours: int) -> StreamStatus:
-    """The requests without a batch: their counts, and what arrived and ended in each of the last ``hours``."""
+async def read_stream_status(kafka: KafkaConnection, topology: Topology, *, hours: int,
+                             verify: bool = False) -> StreamStatus:
+    """The requests without a batch: their counts, and what arrived and ended in each of the last ``hours``; from
+    the workers' summary of the stream, or with ``verify`` folded from every state on the changelog."""
+    now_ms = int(time.time() * 1000)
+    if not verify:
+        view = SummaryView()
+        async with TopicReader(kafka, [topology.summaries]) as reader:
+            async for chunk in reader.chunks_to_end():
+                read_summaries(chunk, topology, view)
+        return stream_status(view.batch(None)[0], now_ms, hours)
     fold = StreamFold()
     async with TopicReader(kafka, [topology.state_changelog]) as reader:
         async for chunk in reader.chunks_to_end():
             fold.apply(decode_records(chunk, topology)[1])
-    return fold.status(int(time.time() * 1000), hours)
+    return fold.status(now_ms, hours)
 
 
 class BatchStatusReader:

@@ -166,6 +166,7 @@ def test_requests_without_a_batch_are_counted_by_the_stream_view(settings: Setti
             if view["succeeded"] + view["failed"]["business"] == 4:
                 break
             time.sleep(1)
+        verified = cli(settings, "status", "--stream", "--hours", "2", "--json", "--verify")
     finally:
         worker.stop()
         mock.stop()
@@ -176,6 +177,9 @@ def test_requests_without_a_batch_are_counted_by_the_stream_view(settings: Setti
     hours = view["hours"]
     assert len(hours) == 2 and hours[-1]["start_ms"] <= time.time() * 1000 < hours[-1]["start_ms"] + 3_600_000
     assert [sum(hour[key] for hour in hours) for key in ("arrived", "succeeded", "failed")] == [4, 3, 1]
+    # the workers' summary of the stream (what status --stream reads) counts what the fold of every state counts
+    assert verified.returncode == 0, verified.stderr
+    assert {**json.loads(verified.stdout), "hours": None} == {**view, "hours": None}
     text = cli(settings, "status", "--stream")
     assert text.returncode == 0 and "requests   4\nsucceeded  3\nfailed     1 (" in text.stdout, text.stdout
     assert "invalid_json_request 1" in text.stdout and "last 24h   4 ended" in text.stdout

@@ -6,6 +6,7 @@ The RocksDB store and faust's producer are in-memory fakes (the real ones run in
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -111,3 +112,20 @@ async def test_writes_while_the_scan_runs_are_counted_once_behind_it_and_ahead_o
     [(summary_key, counts)] = producer.sent
     assert summary_key == SummaryKey("a", 0)
     assert counts.by_status == {"in_flight": 4, "succeeded": 2}
+
+
+async def test_the_requests_without_a_batch_are_counted_as_the_stream_and_keep_a_week_of_hours() -> None:
+    now_ms = int(time.time() * 1000)
+    recent = RequestState("s-1", RequestStatus.SUCCEEDED, "h", created_ms=now_ms, updated_ms=now_ms)
+    ancient = RequestState("s-2", RequestStatus.SUCCEEDED, "h", created_ms=1, updated_ms=2)  # a year ago and more
+    store = Store({b"s-1": codec.encode(recent), b"s-2": codec.encode(ancient)})
+    keeper, producer = summaries({0: store}, owned={0}, forgotten=set(), ready=[True])
+    assert await keeper.publish_once() == 1
+    [(key, counts)] = producer.sent
+    hour = now_ms // 3_600_000 * 3_600_000
+    assert key == SummaryKey(None, 0) and counts.by_status == {"succeeded": 2}
+    assert (counts.arrived, counts.succeeded_in) == ({hour: 1}, {hour: 1})  # the ancient hours are not kept
+    producer.sent.clear()
+    keeper.written(0, b"s-3", None, RequestState("s-3", RequestStatus.IN_FLIGHT, "h", created_ms=now_ms))
+    assert await keeper.publish_once() == 1
+    assert producer.sent[0][1].by_status == {"succeeded": 2, "in_flight": 1}

@@ -35,3 +35,13 @@ def test_a_newer_version_or_garbage_is_refused() -> None:
     for garbage in (b"[]", b'{"v": 1}', b'{"v": 1, "at_ms": 1, "counts": {"x": "y"}}'):
         with pytest.raises(ValueError):
             decode_summary(garbage)
+
+
+def test_the_streams_key_and_its_hours_and_codes_round_trip() -> None:
+    key = SummaryKey(None, 7)
+    assert encode_summary_key(key) == b"stream:7" and decode_summary_key(b"stream:7") == key
+    assert decode_summary_key(b"7:stream") == SummaryKey("stream", 7)  # a batch named "stream" is still a batch
+    counts = BatchCounts(by_status=Counter({"failed": 2}), failed=Counter({"business": 2}),
+                         codes=Counter({"invalid_json_request": 2}), arrived=Counter({3_600_000: 2}),
+                         failed_in=Counter({7_200_000: 2}), last_ended_ms=7_200_001)
+    assert decode_summary(encode_summary(counts, 5)) == (counts, 5)

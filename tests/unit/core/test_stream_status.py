@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from streamproc.core.batch_summary import BatchCounts, LatestState
 from streamproc.core.events import RequestState
-from streamproc.core.stream_status import HOUR_MS, MAX_CODES, MAX_HOURS, StreamFold
+from streamproc.core.stream_status import HOUR_MS, MAX_CODES, MAX_HOURS, StreamFold, stream_status
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 NOW = 1_790_000_000_000 // HOUR_MS * HOUR_MS + 20 * 60_000  # 20 minutes into an hour
@@ -87,3 +88,26 @@ def test_an_empty_stream_says_nothing_ended() -> None:
 
 def _hour_text(offset: int) -> str:
     return datetime.fromtimestamp((THIS_HOUR + offset * HOUR_MS) / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def test_the_workers_summed_counts_say_what_the_fold_says() -> None:
+    """Counted per partition as the workers do (each replaced state's share out, the new one's in), summed over
+    the partitions, the stream's status is the fold's."""
+    first = [state("a", RequestStatus.IN_FLIGHT, created_ms=NOW - 3 * HOUR_MS),
+             state("b", RequestStatus.PENDING), state("c", RequestStatus.IN_FLIGHT, created_ms=NOW - HOUR_MS)]
+    then = [state("a", RequestStatus.SUCCEEDED, created_ms=NOW - 3 * HOUR_MS, updated_ms=NOW - 2 * HOUR_MS),
+            state("c", RequestStatus.FAILED, created_ms=NOW - HOUR_MS, layer=FailureLayer.SEMANTIC, code="schema")]
+    fold = StreamFold()
+    fold.apply(first + then)
+    partitions = {"a": BatchCounts(), "b": BatchCounts(), "c": BatchCounts()}  # one partition per request here
+    for before in first:
+        partitions[before.request_id].add(LatestState.of(before))
+    for after in then:
+        replaced = next(s for s in first if s.request_id == after.request_id)
+        partitions[after.request_id].add(LatestState.of(replaced), -1)
+        partitions[after.request_id].add(LatestState.of(after))
+    summed = BatchCounts()
+    for counts in partitions.values():
+        summed.merge(counts)
+    assert stream_status(summed, NOW, 4) == fold.status(NOW, 4)
+    assert [hour.arrived for hour in fold.status(NOW, 4).hours] == [1, 0, 1, 1]
