@@ -18,18 +18,23 @@ from streamproc.core.endpoints import ENDPOINTS, Endpoint, joined_url_problem
 def endpoint_url(base_url: str, endpoint: Endpoint) -> httpx.URL:
     """``endpoint.relative`` joined under ``base_url``; ValueError when the base is unusable or the join leaves
     it."""
+    return joined_url(base_url, endpoint.relative, f"endpoint {endpoint.url}")
+
+
+def joined_url(base_url: str, relative: str, what: str) -> httpx.URL:
+    """``relative`` joined under ``base_url`` and checked to stay under it; ``what`` names it in the error."""
     base = httpx.URL(base_url)
     if base.scheme not in ("http", "https") or not base.host:
         raise ValueError(f"STREAMPROC_LLM_BASE_URL {base_url!r} is not an http(s) URL with a host")
     if base.query or base.fragment:
         raise ValueError(f"STREAMPROC_LLM_BASE_URL {base_url!r} has a query or a fragment: a join would drop it")
     directory = base.copy_with(path=base.path.rstrip("/") + "/")  # a base path is a directory: /v1 -> /v1/
-    joined = directory.join(endpoint.relative)
+    joined = directory.join(relative)
     problem = joined_url_problem((directory.scheme, directory.host, directory.port, directory.path),
                                  (joined.scheme, joined.host, joined.port, joined.path, joined.query.decode(),
                                   joined.fragment))
     if problem is not None:
-        raise ValueError(f"endpoint {endpoint.url} under STREAMPROC_LLM_BASE_URL {base_url!r}: {problem}")
+        raise ValueError(f"{what} under STREAMPROC_LLM_BASE_URL {base_url!r}: {problem}")
     return joined
 
 

@@ -1,0 +1,215 @@
+"""The provider-batch client (streamproc.llm.provider_batches) against the real mock server over HTTP: OpenAI's
+upload, create, retrieve, find-by-metadata, cancel and file downloads, Anthropic's create, retrieve, list, cancel
+and results stream, each answer read into the core's values and each line into the synchronous call's outcome.
+A settable clock moves the batches through their phases without sleeping."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+from pydantic import SecretStr
+
+from streamproc.core.outcome import ConfigurationProblem, Failure
+from streamproc.core.provider_batch_lines import AnsweredLine, anthropic_line, openai_line
+from streamproc.core.provider_batch_objects import BatchPhase
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.llm.api_key import InsecureEndpointError
+from streamproc.llm.provider_batches import AnthropicBatches, BatchCallFailed, OpenAIBatches
+from streamproc.mockllm.batch_settings import BatchSettings
+from streamproc.mockllm.profiles import load_profile
+from streamproc.mockllm.runner import MockLLMHandle, running_mock_llm
+from streamproc.settings import LLMEndpoint
+from tests.mockllm.conftest import Clock
+
+KEY = "sk-batch-test-key"
+SETTINGS = BatchSettings(validating_seconds=1, in_progress_seconds=10, finalizing_seconds=1, cancelling_seconds=1)
+
+
+def endpoint(base_url: str, key: str | None = KEY) -> LLMEndpoint:
+    return LLMEndpoint(base_url=base_url, api_key=SecretStr(key) if key else None, api_key_file=None,
+                       allow_insecure=False, http="httpcore", connect_timeout_s=5, read_timeout_s=10,
+                       max_response_bytes=1 << 20)
+
+
+@pytest.fixture
+async def mock(clock: Clock) -> AsyncIterator[MockLLMHandle]:
+    async with running_mock_llm(replace(load_profile("clean"), batches=SETTINGS), api_key=KEY,
+                                clock=clock) as handle:
+        yield handle
+
+
+@pytest.fixture
+async def openai_batches(mock: MockLLMHandle) -> AsyncIterator[OpenAIBatches]:
+    client = OpenAIBatches(endpoint(mock.url))
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def anthropic_batches(mock: MockLLMHandle) -> AsyncIterator[AnthropicBatches]:
+    client = AnthropicBatches(endpoint(mock.url))
+    yield client
+    await client.aclose()
+
+
+def openai_input(texts: dict[str, str]) -> bytes:
+    return b"".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+                                "body": {"model": "mock-small", "max_tokens": 50,
+                                         "messages": [{"role": "user", "content": text}]}}).encode() + b"\n"
+                    for cid, text in texts.items())
+
+
+def anthropic_input(texts: dict[str, str]) -> bytes:
+    return json.dumps({"requests": [{"custom_id": cid, "params": {
+        "model": "mock-small", "max_tokens": 50, "messages": [{"role": "user", "content": text}]}}
+        for cid, text in texts.items()]}).encode()
+
+
+TEXTS = {"ok-1": "Label this review: great value.", "ok-2": "Label this review: slow delivery.",
+         "limited": "Summarise [mock:rate_limit]", "policy": "Summarise [mock:content_policy]"}
+
+
+async def collect(lines: AsyncIterator[str]) -> list[str]:
+    return [line async for line in lines]
+
+
+async def test_openai_batch_from_upload_to_outcomes(openai_batches: OpenAIBatches, clock: Clock) -> None:
+    file_id = await openai_batches.upload(openai_input(TEXTS))
+    created = await openai_batches.create(file_id, "/v1/chat/completions", metadata={"streamproc_gather": "g-1"})
+    assert (created.provider, created.phase, created.total) == ("openai", BatchPhase.VALIDATING, 4)
+    assert created.metadata == {"streamproc_gather": "g-1"}
+
+    clock.now += 6
+    running = await openai_batches.retrieve(created.batch_id)
+    assert running.phase is BatchPhase.IN_PROGRESS and 0 < running.finished < 4
+    clock.now += 6
+    done = await openai_batches.retrieve(created.batch_id)
+    assert done.phase is BatchPhase.COMPLETED and done.phase.ended and done.finished == 4
+    assert done.output_file_id and done.error_file_id
+
+    outcomes = {}
+    for file_id in (done.output_file_id, done.error_file_id):
+        for line in await collect(openai_batches.file_lines(file_id)):
+            outcome = openai_line(line)
+            outcomes[outcome.custom_id] = outcome.verdict
+    assert set(outcomes) == set(TEXTS)
+    assert isinstance(outcomes["ok-1"], AnsweredLine) and isinstance(outcomes["ok-2"], AnsweredLine)
+    limited, policy = outcomes["limited"], outcomes["policy"]
+    assert isinstance(limited, Failure) and limited.layer is FailureLayer.SERVICE
+    assert isinstance(policy, Failure) and policy.layer is FailureLayer.BUSINESS
+
+
+async def test_openai_finds_a_batch_by_its_metadata(openai_batches: OpenAIBatches) -> None:
+    """A worker killed between create and record finds the batch its gather created, and no other."""
+    file_id = await openai_batches.upload(openai_input(TEXTS))
+    first = await openai_batches.create(file_id, "/v1/chat/completions", metadata={"streamproc_gather": "g-1"})
+    for other in range(3):
+        await openai_batches.create(file_id, "/v1/chat/completions", metadata={"streamproc_gather": f"o-{other}"})
+    found = await openai_batches.find("streamproc_gather", "g-1")
+    assert found is not None and found.batch_id == first.batch_id
+    assert await openai_batches.find("streamproc_gather", "never-created") is None
+    page = await openai_batches.page(limit=2)
+    assert len(page.batches) == 2 and page.has_more and page.last_id == page.batches[-1].batch_id
+
+
+async def test_openai_expired_and_cancelled_batches(openai_batches: OpenAIBatches, clock: Clock) -> None:
+    file_id = await openai_batches.upload(openai_input({f"r{i}": f"Request {i}" for i in range(10)}))
+    expiring = await openai_batches.create(file_id, "/v1/chat/completions", headers={"x-mock-batch": "expire=0.3"})
+    cancelled = await openai_batches.create(file_id, "/v1/chat/completions")
+    clock.now += 3
+    cancelling = await openai_batches.cancel(cancelled.batch_id)
+    assert cancelling.phase is BatchPhase.CANCELLING
+    clock.now += 9
+    expired = await openai_batches.retrieve(expiring.batch_id)
+    assert expired.phase is BatchPhase.EXPIRED and expired.finished == 10
+    assert expired.error_file_id is not None
+    verdicts = [openai_line(line).verdict for line in await collect(openai_batches.file_lines(expired.error_file_id))]
+    assert len(verdicts) == 7 and all(isinstance(v, Failure) and v.code == "batch_expired" for v in verdicts)
+    ended = await openai_batches.retrieve(cancelled.batch_id)
+    assert ended.phase is BatchPhase.CANCELLED
+    with pytest.raises(BatchCallFailed) as refused:
+        await openai_batches.cancel(cancelled.batch_id)  # an ended batch: the mock answers 409
+    assert isinstance(refused.value.outcome, Failure) and refused.value.outcome.http_status == 409
+
+
+async def test_openai_validation_failure_is_a_failed_batch_with_its_errors(
+        openai_batches: OpenAIBatches, clock: Clock) -> None:
+    file_id = await openai_batches.upload(openai_input(TEXTS))
+    batch = await openai_batches.create(file_id, "/v1/chat/completions", headers={"x-mock-batch": "invalid"})
+    clock.now += 2
+    failed = await openai_batches.retrieve(batch.batch_id)
+    assert failed.phase is BatchPhase.FAILED and failed.errors and "invalid" in failed.errors[0]
+
+
+async def test_anthropic_batch_from_create_to_outcomes(anthropic_batches: AnthropicBatches, clock: Clock) -> None:
+    created = await anthropic_batches.create(anthropic_input(TEXTS))
+    assert (created.provider, created.phase, created.total, created.finished) == (
+        "anthropic", BatchPhase.IN_PROGRESS, 4, 0)
+    with pytest.raises(BatchCallFailed):  # no results before the batch ends
+        await collect(anthropic_batches.result_lines(created.batch_id))
+    clock.now += 12
+    done = await anthropic_batches.retrieve(created.batch_id)
+    assert done.phase is BatchPhase.COMPLETED and done.finished == 4 and done.results_url
+    verdicts = {o.custom_id: o.verdict for o in map(anthropic_line,
+                                                    await collect(anthropic_batches.result_lines(done.batch_id)))}
+    assert isinstance(verdicts["ok-1"], AnsweredLine)
+    limited, policy = verdicts["limited"], verdicts["policy"]
+    assert isinstance(limited, Failure) and limited.layer is FailureLayer.SERVICE
+    assert isinstance(policy, Failure) and policy.layer is FailureLayer.BUSINESS
+    page = await anthropic_batches.page()
+    assert [b.batch_id for b in page.batches] == [created.batch_id]
+
+
+async def test_anthropic_expired_and_cancelled_batches(anthropic_batches: AnthropicBatches, clock: Clock) -> None:
+    requests = anthropic_input({f"r{i}": f"Request {i}" for i in range(10)})
+    expiring = await anthropic_batches.create(requests, headers={"x-mock-batch": "expire=0.5"})
+    cancelled = await anthropic_batches.create(requests)
+    clock.now += 3
+    assert (await anthropic_batches.cancel(cancelled.batch_id)).phase is BatchPhase.CANCELLING
+    clock.now += 10
+    expired = await anthropic_batches.retrieve(expiring.batch_id)
+    assert expired.phase is BatchPhase.EXPIRED and expired.finished == 10
+    ended = await anthropic_batches.retrieve(cancelled.batch_id)
+    assert ended.phase is BatchPhase.CANCELLED
+    codes = {o.verdict.code for o in map(anthropic_line, await collect(anthropic_batches.result_lines(
+        cancelled.batch_id))) if isinstance(o.verdict, Failure)}
+    assert codes == {"batch_cancelled"}
+    with pytest.raises(BatchCallFailed):
+        await anthropic_batches.create(requests, headers={"x-mock-batch": "invalid"})  # a 400 at create
+
+
+async def test_a_wrong_key_is_a_configuration_problem_and_is_redacted(mock: MockLLMHandle) -> None:
+    wrong = "sk-wrong-key-0123456789"
+    for client in (OpenAIBatches(endpoint(mock.url, wrong)), AnthropicBatches(endpoint(mock.url, wrong))):
+        try:
+            with pytest.raises(BatchCallFailed) as refused:
+                await client.retrieve("batch_x")
+            assert isinstance(refused.value.outcome, ConfigurationProblem)
+            assert wrong not in str(refused.value)
+        finally:
+            await client.aclose()
+
+
+async def test_a_refused_connection_is_transport(mock: MockLLMHandle) -> None:
+    client = OpenAIBatches(endpoint("http://127.0.0.1:9/v1"))
+    try:
+        with pytest.raises(BatchCallFailed) as refused:
+            await client.retrieve("batch_x")
+        assert isinstance(refused.value.outcome, Failure) and refused.value.outcome.layer is FailureLayer.TRANSPORT
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("batch_id", ["../files", "a/b", "x?y=1", "", "batch x"])
+async def test_an_id_that_is_not_a_plain_token_is_never_sent(openai_batches: OpenAIBatches, mock: MockLLMHandle,
+                                                              batch_id: str) -> None:
+    with pytest.raises(ValueError, match="not a provider id"):
+        await openai_batches.retrieve(batch_id)
+
+
+def test_a_key_over_plain_http_to_a_remote_host_is_refused() -> None:
+    with pytest.raises(InsecureEndpointError, match="clear text"):
+        OpenAIBatches(endpoint("http://llm.example.com/v1"))
