@@ -184,6 +184,14 @@ class OpenAIBatches:
         """The lines of an output or error file, as they are downloaded."""
         return self._http.lines(self._http.url("files", file_id, "content"), f"download file {file_id}")
 
+    async def ended_lines(self, view: ProviderBatchView) -> AsyncIterator[str]:
+        """Every results line of an ended batch: its output file's, then its error file's (a failed batch has
+        neither)."""
+        for file_id in (view.output_file_id, view.error_file_id):
+            if file_id is not None:
+                async for line in self.file_lines(file_id):
+                    yield line
+
     async def _batch(self, method: str, parts: tuple[str, ...], what: str, **kwargs: Any) -> ProviderBatchView:
         doc = await self._http.json(method, self._http.url(*parts), what, **kwargs)
         view: ProviderBatchView = self._http.parsed(what, openai_batch, doc)
@@ -228,6 +236,10 @@ class AnthropicBatches:
         answer's ``results_url``: the key goes to no host an answer names)."""
         return self._http.lines(self._http.url("messages", "batches", batch_id, "results"),
                                 f"read the results of message batch {batch_id}")
+
+    def ended_lines(self, view: ProviderBatchView) -> AsyncIterator[str]:
+        """Every results line of an ended batch."""
+        return self.result_lines(view.batch_id)
 
     async def _batch(self, method: str, parts: tuple[str, ...], what: str, **kwargs: Any) -> ProviderBatchView:
         doc = await self._http.json(method, self._http.url(*parts), what, **kwargs)

@@ -1,7 +1,8 @@
-"""The provider-batch client (streamproc.llm.provider_batches) against the real mock server over HTTP: OpenAI's
-upload, create, retrieve, find-by-metadata, cancel and file downloads, Anthropic's create, retrieve, list, cancel
-and results stream, each answer read into the core's values and each line into the synchronous call's outcome.
-A settable clock moves the batches through their phases without sleeping."""
+"""The provider-batch client (streamproc.llm.provider_batches) and poller (streamproc.llm.provider_batch_poller)
+against the real mock server over HTTP: OpenAI's upload, create, retrieve, find-by-metadata, cancel and file
+downloads, Anthropic's create, retrieve, list, cancel and results stream, each answer read into the core's values
+and each member of an ended batch into exactly one synchronous call's outcome. A settable clock moves the batches
+through their phases without sleeping."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from pydantic import SecretStr
 from streamproc.core.outcome import ConfigurationProblem, Failure
 from streamproc.core.provider_batch_lines import AnsweredLine, anthropic_line, openai_line
 from streamproc.core.provider_batch_objects import BatchPhase
+from streamproc.core.provider_batch_polling import BATCH_FAILED, LINE_MISSING, PollPolicy
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.api_key import InsecureEndpointError
+from streamproc.llm.provider_batch_poller import member_outcomes, wait_until_ended
 from streamproc.llm.provider_batches import AnthropicBatches, BatchCallFailed, OpenAIBatches
 from streamproc.mockllm.batch_settings import BatchSettings
 from streamproc.mockllm.profiles import load_profile
@@ -213,3 +216,91 @@ async def test_an_id_that_is_not_a_plain_token_is_never_sent(openai_batches: Ope
 def test_a_key_over_plain_http_to_a_remote_host_is_refused() -> None:
     with pytest.raises(InsecureEndpointError, match="clear text"):
         OpenAIBatches(endpoint("http://llm.example.com/v1"))
+
+
+class ClockSleep:
+    """The poller's sleep: moves the mock's clock instead of waiting, and keeps the delays it was asked for."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        self.clock.now += seconds
+
+
+POLICY = PollPolicy(first_s=1, max_s=8)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_the_poller_waits_out_a_batch_and_gives_every_member_one_outcome(
+        openai_batches: OpenAIBatches, anthropic_batches: AnthropicBatches, clock: Clock, provider: str) -> None:
+    texts = {f"r{i}": f"Request {i}" for i in range(10)}
+    api: OpenAIBatches | AnthropicBatches
+    if provider == "openai":
+        api = openai_batches
+        file_id = await openai_batches.upload(openai_input(texts))
+        created = await openai_batches.create(file_id, "/v1/chat/completions", headers={"x-mock-batch": "expire=0.5"})
+    else:
+        api = anthropic_batches
+        created = await anthropic_batches.create(anthropic_input(texts), headers={"x-mock-batch": "expire=0.5"})
+    sleep = ClockSleep(clock)
+    ended = await wait_until_ended(api, created.batch_id, POLICY, sleep)
+    assert ended.phase is BatchPhase.EXPIRED
+    assert sleep.delays[0] == 1 and max(sleep.delays) <= 8
+
+    unusable: list[str] = []
+    members = [*texts, "never-sent"]  # a member the provider has no line for
+    outcomes = [o async for o in member_outcomes(api, ended, members, unusable.append)]
+    assert sorted(o.custom_id for o in outcomes) == sorted(members) and unusable == []
+    verdicts = {o.custom_id: o.verdict for o in outcomes}
+    assert sum(isinstance(v, AnsweredLine) for v in verdicts.values()) == 5
+    expired = [v for v in verdicts.values() if isinstance(v, Failure) and v.code == "batch_expired"]
+    assert len(expired) == 5 and all(v.layer is FailureLayer.SERVICE for v in expired)
+    missing = verdicts["never-sent"]
+    assert isinstance(missing, Failure) and missing.code == LINE_MISSING
+
+
+async def test_lines_of_no_open_member_are_reported_not_turned_into_outcomes(
+        openai_batches: OpenAIBatches, clock: Clock) -> None:
+    file_id = await openai_batches.upload(openai_input(TEXTS))
+    created = await openai_batches.create(file_id, "/v1/chat/completions")
+    ended = await wait_until_ended(openai_batches, created.batch_id, POLICY, ClockSleep(clock))
+    unusable: list[str] = []
+    outcomes = [o async for o in member_outcomes(openai_batches, ended, ["ok-1", "ok-2"], unusable.append)]
+    assert [o.custom_id for o in outcomes] == ["ok-1", "ok-2"]
+    assert len(unusable) == 2 and all("not an open member" in u for u in unusable)
+
+
+async def test_a_batch_that_failed_validation_fails_each_member_with_its_errors(
+        openai_batches: OpenAIBatches, clock: Clock) -> None:
+    file_id = await openai_batches.upload(openai_input(TEXTS))
+    created = await openai_batches.create(file_id, "/v1/chat/completions", headers={"x-mock-batch": "invalid"})
+    ended = await wait_until_ended(openai_batches, created.batch_id, POLICY, ClockSleep(clock))
+    outcomes = [o async for o in member_outcomes(openai_batches, ended, list(TEXTS), lambda _: None)]
+    assert [o.custom_id for o in outcomes] == list(TEXTS)
+    assert all(isinstance(o.verdict, Failure) and o.verdict.code == BATCH_FAILED for o in outcomes)
+
+
+async def test_the_poller_stops_on_a_refused_key_and_waits_out_a_failing_poll(mock: MockLLMHandle,
+                                                                              clock: Clock) -> None:
+    refused = OpenAIBatches(endpoint(mock.url, "sk-wrong-key-0123456789"))
+    try:
+        with pytest.raises(BatchCallFailed):
+            await wait_until_ended(refused, "batch_x", POLICY, ClockSleep(clock))
+    finally:
+        await refused.aclose()
+    down = OpenAIBatches(endpoint("http://127.0.0.1:9/v1"))
+    sleep = ClockSleep(clock)
+
+    async def give_up_after_four(seconds: float) -> None:
+        await sleep(seconds)
+        if len(sleep.delays) == 4:
+            raise TimeoutError
+    try:
+        with pytest.raises(TimeoutError):
+            await wait_until_ended(down, "batch_x", POLICY, give_up_after_four)
+    finally:
+        await down.aclose()
+    assert sleep.delays == [2, 4, 8, 8]  # transport failures back off, and are not the end
