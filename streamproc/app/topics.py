@@ -118,8 +118,8 @@ SUMMARIES = {**COMPACTED, "segment.ms": str(10 * 60 * 1000)}
 async def ensure_pipeline_topics(kafka: KafkaConnection, topology: Topology,
                                  replication: ReplicationRequest = AUTOMATIC) -> Replication:
     """Every topic of the pipeline: the request-carrying ones co-partitioned, the batch manifests, the workers'
-    beats and the batch summaries compacted, the results and failure topics kept longer than automatic retention
-    keeps a batch (when it is on: ``Topology.keep_outcomes_ms``).
+    beats, the batch summaries and the open provider batches compacted, the results and failure topics kept
+    longer than automatic retention keeps a batch (when it is on: ``Topology.keep_outcomes_ms``).
 
     The state table's changelog is created here too, before any worker starts: when faust creates it
     itself, its consumer can cache metadata taken while the new topic has no partitions yet, and then
@@ -130,7 +130,9 @@ async def ensure_pipeline_topics(kafka: KafkaConnection, topology: Topology,
     kept = ({} if topology.keep_outcomes_ms is None else
             {topic: {"retention.ms": str(topology.keep_outcomes_ms)} for topic in topology.outcomes})
     return await ensure_topics(kafka, {**topology.all_topics(), topology.state_changelog: topology.partitions,
-                                           topology.batches: 1, topology.fleet: 1, topology.summaries: 1},
+                                           topology.batches: 1, topology.fleet: 1, topology.summaries: 1,
+                                           topology.provider_batches: 1},
                                configs={**kept, topology.batches: COMPACTED, topology.state_changelog: STATE_CHANGELOG,
-                                        topology.fleet: FLEET, topology.summaries: SUMMARIES},
+                                        topology.fleet: FLEET, topology.summaries: SUMMARIES,
+                                        topology.provider_batches: COMPACTED},
                                replication=replication)

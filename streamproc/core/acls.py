@@ -8,7 +8,8 @@ command touches:
   them, the state changelog included: Create + Describe on ``<prefix>.`` and on the changelog;
 * the worker consumes ``<prefix>.requests``, the retry tiers and the manifests, writes results, failures, retries
   and dead letters, reads and writes the workers' beats (``<prefix>.fleet``), writes the batch summaries
-  (``<prefix>.summaries``) and describes its group (the beats'
+  (``<prefix>.summaries``), will read and write the open provider batches (``<prefix>.provider-batches``,
+  issue 31: nothing does yet) and describes its group (the beats'
   fallback), and faust creates, writes and reads its own topics, all named ``<app_id>-...`` (the table's
   changelog, its leader topic); its group is the app id;
 * idempotent producers (submit, cancel, backfill, the worker) need IdempotentWrite on the cluster;

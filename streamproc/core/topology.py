@@ -65,6 +65,12 @@ class Topology:
         return f"{self.prefix}.summaries"
 
     @property
+    def provider_batches(self) -> str:
+        """The open provider batches, one record per gather (compacted, one partition): see
+        :mod:`streamproc.codec.provider_batch_record`."""
+        return f"{self.prefix}.provider-batches"
+
+    @property
     def inputs(self) -> list[str]:
         """The topics the workers' group consumes: new requests and every retry tier."""
         return [self.requests, *(self.retry(tier) for tier in self.tiers)]

@@ -32,7 +32,7 @@ def topology(prefix: str = "llm", app_id: str | None = None) -> Topology:
 
 
 def pipeline_topics(t: Topology) -> list[str]:
-    return [*t.all_topics(), t.batches, t.fleet, t.state_changelog]
+    return [*t.all_topics(), t.batches, t.fleet, t.summaries, t.provider_batches, t.state_changelog]
 
 
 @pytest.mark.parametrize("t", [topology(), topology("acme"), topology("llm", "team-a")])
@@ -71,6 +71,7 @@ def test_the_submitter_sends_reads_outcomes_and_watches_the_group_but_never_acts
 
     assert not permits(plan, SUBMITTER, "Write", TOPIC, t.results)
     assert not permits(plan, SUBMITTER, "Write", TOPIC, t.state_changelog)
+    assert not permits(plan, SUBMITTER, "Write", TOPIC, t.provider_batches)  # only workers create provider batches
     assert not permits(plan, SUBMITTER, "Read", TOPIC, t.requests)
     assert not permits(plan, SUBMITTER, "Write", TOPIC, t.retry(t.tiers[0]))
     assert not permits(plan, SUBMITTER, "Read", GROUP, t.app_id)  # cannot join or move the workers' offsets

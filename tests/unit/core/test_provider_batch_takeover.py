@@ -1,0 +1,44 @@
+"""A provider batch's durable record (issue 31): the states a takeover reads, the custom ids its lines carry,
+and the batch a creating record adopts."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamproc.core.provider_batch_objects import BatchPhase, ProviderBatchView
+from streamproc.core.provider_batch_takeover import ProviderBatchRecord, RecordState, member_custom_id, next_step
+
+RECORD = ProviderBatchRecord("g-1", "anthropic", "claude", 2, ("a/1", "b 2", "c"), RecordState.CREATING, 10, 10)
+
+
+def test_a_takeover_finds_a_creating_batch_polls_an_open_one_and_forgets_an_ended_one() -> None:
+    assert next_step(RECORD) == "find"
+    opened = RECORD.opened(ProviderBatchView("anthropic", "msgbatch_1", BatchPhase.IN_PROGRESS, 3, 0), 20)
+    assert (opened.state, opened.provider_batch_id, opened.updated_ms, opened.created_ms) == (
+        RecordState.OPEN, "msgbatch_1", 20, 10)
+    assert next_step(opened) == "poll"
+    assert next_step(opened.ended(30)) == "forget"
+
+
+def test_a_batch_of_another_provider_is_not_adopted() -> None:
+    with pytest.raises(ValueError, match="openai's"):
+        RECORD.opened(ProviderBatchView("openai", "batch_1", BatchPhase.VALIDATING, 3, 0), 20)
+
+
+def test_custom_ids_are_positions_and_name_their_members_back() -> None:
+    assert RECORD.custom_ids() == ["m0", "m1", "m2"]
+    assert [RECORD.member(custom_id) for custom_id in RECORD.custom_ids()] == list(RECORD.members)
+    for stranger in ("m3", "m01", "m-1", "x0", "m", "", "m1 "):
+        assert RECORD.member(stranger) is None, stranger
+    assert member_custom_id(41) == "m41"
+
+
+@pytest.mark.parametrize("broken", [
+    {"gather_id": ""}, {"members": ()}, {"partition": -1},
+    {"state": RecordState.OPEN},  # an open record without the provider's id
+])
+def test_a_record_that_cannot_be_taken_over_is_refused(broken: dict[str, object]) -> None:
+    fields = {"gather_id": "g", "provider": "openai", "model": "m", "partition": 0, "members": ("r",),
+              "state": RecordState.CREATING, "created_ms": 1, "updated_ms": 1, **broken}
+    with pytest.raises(ValueError):
+        ProviderBatchRecord(**fields)  # type: ignore[arg-type]
