@@ -32,10 +32,12 @@ async def test_the_state_changelog_is_compacted_with_hourly_segments_and_the_req
     topology = settings.topology()
     await ensure_pipeline_topics(KafkaConnection(bootstrap=settings.kafka_bootstrap), topology)
     configs = await topic_configs(settings.kafka_bootstrap,
-                                  [topology.state_changelog, topology.batches, topology.requests],
+                                  [topology.state_changelog, topology.batches, topology.provider_batches,
+                                   topology.requests],
                                   {"cleanup.policy", "segment.ms"})
     assert configs[topology.state_changelog] == {"cleanup.policy": "compact", "segment.ms": "3600000"}
     assert configs[topology.batches] == {"cleanup.policy": "compact", "segment.ms": "604800000"}  # the default
+    assert configs[topology.provider_batches] == {"cleanup.policy": "compact", "segment.ms": "604800000"}
     assert configs[topology.requests] == {"cleanup.policy": "delete", "segment.ms": "604800000"}
 
 
