@@ -14,9 +14,19 @@ import pytest
 from pydantic import SecretStr
 
 from streamproc.core.outcome import ConfigurationProblem, Failure
+from streamproc.core.provider_batch_gatherer import ANTHROPIC_LIMITS, OPENAI_LIMITS, BatchGatherer, PendingLine
 from streamproc.core.provider_batch_lines import AnsweredLine, anthropic_line, openai_line
 from streamproc.core.provider_batch_objects import BatchPhase
 from streamproc.core.provider_batch_polling import BATCH_FAILED, LINE_MISSING, PollPolicy
+from streamproc.core.provider_batch_requests import anthropic_body, anthropic_request
+from streamproc.core.provider_batch_requests import openai_line as openai_request_line
+from streamproc.core.provider_batch_takeover import (
+    GATHER_METADATA_KEY,
+    ProviderBatchRecord,
+    RecordState,
+    member_custom_id,
+    next_step,
+)
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.api_key import InsecureEndpointError
 from streamproc.llm.provider_batch_poller import member_outcomes, wait_until_ended
@@ -304,3 +314,60 @@ async def test_the_poller_stops_on_a_refused_key_and_waits_out_a_failing_poll(mo
     finally:
         await down.aclose()
     assert sleep.delays == [2, 4, 8, 8]  # transport failures back off, and are not the end
+
+
+def chat(text: str) -> dict[str, object]:
+    return {"model": "mock-small", "max_tokens": 50, "messages": [{"role": "user", "content": text}]}
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_gathered_batch_goes_from_requests_to_each_request_s_outcome(
+        openai_batches: OpenAIBatches, anthropic_batches: AnthropicBatches, clock: Clock, provider: str) -> None:
+    """The parts in the order the route will use them: gather, record as creating, create, record as open, wait,
+    and each request id's outcome through its position's custom id."""
+    requests = {"req/ä 1": "Label this review: great value.", "req:2": "Summarise [mock:rate_limit]",
+                "req-3": "Label this review: slow delivery."}
+    gatherer = BatchGatherer(OPENAI_LIMITS if provider == "openai" else ANTHROPIC_LIMITS)
+    build = openai_request_line if provider == "openai" else anthropic_request
+    for index, text in enumerate(requests.values()):
+        assert gatherer.add(PendingLine(member_custom_id(index), "mock-small", build(member_custom_id(index),
+                                                                                     chat(text))), 0) == []
+    (sealed,) = gatherer.flush()
+    record = ProviderBatchRecord("g-1", "openai" if provider == "openai" else "anthropic", sealed.model, 0,
+                                 tuple(requests), RecordState.CREATING, 0, 0)
+    api: OpenAIBatches | AnthropicBatches
+    if provider == "openai":
+        api = openai_batches
+        body = b"".join(line.line + b"\n" for line in sealed.lines)
+        assert len(body) == sealed.size_bytes
+        view = await openai_batches.create(await openai_batches.upload(body), "/v1/chat/completions",
+                                           metadata={GATHER_METADATA_KEY: record.gather_id})
+    else:
+        api = anthropic_batches
+        view = await anthropic_batches.create(anthropic_body([line.line for line in sealed.lines]))
+    record = record.opened(view, 1)
+    ended = await wait_until_ended(api, record.provider_batch_id or "", POLICY, ClockSleep(clock))
+    by_request = {record.member(o.custom_id): o.verdict
+                  async for o in member_outcomes(api, ended, record.custom_ids(), lambda _: None)}
+    assert set(by_request) == set(requests)
+    assert isinstance(by_request["req/ä 1"], AnsweredLine) and isinstance(by_request["req-3"], AnsweredLine)
+    limited = by_request["req:2"]
+    assert isinstance(limited, Failure) and limited.layer is FailureLayer.SERVICE
+
+
+async def test_a_takeover_adopts_the_batch_a_crashed_worker_created_instead_of_creating_it_again(
+        openai_batches: OpenAIBatches, mock: MockLLMHandle) -> None:
+    creating = ProviderBatchRecord("g-crash", "openai", "mock-small", 0, ("r1", "r2"), RecordState.CREATING, 0, 0)
+    body = b"".join(openai_request_line(cid, chat("Hello")) + b"\n" for cid in creating.custom_ids())
+    # the worker created the batch, then was killed before it wrote the open record
+    created = await openai_batches.create(await openai_batches.upload(body), "/v1/chat/completions",
+                                          metadata={GATHER_METADATA_KEY: creating.gather_id})
+    await openai_batches.create(await openai_batches.upload(body), "/v1/chat/completions",
+                                metadata={GATHER_METADATA_KEY: "another-gather"})
+    # whoever owns the partition next reads the creating record
+    assert next_step(creating) == "find"
+    found = await openai_batches.find(GATHER_METADATA_KEY, creating.gather_id)
+    assert found is not None
+    adopted = creating.opened(found, 5)
+    assert adopted.provider_batch_id == created.batch_id and next_step(adopted) == "poll"
+    assert mock.stats()["batches"]["openai"]["created"] == 2  # no third batch
