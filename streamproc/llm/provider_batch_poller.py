@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Protocol
+from typing import Final, Protocol
 
 from streamproc.core.outcome import ConfigurationProblem
 from streamproc.core.provider_batch_lines import LineOutcome, MalformedLine, anthropic_line, openai_line
@@ -21,7 +21,10 @@ from streamproc.core.provider_batch_polling import (
     first_poll,
     missing_outcomes,
 )
+from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.provider_batches import BatchCallFailed
+
+_PASSING: Final = frozenset({FailureLayer.TRANSPORT, FailureLayer.SERVICE})  # failures a later poll may not meet
 
 
 class BatchApi(Protocol):
@@ -34,14 +37,15 @@ class BatchApi(Protocol):
 
 async def wait_until_ended(api: BatchApi, batch_id: str, policy: PollPolicy,
                            sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> ProviderBatchView:
-    """Poll until the batch has ended, backing off as the policy says. A failed poll is waited out (the batch is
-    still open at the provider); a configuration problem (a refused key) is raised: no poll can succeed."""
+    """Poll until the batch has ended, backing off as the policy says. A transport or service failure is waited
+    out (the batch is still open at the provider); any other (a refused key, an unknown batch id, a 400) is
+    raised: the same poll would get the same answer forever."""
     state = first_poll(policy)
     while True:
         try:
             view = await api.retrieve(batch_id)
         except BatchCallFailed as exc:
-            if isinstance(exc.outcome, ConfigurationProblem):
+            if isinstance(exc.outcome, ConfigurationProblem) or exc.outcome.layer not in _PASSING:
                 raise
             state = after_failure(policy, state, exc.outcome.retry_after_ms)
         else:

@@ -293,14 +293,18 @@ async def test_a_batch_that_failed_validation_fails_each_member_with_its_errors(
     assert all(isinstance(o.verdict, Failure) and o.verdict.code == BATCH_FAILED for o in outcomes)
 
 
-async def test_the_poller_stops_on_a_refused_key_and_waits_out_a_failing_poll(mock: MockLLMHandle,
-                                                                              clock: Clock) -> None:
+async def test_the_poller_stops_on_a_refused_key_and_waits_out_a_failing_poll(
+        mock: MockLLMHandle, openai_batches: OpenAIBatches, clock: Clock) -> None:
     refused = OpenAIBatches(endpoint(mock.url, "sk-wrong-key-0123456789"))
     try:
         with pytest.raises(BatchCallFailed):
             await wait_until_ended(refused, "batch_x", POLICY, ClockSleep(clock))
     finally:
         await refused.aclose()
+    never_sleeps = ClockSleep(clock)
+    with pytest.raises(BatchCallFailed, match="404"):  # an unknown batch: no later poll finds it either
+        await wait_until_ended(openai_batches, "batch_unknown", POLICY, never_sleeps)
+    assert never_sleeps.delays == []
     down = OpenAIBatches(endpoint("http://127.0.0.1:9/v1"))
     sleep = ClockSleep(clock)
 
