@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, Literal
 
@@ -58,6 +59,7 @@ class ProviderBatchView:
     results_url: str | None = None
     metadata: Mapping[str, str] | None = None
     errors: tuple[str, ...] = ()
+    created_ms: int | None = None  # when the provider created it (its clock)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ def openai_batch(doc: Any) -> ProviderBatchView:
         error_file_id=_optional_text(obj, "error_file_id"),
         metadata={k: v for k, v in metadata.items() if isinstance(v, str)} if isinstance(metadata, dict) else None,
         errors=problems,
+        created_ms=_unix_ms(obj.get("created_at")),
     )
 
 
@@ -123,7 +126,8 @@ def anthropic_batch(doc: Any) -> ProviderBatchView:
         raise MalformedAnswer(f"message batch {obj.get('id')!r}: unknown processing_status {status!r}")
     finished = sum(by_end.values())
     return ProviderBatchView("anthropic", _text(obj, "id"), phase, finished + _count(counts, "processing"), finished,
-                             results_url=_optional_text(obj, "results_url"))
+                             results_url=_optional_text(obj, "results_url"),
+                             created_ms=_rfc3339_ms(_optional_text(obj, "created_at")))
 
 
 def batch_page(doc: Any, parse: Callable[[Any], ProviderBatchView]) -> BatchPage:
@@ -133,6 +137,24 @@ def batch_page(doc: Any, parse: Callable[[Any], ProviderBatchView]) -> BatchPage
     if not isinstance(data, list):
         raise MalformedAnswer("a list answer without a data array")
     return BatchPage(tuple(parse(item) for item in data), obj.get("has_more") is True, _optional_text(obj, "last_id"))
+
+
+def _unix_ms(seconds: Any) -> int | None:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return None
+    return round(seconds * 1000)
+
+
+def _rfc3339_ms(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise MalformedAnswer(f"created_at is not an RFC 3339 time: {text!r}") from None
+    if moment.tzinfo is None:
+        raise MalformedAnswer(f"created_at has no time zone: {text!r}")
+    return round(moment.timestamp() * 1000)
 
 
 def _object(doc: Any, what: str) -> dict[str, Any]:

@@ -8,8 +8,8 @@ create call and the ``open`` record leaves a ``creating`` record; whoever owns i
 provider's newest batches for one with that metadata (:func:`next_step` says ``find``) and adopts it
 (:meth:`ProviderBatchRecord.opened`), creating again only when none is found. So a provider batch is created
 twice only when the provider's list does not yet show a batch it created (not seen on the mock; OpenAI does not
-document the list's consistency). Anthropic's batches carry no metadata: for them ``find`` has nothing to match
-on yet (design §8).
+document the list's consistency). Anthropic's batches carry no metadata: for them :func:`adoptable` matches the
+request count and the creation time, which two gathers of one size created at once make ambiguous.
 
 Members are the requests' ids in line order; a line's ``custom_id`` is its position (``m<index>``), since a
 request id may hold any text and Anthropic takes 1-64 characters of ``[A-Za-z0-9_-]``.
@@ -19,6 +19,7 @@ Not wired into the worker yet (design §8).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final, Literal
@@ -26,6 +27,7 @@ from typing import Final, Literal
 from streamproc.core.provider_batch_objects import Provider, ProviderBatchView
 
 GATHER_METADATA_KEY: Final = "streamproc_gather"  # the metadata key that carries the gather id on OpenAI
+CLOCK_SKEW_MS: Final = 5 * 60_000  # how far the provider's clock and ours may differ, and a create call take
 _MEMBER_PREFIX: Final = "m"
 
 
@@ -84,6 +86,25 @@ def member_custom_id(index: int) -> str:
 Step = Literal["find", "poll", "forget"]
 _STEPS: Final[dict[RecordState, Step]] = {RecordState.CREATING: "find", RecordState.OPEN: "poll",
                                           RecordState.ENDED: "forget"}
+
+
+def adoptable(record: ProviderBatchRecord, candidates: Iterable[ProviderBatchView], taken: Collection[str],
+              skew_ms: int = CLOCK_SKEW_MS) -> ProviderBatchView | None:
+    """The batch a ``creating`` record's create call made, among the provider's newest ``candidates``, or None.
+
+    On OpenAI the batch whose metadata carries the gather id. Anthropic's batches carry no metadata: there, the
+    one batch with as many requests as the record has members, created within ``skew_ms`` of the record, that
+    no other record holds (``taken``: the provider ids of the other records). Two such batches (two gathers of
+    the same size created within the skew, one of them not yet recorded) are ambiguous: None, and the caller
+    creates again; the batch it did not adopt is billed, but no record names it, so none of its lines becomes
+    an outcome."""
+    mine = [c for c in candidates if c.provider == record.provider]
+    if record.provider == "openai":
+        return next((c for c in mine if c.metadata and c.metadata.get(GATHER_METADATA_KEY) == record.gather_id),
+                    None)
+    fitting = [c for c in mine if c.batch_id not in taken and c.total == len(record.members)
+               and c.created_ms is not None and abs(c.created_ms - record.created_ms) <= skew_ms]
+    return fitting[0] if len(fitting) == 1 else None
 
 
 def next_step(record: ProviderBatchRecord) -> Step:

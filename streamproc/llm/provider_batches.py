@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Final
@@ -35,6 +35,7 @@ from streamproc.core.provider_batch_objects import (
     openai_batch,
     openai_file_id,
 )
+from streamproc.core.provider_batch_takeover import CLOCK_SKEW_MS, ProviderBatchRecord, adoptable
 from streamproc.core.redact import redact
 from streamproc.core.verdict import classify_http_error
 from streamproc.core.vocabulary import FailureLayer
@@ -168,18 +169,6 @@ class OpenAIBatches:
         page: BatchPage = self._http.parsed(what, lambda d: batch_page(d, openai_batch), doc)
         return page
 
-    async def find(self, key: str, value: str, max_pages: int = 10) -> ProviderBatchView | None:
-        """The newest batch whose metadata has ``key: value`` among the newest ``max_pages`` pages (a batch this
-        worker's gather created before it could record it is among the newest), or None."""
-        after = None
-        for _ in range(max_pages):
-            page = await self.page(after)
-            found = next((b for b in page.batches if b.metadata and b.metadata.get(key) == value), None)
-            if found is not None or not page.has_more or page.last_id is None:
-                return found
-            after = page.last_id
-        return None
-
     def file_lines(self, file_id: str) -> AsyncIterator[str]:
         """The lines of an output or error file, as they are downloaded."""
         return self._http.lines(self._http.url("files", file_id, "content"), f"download file {file_id}")
@@ -248,6 +237,24 @@ class AnthropicBatches:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+async def find_created(api: OpenAIBatches | AnthropicBatches, record: ProviderBatchRecord, taken: Collection[str],
+                       max_pages: int = 10) -> ProviderBatchView | None:
+    """The batch a ``creating`` record's create call made, if the provider has it
+    (:func:`streamproc.core.provider_batch_takeover.adoptable`): the provider's batches, newest first, are read
+    until they are older than the record by more than the clock skew (or ``max_pages`` pages)."""
+    candidates: list[ProviderBatchView] = []
+    after = None
+    for _ in range(max_pages):
+        page = await api.page(after)
+        candidates += page.batches
+        oldest = page.batches[-1].created_ms if page.batches else None
+        if (not page.has_more or page.last_id is None
+                or (oldest is not None and oldest < record.created_ms - CLOCK_SKEW_MS)):
+            break
+        after = page.last_id
+    return adoptable(record, candidates, taken)
 
 
 async def _first_bytes(response: httpx.Response, limit: int) -> bytes:

@@ -1,12 +1,14 @@
 """The provider-batch client (streamproc.llm.provider_batches) and poller (streamproc.llm.provider_batch_poller)
-against the real mock server over HTTP: OpenAI's upload, create, retrieve, find-by-metadata, cancel and file
+against the real mock server over HTTP: OpenAI's upload, create, retrieve, list, cancel and file
 downloads, Anthropic's create, retrieve, list, cancel and results stream, each answer read into the core's values
-and each member of an ended batch into exactly one synchronous call's outcome. A settable clock moves the batches
+and each member of an ended batch into exactly one synchronous call's outcome, and the batch a crashed worker
+created found again. A settable clock moves the batches
 through their phases without sleeping."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -30,7 +32,7 @@ from streamproc.core.provider_batch_takeover import (
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.api_key import InsecureEndpointError
 from streamproc.llm.provider_batch_poller import member_outcomes, wait_until_ended
-from streamproc.llm.provider_batches import AnthropicBatches, BatchCallFailed, OpenAIBatches
+from streamproc.llm.provider_batches import AnthropicBatches, BatchCallFailed, OpenAIBatches, find_created
 from streamproc.mockllm.batch_settings import BatchSettings
 from streamproc.mockllm.profiles import load_profile
 from streamproc.mockllm.runner import MockLLMHandle, running_mock_llm
@@ -115,17 +117,14 @@ async def test_openai_batch_from_upload_to_outcomes(openai_batches: OpenAIBatche
     assert isinstance(policy, Failure) and policy.layer is FailureLayer.BUSINESS
 
 
-async def test_openai_finds_a_batch_by_its_metadata(openai_batches: OpenAIBatches) -> None:
-    """A worker killed between create and record finds the batch its gather created, and no other."""
+async def test_batches_are_listed_newest_first_in_pages(openai_batches: OpenAIBatches) -> None:
     file_id = await openai_batches.upload(openai_input(TEXTS))
-    first = await openai_batches.create(file_id, "/v1/chat/completions", metadata={"streamproc_gather": "g-1"})
-    for other in range(3):
-        await openai_batches.create(file_id, "/v1/chat/completions", metadata={"streamproc_gather": f"o-{other}"})
-    found = await openai_batches.find("streamproc_gather", "g-1")
-    assert found is not None and found.batch_id == first.batch_id
-    assert await openai_batches.find("streamproc_gather", "never-created") is None
+    created = [await openai_batches.create(file_id, "/v1/chat/completions") for _ in range(3)]
     page = await openai_batches.page(limit=2)
-    assert len(page.batches) == 2 and page.has_more and page.last_id == page.batches[-1].batch_id
+    assert [b.batch_id for b in page.batches] == [created[2].batch_id, created[1].batch_id]
+    assert page.has_more and page.last_id == created[1].batch_id
+    rest = await openai_batches.page(page.last_id, limit=2)
+    assert [b.batch_id for b in rest.batches] == [created[0].batch_id] and not rest.has_more
 
 
 async def test_openai_expired_and_cancelled_batches(openai_batches: OpenAIBatches, clock: Clock) -> None:
@@ -359,9 +358,14 @@ async def test_a_gathered_batch_goes_from_requests_to_each_request_s_outcome(
     assert isinstance(limited, Failure) and limited.layer is FailureLayer.SERVICE
 
 
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 async def test_a_takeover_adopts_the_batch_a_crashed_worker_created_instead_of_creating_it_again(
         openai_batches: OpenAIBatches, mock: MockLLMHandle) -> None:
-    creating = ProviderBatchRecord("g-crash", "openai", "mock-small", 0, ("r1", "r2"), RecordState.CREATING, 0, 0)
+    creating = ProviderBatchRecord("g-crash", "openai", "mock-small", 0, ("r1", "r2"), RecordState.CREATING,
+                                   now_ms(), now_ms())
     body = b"".join(openai_request_line(cid, chat("Hello")) + b"\n" for cid in creating.custom_ids())
     # the worker created the batch, then was killed before it wrote the open record
     created = await openai_batches.create(await openai_batches.upload(body), "/v1/chat/completions",
@@ -370,8 +374,25 @@ async def test_a_takeover_adopts_the_batch_a_crashed_worker_created_instead_of_c
                                 metadata={GATHER_METADATA_KEY: "another-gather"})
     # whoever owns the partition next reads the creating record
     assert next_step(creating) == "find"
-    found = await openai_batches.find(GATHER_METADATA_KEY, creating.gather_id)
+    found = await find_created(openai_batches, creating, taken=set())
     assert found is not None
     adopted = creating.opened(found, 5)
     assert adopted.provider_batch_id == created.batch_id and next_step(adopted) == "poll"
     assert mock.stats()["batches"]["openai"]["created"] == 2  # no third batch
+    never = replace(creating, gather_id="never-created")
+    assert await find_created(openai_batches, never, taken=set()) is None
+
+
+async def test_an_anthropic_takeover_adopts_the_one_batch_of_its_size_and_time(
+        anthropic_batches: AnthropicBatches) -> None:
+    """Anthropic's batches carry no metadata: the request count and the creation time pick the batch."""
+    creating = ProviderBatchRecord("g-crash", "anthropic", "mock-small", 0, ("r1", "r2", "r3"),
+                                   RecordState.CREATING, now_ms(), now_ms())
+    created = await anthropic_batches.create(anthropic_input({cid: "Hello" for cid in creating.custom_ids()}))
+    other = await anthropic_batches.create(anthropic_input({"a": "x", "b": "y"}))  # another gather, another size
+    found = await find_created(anthropic_batches, creating, taken={other.batch_id})
+    assert found is not None and found.batch_id == created.batch_id
+    assert await find_created(anthropic_batches, creating, taken={created.batch_id}) is None  # another record's
+    twin = await anthropic_batches.create(anthropic_input({cid: "Hi" for cid in creating.custom_ids()}))
+    assert twin.batch_id != created.batch_id
+    assert await find_created(anthropic_batches, creating, taken=set()) is None  # two fit: ambiguous

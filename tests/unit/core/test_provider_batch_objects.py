@@ -43,7 +43,7 @@ def test_openai_batch_keeps_its_phase_counts_files_and_metadata() -> None:
         "openai", "batch_abc123", BatchPhase.COMPLETED, 100, 100)
     assert (view.output_file_id, view.error_file_id) == ("file-cvaTdG", "file-HOWS94")
     assert view.metadata == {"customer_id": "user_123456789", "batch_description": "Nightly eval job"}
-    assert view.phase.ended and view.errors == ()
+    assert view.phase.ended and view.errors == () and view.created_ms == 1_711_471_533_000
 
 
 @pytest.mark.parametrize("status", [p.value for p in BatchPhase])
@@ -89,6 +89,7 @@ def test_anthropic_batch_in_progress_counts_what_came_to_an_end() -> None:
     view = anthropic_batch(ANTHROPIC_BATCH)
     assert (view.provider, view.phase, view.total, view.finished) == ("anthropic", BatchPhase.IN_PROGRESS, 200, 100)
     assert view.metadata is None and view.results_url is None
+    assert view.created_ms == 1_724_179_044_100  # 2024-08-20T18:37:24.100435Z, to the millisecond
 
 
 @pytest.mark.parametrize(("changes", "phase"), [
@@ -107,6 +108,8 @@ def test_which_end_an_anthropic_batch_came_to(changes: dict[str, Any], phase: Ba
     ({"processing_status": "queued"}, "unknown processing_status 'queued'"),
     ({"request_counts": None}, "has no request_counts"),
     ({"request_counts": {"succeeded": "5"}}, "request_counts.succeeded is not a count"),
+    ({"created_at": "yesterday"}, "not an RFC 3339 time"),
+    ({"created_at": "2024-08-20T18:37:24"}, "no time zone"),
 ])
 def test_an_anthropic_batch_not_of_its_shape_is_refused(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(MalformedAnswer, match=message):

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from streamproc.core.provider_batch_objects import BatchPhase, ProviderBatchView
-from streamproc.core.provider_batch_takeover import ProviderBatchRecord, RecordState, member_custom_id, next_step
+from streamproc.core.provider_batch_takeover import (
+    CLOCK_SKEW_MS,
+    GATHER_METADATA_KEY,
+    ProviderBatchRecord,
+    RecordState,
+    adoptable,
+    member_custom_id,
+    next_step,
+)
 
 RECORD = ProviderBatchRecord("g-1", "anthropic", "claude", 2, ("a/1", "b 2", "c"), RecordState.CREATING, 10, 10)
 
@@ -42,3 +50,36 @@ def test_a_record_that_cannot_be_taken_over_is_refused(broken: dict[str, object]
               "state": RecordState.CREATING, "created_ms": 1, "updated_ms": 1, **broken}
     with pytest.raises(ValueError):
         ProviderBatchRecord(**fields)  # type: ignore[arg-type]
+
+
+def batch(batch_id: str, total: int, created_ms: int | None, provider: str = "anthropic",
+          metadata: dict[str, str] | None = None) -> ProviderBatchView:
+    return ProviderBatchView(provider, batch_id, BatchPhase.IN_PROGRESS, total, 0,  # type: ignore[arg-type]
+                             metadata=metadata, created_ms=created_ms)
+
+
+def test_openai_adopts_the_batch_carrying_the_gather_id_and_no_other() -> None:
+    record = ProviderBatchRecord("g-1", "openai", "m", 0, ("a",), RecordState.CREATING, 10, 10)
+    mine = batch("batch_2", 1, 10, "openai", {GATHER_METADATA_KEY: "g-1"})
+    candidates = [batch("batch_3", 1, 10, "openai", {GATHER_METADATA_KEY: "g-2"}), mine, batch("batch_1", 1, 10,
+                                                                                                 "openai")]
+    assert adoptable(record, candidates, taken=set()) == mine
+    assert adoptable(record, candidates[:1], taken=set()) is None
+
+
+@pytest.mark.parametrize(("candidates", "taken", "adopted"), [
+    ([batch("b1", 3, 1_000_000)], set(), "b1"),
+    ([batch("b1", 3, 1_000_000 + CLOCK_SKEW_MS)], set(), "b1"),
+    ([batch("b1", 3, 1_000_000 + CLOCK_SKEW_MS + 1)], set(), None),  # too late to be this create's
+    ([batch("b1", 2, 1_000_000)], set(), None),  # another size
+    ([batch("b1", 3, None)], set(), None),  # no creation time to match
+    ([batch("b1", 3, 1_000_000)], {"b1"}, None),  # another record holds it
+    ([batch("b1", 3, 1_000_000), batch("b2", 3, 1_000_100)], set(), None),  # ambiguous
+    ([batch("b1", 3, 1_000_000), batch("b2", 3, 1_000_100)], {"b2"}, "b1"),
+    ([batch("b1", 3, 1_000_000, "openai")], set(), None),  # another provider's
+])
+def test_anthropic_adopts_the_one_batch_of_its_size_and_time(candidates: list[ProviderBatchView], taken: set[str],
+                                                             adopted: str | None) -> None:
+    record = ProviderBatchRecord("g-1", "anthropic", "m", 0, ("a", "b", "c"), RecordState.CREATING, 1_000_000, 0)
+    found = adoptable(record, candidates, taken)
+    assert (found.batch_id if found else None) == adopted
