@@ -70,6 +70,7 @@ class _BatchHttp:
         key = check_llm_key(endpoint)
         self._base_url = endpoint.base_url
         self._secrets = () if key is None else (key,)
+        self._max_answer_bytes = endpoint.max_response_bytes  # of a JSON answer (a batch object, a page)
         self._client = httpx.AsyncClient(
             headers={"user-agent": "streamproc", **(auth_headers(key) if key is not None else {})},
             timeout=httpx.Timeout(endpoint.read_timeout_s, connect=endpoint.connect_timeout_s),
@@ -89,7 +90,10 @@ class _BatchHttp:
     async def json(self, method: str, url: httpx.URL, what: str, **kwargs: Any) -> Any:
         """The decoded JSON answer of a 2xx; :class:`BatchCallFailed` otherwise."""
         async with self.stream(method, url, what, **kwargs) as response:
-            body = await response.aread()
+            body = await _first_bytes(response, self._max_answer_bytes + 1)
+        if len(body) > self._max_answer_bytes:
+            raise self._malformed(what, f"the answer passes STREAMPROC_LLM_MAX_RESPONSE_BYTES "
+                                        f"({self._max_answer_bytes:,} bytes); not read further")
         try:
             return json.loads(body)
         except ValueError:

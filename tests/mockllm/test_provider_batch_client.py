@@ -396,3 +396,14 @@ async def test_an_anthropic_takeover_adopts_the_one_batch_of_its_size_and_time(
     twin = await anthropic_batches.create(anthropic_input({cid: "Hi" for cid in creating.custom_ids()}))
     assert twin.batch_id != created.batch_id
     assert await find_created(anthropic_batches, creating, taken=set()) is None  # two fit: ambiguous
+
+
+async def test_an_answer_past_the_response_cap_is_not_read_further(mock: MockLLMHandle) -> None:
+    client = OpenAIBatches(endpoint(mock.url).model_copy(update={"max_response_bytes": 100}))
+    try:
+        assert (await client.page()).batches == ()  # an empty list fits
+        with pytest.raises(BatchCallFailed) as refused:
+            await client.upload(openai_input(TEXTS))  # a file object does not
+        assert refused.value.outcome.code == "malformed_batch_answer" and "100 bytes" in str(refused.value)
+    finally:
+        await client.aclose()
