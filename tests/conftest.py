@@ -11,15 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import settings as hypothesis_settings
 
 from streamproc.devstack.broker import LocalBroker
 from streamproc.settings import Settings
 
 # Properties are judged by what they assert, not by how fast an example runs: on a machine whose cores other
 # jobs take, hypothesis's default 200 ms deadline failed examples that were merely scheduled late.
-settings.register_profile("streamproc", deadline=None)
-settings.load_profile("streamproc")
+hypothesis_settings.register_profile("streamproc", deadline=None)
+hypothesis_settings.load_profile("streamproc")
 
 
 @pytest.fixture(scope="session")
