@@ -11,6 +11,7 @@ from faust.transport.drivers.aiokafka import Producer
 from faust.types import ProducerT
 
 import streamproc.app.faust_fixes  # noqa: F401  (applies the recovery fixes to faust before any app exists)
+from streamproc.app.bulk_restore import enable_bulk_restore
 from streamproc.kafka.clients import shared_token_provider, tls_context
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import FaustSettings
@@ -90,4 +91,5 @@ def make_faust_app(settings: FaustSettings, connection: KafkaConnection, app_id:
         table_standby_replicas=settings.standby_replicas,
     )
     app.producer_options = settings.durability.producer_options()
+    enable_bulk_restore(app, connection)  # a table restore reads its changelog in bulk, not through faust's stream
     return app
