@@ -32,9 +32,9 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
+from benchmarks.faust_log import recovery_span_s, timed_lines
 from benchmarks.pipeline import (
     Bench,
     RunReport,
@@ -48,6 +48,7 @@ from benchmarks.pipeline import (
     table,
 )
 from benchmarks.state_fill import Filled, fill_changelog, finished_states
+from benchmarks.state_restore import run_restores
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core.topology import Topology
 from streamproc.kafka.connection import KafkaConnection
@@ -55,34 +56,10 @@ from streamproc.settings import DEFAULT_KAFKA_VERSION
 
 TARGET_RATIO = 1.2  # full-table run / empty-table run, per-record CPU and peak RSS
 OLD_BATCH = "batch_old_finished"
-# faust's recovery service logs when it starts reading the changelogs and when it is done, both at INFO
-_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
-RECOVERY_STARTS = "Restoring state from changelog topics"
-RECOVERY_ENDS = "Recovery complete"
 
 
 # the reconciler's first pass after a start reads every state once (design §4), and says so
 _FULL_SWEEP = re.compile(r"reconciler: read all (\d+) states in ([\d.]+) s")
-
-
-def _timed_lines(log_text: str) -> list[tuple[float, str]]:
-    lines = []
-    for line in log_text.splitlines():
-        stamp = _LOG_TIME.match(line)
-        if stamp is not None:
-            lines.append((datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), line))
-    return lines
-
-
-def recovery_span_s(log_text: str, starts: str, ends: str) -> float | None:
-    """Seconds between the first log line containing ``starts`` and the first after it containing ``ends``."""
-    began = None
-    for when, line in _timed_lines(log_text):
-        if began is None and starts in line:
-            began = when
-        elif began is not None and ends in line:
-            return when - began
-    return None
 
 
 @dataclass(frozen=True)
@@ -100,7 +77,7 @@ class FullSweep:
 
 
 def full_sweep(log_text: str) -> FullSweep | None:
-    for when, line in _timed_lines(log_text):
+    for when, line in timed_lines(log_text):
         if (found := _FULL_SWEEP.search(line)) is not None:
             return FullSweep(when, int(found.group(1)), float(found.group(2)))
     return None
@@ -189,7 +166,7 @@ class StateBench:
                          if r.batch_id == batch_id) / 1000
         log_text = self.bench.stack.log_path(name).read_text(errors="replace")
         measured = Measured(report, first_call - report.observed.spawned, self.bench.last.rss_mb_at(first_call),
-                            recovery_span_s(log_text, RECOVERY_STARTS, RECOVERY_ENDS), full_sweep(log_text))
+                            recovery_span_s(log_text), full_sweep(log_text))
         print(measured.describe() if not earlier else
               f"{name} (restarted): start-up to the first call {measured.startup_s:.1f}s, RSS then "
               f"{measured.rss_started_mb:.0f} MB", flush=True)
@@ -261,6 +238,10 @@ async def run(args: argparse.Namespace, stack: Stack) -> None:
     bootstrap, broker_pid = start_broker(args, stack)
     bench = RssBench(stack, bootstrap, time.strftime("%Y%m%d%H%M%S"), args.in_flight, args.partitions, broker_pid)
     states = StateBench(bench, args)
+    if args.restore_only:
+        await run_restores(bench, args)
+        print(f"(benchmark took {time.monotonic() - started:.0f}s)")
+        return
     empty_ns, full_ns, after_ns = [await states.namespace(name) for name in ("empty", "full", "empty-after")]
     filled = await fill_changelog(bootstrap, full_ns.state_changelog, args.partitions,
                                   finished_states(OLD_BATCH, args.states, int(time.time() * 1000) - 86_400_000),
@@ -287,6 +268,11 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
                         help="requests of the unreported warm-up run [2000]")
     parser.add_argument("--restart-requests", type=int, default=500,
                         help="requests of the restart run on the full worker's data dir; 0: no restart run [500]")
+    parser.add_argument("--restore-only", action="store_true",
+                        help="only restores: --states live states into a fresh worker, and with --forgotten the "
+                        "changelog after forget, before and after compaction (benchmarks/state_restore.py)")
+    parser.add_argument("--forgotten", type=int, default=0,
+                        help="with --restore-only: states of a finished batch that forget tombstoned [0: none]")
     parser.add_argument("--fill-compression", choices=("gzip", "none"), default="none",
                         help="compression of the fill's batches [none: as faust's producer writes the changelog]")
 
@@ -295,8 +281,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     for name in ("states", "state_requests", "in_flight", "partitions"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.restart_requests < 0 or args.state_warmup < 0:
-        parser.error("--restart-requests and --state-warmup must be at least 0")
+    if args.restart_requests < 0 or args.state_warmup < 0 or args.forgotten < 0:
+        parser.error("--restart-requests, --state-warmup and --forgotten must be at least 0")
+    if args.forgotten and not args.restore_only:
+        parser.error("--forgotten goes with --restore-only")
     if args.fill_compression == "none":
         args.fill_compression = None
 

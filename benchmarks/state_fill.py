@@ -1,4 +1,5 @@
-"""Fill a deployment's ``request_state`` changelog with the states of an old, finished batch (issue 16).
+"""Fill a deployment's ``request_state`` changelog with the states of an old, finished batch (issue 16), and
+with the tombstones ``forget`` writes for a batch (issue 29).
 
 The records are what a worker's table writes put there: the key is the request id as bytes, the value the
 Avro-framed :class:`RequestState` (``codec.encode``, as ``TableStore.put`` writes it), and the partition is
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
@@ -33,6 +34,11 @@ def finished_states(batch_id: str, count: int, finished_ms: int) -> Iterator[Req
                            updated_ms=finished_ms, model="mock-small", prompt_tokens=41, completion_tokens=23)
 
 
+def tombstones(states: Iterable[RequestState]) -> Iterator[RequestState | bytes]:
+    """The keys of ``states``, each standing for a tombstone (a delete): what ``forget`` writes for them."""
+    return (state.request_id.encode() for state in states)
+
+
 @dataclass(frozen=True)
 class Filled:
     records: int
@@ -44,9 +50,10 @@ class Filled:
         return self.records / self.seconds
 
 
-async def fill_changelog(bootstrap: str, topic: str, partitions: int, states: Iterator[RequestState],
+async def fill_changelog(bootstrap: str, topic: str, partitions: int, states: Iterable[RequestState | bytes],
                          compression: str | None = "gzip") -> Filled:
-    """Write every state to ``topic`` (``partitions`` partitions), acks=all; returns what was written."""
+    """Write every state to ``topic`` (``partitions`` partitions), acks=all, a key alone (bytes) as a tombstone;
+    returns what was written."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", compression_type=compression,
                                 max_batch_size=512 * 1024, max_request_size=4 * 1024 * 1024)
     await producer.start()
@@ -69,12 +76,12 @@ async def fill_changelog(bootstrap: str, topic: str, partitions: int, states: It
 
     try:
         for state in states:
-            key, value = state.request_id.encode(), codec.encode(state)
+            key, value = (state, None) if isinstance(state, bytes) else (state.request_id.encode(), codec.encode(state))
             partition = partitioner(key, all_partitions, all_partitions)
             while open_batches[partition].append(key=key, value=value, timestamp=None) is None:
                 await send(partition)  # full: send it and append to a new one
             records += 1
-            size += len(key) + len(value)
+            size += len(key) + len(value or b"")
         for partition in all_partitions:
             if open_batches[partition].record_count():
                 await send(partition)
