@@ -203,7 +203,7 @@ def worker_env(bootstrap: str, prefix: str, llm_url: str, data_dir: Path, in_fli
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _process_cpu_s(pid: int) -> float | None:
+def process_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of a process (all its threads) so far, or None once it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -239,7 +239,7 @@ class Sampler:
                     self.peak_rss_kb = max(self.peak_rss_kb, int(line.split()[1]))
         except OSError:
             pass
-        cpu = {name: used for name, pid in self.pids.items() if (used := _process_cpu_s(pid)) is not None}
+        cpu = {name: used for name, pid in self.pids.items() if (used := process_cpu_s(pid)) is not None}
         self.samples.append((time.time(), cpu, _machine_busy_s()))
 
     def cores(self, start: float, end: float) -> dict[str, float]:

@@ -273,6 +273,9 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
                         "changelog after forget, before and after compaction (benchmarks/state_restore.py)")
     parser.add_argument("--forgotten", type=int, default=0,
                         help="with --restore-only: states of a finished batch that forget tombstoned [0: none]")
+    parser.add_argument("--compare-faust", action="store_true",
+                        help="with --restore-only: the live states restored by faust's own restore too (a "
+                        "worker with STREAMPROC_BULK_RESTORE=false), for the ratio")
     parser.add_argument("--fill-compression", choices=("gzip", "none"), default="none",
                         help="compression of the fill's batches [none: as faust's producer writes the changelog]")
 
@@ -283,8 +286,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.restart_requests < 0 or args.state_warmup < 0 or args.forgotten < 0:
         parser.error("--restart-requests, --state-warmup and --forgotten must be at least 0")
-    if args.forgotten and not args.restore_only:
-        parser.error("--forgotten goes with --restore-only")
+    if (args.forgotten or args.compare_faust) and not args.restore_only:
+        parser.error("--forgotten and --compare-faust go with --restore-only")
     if args.fill_compression == "none":
         args.fill_compression = None
 

@@ -25,13 +25,14 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.faust_log import RECOVERY_ENDS, recovery_span_s
-from benchmarks.pipeline import Bench, table, worker_env
+from benchmarks.pipeline import Bench, process_cpu_s, table, worker_env
 from benchmarks.state_fill import fill_changelog, finished_states, tombstones
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core.events import RequestState
+from streamproc.core.topology import Topology
 from streamproc.kafka.connection import KafkaConnection
 
-_BULK = re.compile(r"bulk restore: (\d+) changelog records of \d+ partitions in ([\d.]+) s")
+_BULK = re.compile(r"bulk restore: (\d+) changelog records of \d+ partitions in ([\d.]+) s \(\d+/s, ([\d.]+) µs")
 TARGET_RATIO = 1.2  # restore after forget / restore of the live states alone (issue 29)
 TARGET_RATE = 50_000  # states restored per second (issue 29)
 LIVE_BATCH = "batch_live"
@@ -47,21 +48,35 @@ class Restore:
     seconds: float
     bulk_records: int
     bulk_seconds: float
+    bulk_cpu_us: float  # the worker's CPU per record during the bulk read (its log line)
+    worker_cpu_s: float | None  # the worker's whole life to the end of the restore, its start included
 
     @property
     def rate(self) -> float:
         return self.records / max(self.seconds, 1e-9)
 
+    def describe(self) -> str:
+        cpu = "" if self.worker_cpu_s is None else f"; worker CPU from its start {self.worker_cpu_s:.1f}s"
+        return (f"{self.shape}: {self.records:,} changelog records restored in {self.seconds:.1f}s "
+                f"({self.rate:,.0f}/s; the bulk read {self.bulk_records:,} in {self.bulk_seconds:.1f}s, "
+                f"{self.bulk_cpu_us:.1f} µs CPU per record{cpu})")
 
-async def restore(bench: Bench, shape: str, records: list[RequestState | bytes], timeout_s: float) -> Restore:
-    """A namespace whose changelog holds ``records`` (bytes: a tombstone), restored by a fresh worker."""
-    name = f"restore-{shape.split(',')[0].replace(' ', '-')}-{len(records)}"
-    topology = bench.topology(name)
+
+async def filled(bench: Bench, shape: str, records: list[RequestState | bytes]) -> Topology:
+    """A namespace whose state changelog holds ``records`` (bytes: a tombstone)."""
+    topology = bench.topology(f"restore-{shape.split(',')[0].replace(' ', '-')}-{len(records)}")
     await ensure_pipeline_topics(KafkaConnection(bootstrap=bench.bootstrap), topology)
     await fill_changelog(bench.bootstrap, topology.state_changelog, bench.partitions, records, None)
+    return topology
+
+
+async def restore(bench: Bench, shape: str, topology: Topology, records: int, timeout_s: float,
+                  bulk: bool = True) -> Restore:
+    """The namespace's changelog restored by a fresh worker (faust's own restore alone unless ``bulk``)."""
+    name = f"{topology.prefix.rsplit('-', 1)[0]}-{'bulk' if bulk else 'faust'}"
     env = worker_env(bench.bootstrap, topology.prefix, "http://127.0.0.1:9", bench.stack.workdir / f"{name}-data",
                      bench.in_flight, bench.partitions)
-    env["STREAMPROC_WORKER_METRICS_PORT"] = "0"
+    env.update({"STREAMPROC_WORKER_METRICS_PORT": "0", "STREAMPROC_BULK_RESTORE": str(bulk).lower()})
     process = bench.stack.spawn(name, [sys.executable, "-m", "streamproc", "worker"], env)
     deadline = time.monotonic() + timeout_s
     log_path = bench.stack.log_path(name)
@@ -70,16 +85,18 @@ async def restore(bench: Bench, shape: str, records: list[RequestState | bytes],
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{name}: no restore within {timeout_s:.0f}s:\n{bench.stack.log_tail(name)}")
             await asyncio.sleep(0.2)
+        cpu_s = process_cpu_s(process.pid)
     finally:
         bench.stack.stop(process)
     log_text = log_path.read_text(errors="replace")
     span = recovery_span_s(log_text)
-    bulk = [(int(count), float(seconds)) for count, seconds in _BULK.findall(log_text)]
-    measured = Restore(shape, len(records), span if span is not None else float("nan"),
-                       sum(count for count, _ in bulk), sum(seconds for _, seconds in bulk))
-    print(f"{shape}: {measured.records:,} changelog records restored in {measured.seconds:.1f}s "
-          f"({measured.rate:,.0f}/s; the bulk read {measured.bulk_records:,} in {measured.bulk_seconds:.1f}s)",
-          flush=True)
+    read = [(int(count), float(seconds), float(cpu)) for count, seconds, cpu in _BULK.findall(log_text)]
+    bulk_records = sum(count for count, _, _ in read)
+    measured = Restore(shape if bulk else f"{shape}, faust's restore", records,
+                       span if span is not None else float("nan"), bulk_records,
+                       sum(seconds for _, seconds, _ in read),
+                       sum(count * cpu for count, _, cpu in read) / max(bulk_records, 1), cpu_s)
+    print(measured.describe(), flush=True)
     return measured
 
 
@@ -88,21 +105,18 @@ async def run_restores(bench: Bench, args: argparse.Namespace) -> list[str]:
     now_ms = int(time.time() * 1000)
     live = list(finished_states(LIVE_BATCH, args.states, now_ms))
     timeout_s = 300 + (args.states + 2 * args.forgotten) / 2000
-    live_run = await restore(bench, "live", list(live), timeout_s)
+    live_ns = await filled(bench, "live", list(live))
+    live_run = await restore(bench, "live", live_ns, len(live), timeout_s)
     runs = [live_run]
+    if args.compare_faust:
+        runs.append(await restore(bench, "live", live_ns, len(live), timeout_s + args.states / 1000, bulk=False))
     if args.forgotten:
         forgotten = list(finished_states(FORGOTTEN_BATCH, args.forgotten, now_ms - 86_400_000))
         deletes = list(tombstones(forgotten))
-        runs.append(await restore(bench, "forgotten, not compacted", list(itertools.chain(forgotten, live, deletes)),
-                                  timeout_s))
-        runs.append(await restore(bench, "forgotten, compacted", [*deletes, *live], timeout_s))
-    rows = [(f"restore of {run.shape} ({run.records:,} records)",
-             f"{run.seconds:.1f}s = {run.rate:,.0f} records/s (bulk read {run.bulk_seconds:.1f}s)",
-             f">= {TARGET_RATE:,}/s" if run is live_run else f"<= {TARGET_RATIO} x live",
-             ("met" if run.rate >= TARGET_RATE else "MISSED") if run is live_run else
-             f"{run.seconds / live_run.seconds:.2f} x: "
-             + ("met" if run.seconds <= TARGET_RATIO * live_run.seconds else "MISSED"))
-            for run in runs]
+        for shape, records in (("forgotten, not compacted", list(itertools.chain(forgotten, live, deletes))),
+                               ("forgotten, compacted", [*deletes, *live])):
+            runs.append(await restore(bench, shape, await filled(bench, shape, records), len(records), timeout_s))
+    rows = [row(run, live_run, runs[1] if args.compare_faust else None) for run in runs]
     print()
     print(f"restore benchmark: {args.states:,} live states, {args.forgotten:,} forgotten, {bench.partitions} "
           "partitions, one worker, fresh data dirs")
@@ -111,3 +125,17 @@ async def run_restores(bench: Bench, args: argparse.Namespace) -> list[str]:
     for warning in warnings:
         print(f"WARNING: {warning}")
     return warnings
+
+
+def row(run: Restore, live: Restore, faust: Restore | None) -> tuple[str, str, str, str]:
+    """A restore's row: the live one against the rate target, faust's against the live one, a shape after
+    forget against the live one's time."""
+    figure = (f"{run.seconds:.1f}s = {run.rate:,.0f} records/s (bulk read {run.bulk_seconds:.1f}s, "
+              f"{run.bulk_cpu_us:.1f} µs CPU per record)")
+    label = f"restore of {run.shape} ({run.records:,} records)"
+    if run is live:
+        return label, figure, f">= {TARGET_RATE:,}/s", "met" if run.rate >= TARGET_RATE else "MISSED"
+    if run is faust:
+        return label, figure, "", f"bulk is {run.seconds / live.seconds:.1f} x faster"
+    ratio = run.seconds / live.seconds
+    return label, figure, f"<= {TARGET_RATIO} x live", f"{ratio:.2f} x: {'met' if ratio <= TARGET_RATIO else 'MISSED'}"

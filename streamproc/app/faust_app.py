@@ -91,5 +91,6 @@ def make_faust_app(settings: FaustSettings, connection: KafkaConnection, app_id:
         table_standby_replicas=settings.standby_replicas,
     )
     app.producer_options = settings.durability.producer_options()
-    enable_bulk_restore(app, connection)  # a table restore reads its changelog in bulk, not through faust's stream
+    if settings.bulk_restore:  # a table restore reads its changelog in bulk, not through faust's stream
+        enable_bulk_restore(app, connection)
     return app
