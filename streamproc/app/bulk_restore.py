@@ -36,7 +36,8 @@ from streamproc.kafka.connection import KafkaConnection
 BULK_RESTORE = "_streamproc_bulk_restore"  # on the app: the connection the bulk read uses
 UNTIMED = "_streamproc_bulk_read_untimed"  # on the Recovery: faust waits for the step without its timeout
 FETCH_WAIT_MS = 500
-PARTITION_FETCH_BYTES = 4 * 1024 * 1024  # per partition and fetch: about 25,000 states a round trip
+PARTITION_FETCH_BYTES = 1024 * 1024  # per partition and fetch (faust's): 4 MiB took the same CPU per record and
+# raised the worker's peak RSS by 48 MB (218 against 170 MB after 200,000 states)
 MAX_RECORDS = 10_000  # handed over per getmany: the loop (and the consumer group's heartbeat) waits on each
 SHARE_OF_STEP_TIMEOUT = 0.5
 _build_offsets: Callable[..., Awaitable[None]] = Recovery._build_offsets
