@@ -2,7 +2,7 @@
 
 faust restores a table one record at a time through its stream machinery (a message, an event, a queue put
 and a ``wait_for`` task per record, and a check of every partition's remaining count after each): about
-200 µs of CPU per record here, 5,507 records/s for a million states (docs/benchmarks.md). Here, once faust
+200 to 400 µs of CPU per record here, 5,507 records/s for a million states (docs/benchmarks.md). Here, once faust
 has taken the changelog's highwaters and the offsets its RocksDB stored (``Recovery._build_offsets`` for the
 active partitions), a consumer of our own (no group, the partitions assigned) reads every active changelog
 partition from the stored offset up to that highwater in large fetches, and writes each fetch's latest value
@@ -86,7 +86,8 @@ async def read_changelogs(connection: KafkaConnection, reads: Mapping[Any, Span]
     record came for ``stall_s``."""
     started, cpu_started = time.monotonic(), time.process_time()
     partitions = {TopicPartition(tp.topic, tp.partition): tp for tp in reads}
-    consumer = kafka_consumer(connection, group_id=None, enable_auto_commit=False,
+    # a start below the log's (compacted or deleted meanwhile) resets to its first record, not past them all
+    consumer = kafka_consumer(connection, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
                               max_partition_fetch_bytes=PARTITION_FETCH_BYTES,
                               isolation_level="read_committed" if read_committed else "read_uncommitted")
     await consumer.start()
