@@ -57,9 +57,10 @@ class Restore:
 
     def describe(self) -> str:
         cpu = "" if self.worker_cpu_s is None else f"; worker CPU from its start {self.worker_cpu_s:.1f}s"
+        bulk = (f"; the bulk read {self.bulk_records:,} in {self.bulk_seconds:.1f}s, {self.bulk_cpu_us:.1f} µs CPU "
+                "per record" if self.bulk_records else "")
         return (f"{self.shape}: {self.records:,} changelog records restored in {self.seconds:.1f}s "
-                f"({self.rate:,.0f}/s; the bulk read {self.bulk_records:,} in {self.bulk_seconds:.1f}s, "
-                f"{self.bulk_cpu_us:.1f} µs CPU per record{cpu})")
+                f"({self.rate:,.0f}/s{bulk}{cpu})")
 
 
 async def filled(bench: Bench, shape: str, records: list[RequestState | bytes]) -> Topology:
@@ -130,8 +131,8 @@ async def run_restores(bench: Bench, args: argparse.Namespace) -> list[str]:
 def row(run: Restore, live: Restore, faust: Restore | None) -> tuple[str, str, str, str]:
     """A restore's row: the live one against the rate target, faust's against the live one, a shape after
     forget against the live one's time."""
-    figure = (f"{run.seconds:.1f}s = {run.rate:,.0f} records/s (bulk read {run.bulk_seconds:.1f}s, "
-              f"{run.bulk_cpu_us:.1f} µs CPU per record)")
+    figure = f"{run.seconds:.1f}s = {run.rate:,.0f} records/s" + (
+        f" (bulk read {run.bulk_seconds:.1f}s, {run.bulk_cpu_us:.1f} µs CPU per record)" if run.bulk_records else "")
     label = f"restore of {run.shape} ({run.records:,} records)"
     if run is live:
         return label, figure, f">= {TARGET_RATE:,}/s", "met" if run.rate >= TARGET_RATE else "MISSED"
