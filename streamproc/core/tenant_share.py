@@ -1,0 +1,114 @@
+"""How a worker shares its capacity among tenants (issue 28 item 2): pure rules, no I/O.
+
+Two places share: the records a worker holds in hand (the dispatcher's ``in_flight`` + 1/4) and the gate's slots.
+A tenant's *quota* of the hand is its weighted part among the tenants that hold records now, so a tenant alone
+gets all of it (work-conserving) and a record of a tenant over its quota is parked instead of waited for (design
+§5.11). Among the calls that may start, :class:`FairChoice` picks by priority first, a lower one aged past a bound
+counting as the highest, then by weighted fair queuing per tenant (virtual start tags).
+
+Weights come from ``STREAMPROC_TENANTS_FILE``: a JSON object or a TOML table of tenant -> weight (a positive
+number); a tenant not named weighs :data:`DEFAULT_WEIGHT`.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from streamproc.core.tenancy import PRIORITIES, tenant_problem
+
+DEFAULT_WEIGHT: Final = 1.0
+
+
+class InvalidTenantsFile(ValueError):
+    """A tenants file that cannot be used, and why."""
+
+
+@dataclass(frozen=True)
+class TenantWeights:
+    """Each named tenant's weight; every other tenant weighs :data:`DEFAULT_WEIGHT`."""
+
+    named: Mapping[str, float] = field(default_factory=dict)
+
+    def of(self, tenant: str) -> float:
+        return self.named.get(tenant, DEFAULT_WEIGHT)
+
+
+EQUAL_WEIGHTS: Final = TenantWeights()
+
+
+def parse_tenant_weights(text: str, toml: bool) -> TenantWeights:
+    """The weights a tenants file names (``toml``: TOML, else JSON), or :class:`InvalidTenantsFile`."""
+    try:
+        loaded: object = tomllib.loads(text) if toml else json.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise InvalidTenantsFile(f"is not {'TOML' if toml else 'JSON'}: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise InvalidTenantsFile("must be an object of tenant -> weight, e.g. {\"team-a\": 3, \"team-b\": 1}")
+    named: dict[str, float] = {}
+    for tenant, weight in loaded.items():
+        if (problem := tenant_problem(tenant)) is not None:
+            raise InvalidTenantsFile(f"tenant {problem}")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+            raise InvalidTenantsFile(f"the weight of {tenant!r} must be a positive number, got {weight!r}")
+        named[tenant] = float(weight)
+    return TenantWeights(named)
+
+
+def hand_quota(tenant: str, in_hand: Mapping[str, int], hand: int, weights: TenantWeights) -> int:
+    """The records ``tenant`` may hold of a hand of ``hand``: its weighted part among the tenants holding records
+    (``in_hand``) and itself, at least one. Alone, the whole hand."""
+    active = {name for name, count in in_hand.items() if count > 0} | {tenant}
+    total = sum(weights.of(name) for name in active)
+    return max(1, int(hand * weights.of(tenant) / total))
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A call that may start: whose it is, how urgent, and since when it waits (seconds, any monotonic clock)."""
+
+    tenant: str
+    priority: str
+    since: float
+
+
+class FairChoice:
+    """Picks the next call to start among those that may (weighted fair queuing per tenant, priorities first).
+
+    Each tenant's next call has the virtual start tag ``max(now_v, its last finish)``; starting it moves the
+    tenant's finish on by ``1 / weight``. Two busy tenants of weights 2 and 1 thus start 2:1, and a tenant that
+    was idle starts at ``now_v`` (no credit saved up while idle). A lower priority that waited ``ageing_s`` or
+    more counts as the highest, so it cannot starve.
+    """
+
+    def __init__(self, weights: TenantWeights = EQUAL_WEIGHTS, ageing_s: float = 30.0) -> None:
+        self._weights = weights
+        self._ageing_s = ageing_s
+        self._virtual_now = 0.0
+        self._finish: dict[str, float] = {}  # only tenants whose finish is ahead of now_v
+
+    def pick(self, contenders: Sequence[Contender], now: float) -> int:
+        """The index of the contender to start (the first of equals), and the start counted; ``contenders`` must
+        not be empty."""
+        def rank(i: int) -> tuple[int, float, int]:
+            contender = contenders[i]
+            urgency = 0 if now - contender.since >= self._ageing_s else _priority_rank(contender.priority)
+            return urgency, self._start_tag(contender.tenant), i
+
+        index = min(range(len(contenders)), key=rank)
+        chosen = contenders[index].tenant
+        start = self._start_tag(chosen)
+        self._virtual_now = start
+        self._finish[chosen] = start + 1 / self._weights.of(chosen)
+        self._finish = {name: tag for name, tag in self._finish.items() if tag > self._virtual_now}
+        return index
+
+    def _start_tag(self, tenant: str) -> float:
+        return max(self._virtual_now, self._finish.get(tenant, self._virtual_now))
+
+
+def _priority_rank(priority: str) -> int:
+    return PRIORITIES.index(priority) if priority in PRIORITIES else PRIORITIES.index("normal")
