@@ -354,6 +354,10 @@ class Settings(BaseSettings):
     context_fallbacks: dict[str, str] = Field(
         default_factory=dict, description='JSON: the larger-context model for inputs over a model\'s window, '
         'e.g. {"mock-small": "mock-large"}.')
+    tenants_file: Path | None = Field(
+        default=None, description='A JSON or TOML (.toml) file of tenant -> weight, e.g. {"team-a": 3}: a worker '
+        'shares its records in hand and its call slots among the tenants with work by these weights (a tenant not '
+        'named weighs 1). Unset: all equal.')
     metrics_tenants: list[str] = Field(
         default_factory=list, description='JSON: the tenants the worker\'s metrics name, e.g. ["team-a", "team-b"]; '
         'any other is "other". Empty: the first 20 tenants a worker sees.')

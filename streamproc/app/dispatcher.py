@@ -44,7 +44,7 @@ class Dispatcher:
         return len(self._tasks) - self._waiting
 
     async def submit(self, lane: Hashable, offset: int, work: Callable[[], Awaitable[Disposition]],
-                     ack: Ack, wait: Callable[[], Awaitable[object]] | None = None) -> None:
+                     ack: Ack, wait: Callable[[], Awaitable[object]] | None = None, call: bool = True) -> None:
         """Wait for a free slot, then start ``work``; ``ack`` runs once it and every lower offset are done.
 
         ``lane`` is the partition (with the consumer generation, so a partition handed back after a
@@ -55,15 +55,21 @@ class Dispatcher:
         of a slot: it awaits ``wait()`` there, then a slot, then runs ``work``. So records sleep side by side
         without holding call slots, and one record due later never holds up the records behind it (sleeping
         in the agent's loop would, for every partition of the tier); the waiting room's size bounds them.
+
+        ``call=False`` (a record parked on the backlog: a send, no LLM call) runs ``work`` in a place of the waiting
+        room instead of a slot, so parking goes on while every slot is held by the calls it reaches past.
         """
-        room = self._slots if wait is None else self._waiting_room
+        room = self._slots if wait is None and call else self._waiting_room
         await room.acquire()
         try:
             self._acker.track(lane, offset, ack)
         except BaseException:
             room.release()  # a rejected event must not keep its place
             raise
-        if wait is None:
+        if not call:
+            self._waiting += 1
+            task = asyncio.create_task(self._run_without_slot(lane, offset, work))
+        elif wait is None:
             task = asyncio.create_task(self._run(lane, offset, work))
         else:
             self._waiting += 1
@@ -89,7 +95,14 @@ class Dispatcher:
         await self._slots.acquire()
         await self._run(lane, offset, work)
 
-    async def _run(self, lane: Hashable, offset: int, work: Callable[[], Awaitable[Disposition]]) -> None:
+    async def _run_without_slot(self, lane: Hashable, offset: int, work: Callable[[], Awaitable[Disposition]]) -> None:
+        try:
+            await self._run(lane, offset, work, self._waiting_room)
+        finally:
+            self._waiting -= 1
+
+    async def _run(self, lane: Hashable, offset: int, work: Callable[[], Awaitable[Disposition]],
+                   place: asyncio.Semaphore | None = None) -> None:
         why = "its handler holds it"
         try:
             disposition = await work()
@@ -97,7 +110,7 @@ class Dispatcher:
             log.exception("record at offset %d of %s could not be handled", offset, lane)
             disposition, why = Disposition.HOLD, f"{type(exc).__name__}: {exc}"
         finally:
-            self._slots.release()
+            (place or self._slots).release()
         if disposition is Disposition.HOLD:
             if self._on_stuck is not None:
                 self._on_stuck(lane, offset, why)

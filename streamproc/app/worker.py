@@ -15,7 +15,7 @@ import ssl
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
@@ -37,7 +37,7 @@ from streamproc.app import log_redaction
 from streamproc.app.auto_forget import AutoForget
 from streamproc.app.batch_summaries import PUBLISH_EVERY_S, BatchSummaries
 from streamproc.app.bootstrap import resolve_connection
-from streamproc.app.dispatcher import Dispatcher
+from streamproc.app.dispatcher import Ack, Dispatcher
 from streamproc.app.faust_app import make_faust_app
 from streamproc.app.faust_fixes import watch_skipped_records
 from streamproc.app.fleet import FleetMember, FleetTopic
@@ -50,6 +50,7 @@ from streamproc.app.reconciler import ConsumerGroup, Reconciler, ReconcilerLinks
 from streamproc.app.result_index import ResultIndex, ResultReuse
 from streamproc.app.spend import SpendGate
 from streamproc.app.table_purge import TablePurge
+from streamproc.app.tenant_hand import TenantHand, load_tenant_weights, scheduled_tenant
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.releases import write_as_release
 from streamproc.core import headers
@@ -63,6 +64,7 @@ from streamproc.core.retention import check_interval_s
 from streamproc.core.retry_policy import Tier, due_within_tier
 from streamproc.core.spend_cap import Cap, SpendLedger
 from streamproc.core.sweep_scope import SweepScope
+from streamproc.core.tenant_share import EQUAL_WEIGHTS, TenantWeights
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
@@ -132,12 +134,9 @@ class FaustSink:
     async def rekey(self, record: Record, request_id: str, hdrs: headers.Headers) -> None:
         await self._send(record.topic, request_id.encode(), record.value, hdrs)
 
-    async def requeue(self, record: Record) -> None:
-        """Put a tier record back at the tail of its topic, unchanged (its due time travels in headers)."""
-        await self._send(record.topic, record.key, record.value, dict(record.headers))
-
     async def resend(self, topic: str, key: bytes | None, value: bytes | None, hdrs: headers.Headers) -> None:
-        """Send a stranded request's record again (the reconciler)."""
+        """Send a record again: a stranded request's (the reconciler), a sleeping tier record put back, a request
+        parked on the backlog."""
         await self._send(topic, key, value, hdrs)
 
 
@@ -233,7 +232,7 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, kafka: KafkaConnection, replication_factor: int, models: ModelList,
                  observer: Observer | None = None, batch_sizes: BatchSizes | None = None,
                  fleet: FleetMember | None = None, spend: SpendLedger | None = None,
-                 registered: RegisteredSchemas | None = None) -> None:
+                 registered: RegisteredSchemas | None = None, weights: TenantWeights = EQUAL_WEIGHTS) -> None:
         self.settings = settings
         self.topology = settings.topology()
         self._tiers = {self.topology.retry(tier): tier for tier in self.topology.tiers}  # topic -> its tier
@@ -253,6 +252,11 @@ class WorkerRuntime:
         self.sink.on_not_authorized = self._on_not_authorized
         self.dispatcher = Dispatcher(records_in_hand(settings.in_flight), on_stuck=self._on_stuck,
                                      waiting_room=self.app.conf.stream_buffer_maxsize)
+        # records waiting for their tenant's room hold at most half the waiting room (new requests) and a hand's
+        # worth of it (parked ones), so the retry tiers' sleepers keep theirs
+        self.tenant_hand = TenantHand(records_in_hand(settings.in_flight), self.app.conf.stream_buffer_maxsize // 2,
+                                      weights)
+        self._backlog_places = asyncio.Semaphore(records_in_hand(settings.in_flight))
         guards = settings.guards
         self.llm = DeploymentCaller.connect(models, settings.llm_endpoint, connections=guards.in_flight.ceiling,
                                             hedge_ratio=guards.hedge_ratio,
@@ -260,6 +264,7 @@ class WorkerRuntime:
         self.batch_sizes = batch_sizes or BatchSizes()
         self.guards = Guards.from_settings(guards, fleet.metered(self.llm) if fleet is not None else self.llm,
                                            self._expected_first_attempts, models, self._rebalancing_or_stopping)
+        self.guards.share_among(weights)
         if fleet is not None and self.guards.limiter is not None:  # the fleet sets its shares from now on
             fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership, self.guards.out)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
@@ -334,11 +339,11 @@ class WorkerRuntime:
     # -- agents ------------------------------------------------------------------------------------------
     def _register_agents(self) -> None:
         self.app.agent(self.sink.topic(self.topology.requests), name="dispatch-requests")(self._dispatch)
+        self.app.agent(self.sink.topic(self.topology.backlog), name="dispatch-backlog")(self._dispatch_parked)
         for tier in self.topology.tiers:
             self.app.agent(self.sink.topic(self.topology.retry(tier)), name=f"dispatch-retry-{tier.name}")(
                 self._dispatch_delayed)
-        consumed = [self.topology.requests, *map(self.topology.retry, self.topology.tiers)]
-        watch_skipped_records(self.app, consumed, self._on_skipped)
+        watch_skipped_records(self.app, self.topology.inputs, self._on_skipped)
         self.app.timer(_PURGE_INTERVAL_S, name="streamproc.app.forgotten-purge")(self._purge_forgotten)
         self.app.timer(PUBLISH_EVERY_S, name="streamproc.app.batch-summaries")(self._publish_summaries)
         self.app.on_partitions_revoked.connect(self._on_revoked)
@@ -356,12 +361,15 @@ class WorkerRuntime:
         await self._publish_summaries()
 
     async def _dispatch(self, stream: Any) -> None:
-        await self._consume(stream, delayed=False)
+        await self._consume(stream, self._submit_request)
+
+    async def _dispatch_parked(self, stream: Any) -> None:
+        await self._consume(stream, self._submit_parked)
 
     async def _dispatch_delayed(self, stream: Any) -> None:
-        await self._consume(stream, delayed=True)
+        await self._consume(stream, self._submit_delayed)
 
-    async def _consume(self, stream: Any, delayed: bool) -> None:
+    async def _consume(self, stream: Any, submit: Callable[[Any, Record, Ack, float | None], Awaitable[None]]) -> None:
         manual = stream.noack()
         async for event in manual.events():
             if self._halted.is_set():
@@ -375,13 +383,69 @@ class WorkerRuntime:
 
             lane = (message.tp, message.generation_id)
             self._open_lane(lane)
-            if not delayed:
-                await self.dispatcher.submit(lane, message.offset, functools.partial(self.handler.handle, record),
-                                             ack)
-                continue
-            due_ms = self._due_ms(record, message.timestamp)
-            await self.dispatcher.submit(lane, message.offset, functools.partial(self._when_due, record, due_ms),
-                                         ack, wait=functools.partial(self._sleep_until, due_ms))
+            await submit(lane, record, ack, message.timestamp)
+
+    async def _submit_request(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
+        """A new request: handled if its tenant is under its quota of the hand, else parked on the backlog (design
+        §5.11), so the records behind it, another tenant's among them, are read on."""
+        if record.key is None:  # the handler first writes it again under its id; that copy is the one scheduled
+            await self.dispatcher.submit(lane, record.offset, functools.partial(self.handler.handle, record), ack)
+            return
+        tenant = scheduled_tenant(record.headers)
+        if self.tenant_hand.may_take(tenant):
+            await self.dispatcher.submit(lane, record.offset, functools.partial(self._handle_held, tenant, record),
+                                         ack)
+        elif self.tenant_hand.may_wait(tenant):
+            await self._submit_to_wait(lane, record, ack, tenant, None)
+        else:
+            await self.dispatcher.submit(lane, record.offset, functools.partial(self._requeue, record,
+                                                                                self.topology.backlog), ack, call=False)
+
+    async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
+        """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota."""
+        await self._backlog_places.acquire()
+        tenant = scheduled_tenant(record.headers)
+        self.tenant_hand.will_wait(tenant)
+        await self._submit_to_wait(lane, record, ack, tenant, self._backlog_places)
+
+    async def _submit_to_wait(self, lane: Any, record: Record, ack: Ack, tenant: str,
+                              place: asyncio.Semaphore | None) -> None:
+        """Wait in the waiting room (no slot) until ``tenant`` is under its quota, then handle the record; woken by a
+        rebalance or stop first, it is parked at the backlog's tail (the worker must not wait for it, design §5.7).
+        The record counts as waiting already (``TenantHand.may_wait``/``will_wait``); ``place``: released once the
+        wait ends."""
+        taken: list[bool] = []
+
+        async def wait() -> None:
+            try:
+                taken.append(await self.tenant_hand.wait_to_take(tenant, self._rebalancing_or_stopping))
+            finally:
+                if place is not None:
+                    place.release()
+
+        async def work() -> Disposition:
+            if taken == [True]:
+                return await self._handle_held(tenant, record)
+            return await self._requeue(record, self.topology.backlog)
+
+        try:
+            await self.dispatcher.submit(lane, record.offset, work, ack, wait=wait)
+        except BaseException:  # not taken into the waiting room: its wait never runs
+            self.tenant_hand.stop_waiting(tenant)
+            if place is not None:
+                place.release()
+            raise
+
+    async def _submit_delayed(self, lane: Any, record: Record, ack: Ack, produced_s: float | None) -> None:
+        due_ms = self._due_ms(record, produced_s)
+        await self.dispatcher.submit(lane, record.offset, functools.partial(self._when_due, record, due_ms),
+                                     ack, wait=functools.partial(self._sleep_until, due_ms))
+
+    async def _handle_held(self, tenant: str, record: Record) -> Disposition:
+        try:
+            return await self.handler.handle(record)
+        finally:
+            self.tenant_hand.give_back(tenant)
 
     def _open_lane(self, lane: tuple[Any, int]) -> None:
         """A record of a newer consumer generation means a rebalance happened: the older lanes get no more
@@ -394,12 +458,13 @@ class WorkerRuntime:
             self._open_lanes.discard(old)
         self._open_lanes.add(lane)
 
-    async def _requeue(self, record: Record) -> Disposition:
-        """Put a sleeping tier record back at the tail; a few tries, since the partition waits for it."""
+    async def _requeue(self, record: Record, topic: str | None = None) -> Disposition:
+        """Write the record, unchanged, at the tail of ``topic`` (default: its own): a sleeping tier record put
+        back, or a request parked on the backlog; a few tries, since the partition waits for it."""
         async for attempt in AsyncRetrying(stop=stop_after_attempt(5), wait=wait_random_exponential(0.2, 5),
                                            reraise=True):
             with attempt:
-                await self.sink.requeue(record)
+                await self.sink.resend(topic or record.topic, record.key, record.value, dict(record.headers))
         return Disposition.ACK
 
     def _rebalancing_or_stopping(self) -> bool:
@@ -544,6 +609,10 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
                               "schema registry results are written in the Confluent wire format (Avro); unset one")
     models = load_model_list(settings.models_file, settings.llm_endpoint)  # no endpoint at all stops here
     check_routes(models, settings.guards.routes)
+    try:
+        weights = load_tenant_weights(settings.tenants_file)
+    except ValueError as bad:
+        raise UserFacingError(str(bad)) from None
     # a refused key, or one bound for plain http elsewhere, stops here
     keys = [check_llm_key(deployment_endpoint(deployment, settings.llm_endpoint)) for deployment in models.deployments]
     kafka = resolve_connection(settings)
@@ -581,7 +650,8 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     if fleet is not None:
         loop.run_until_complete(fleet.load())
     runtime = WorkerRuntime(settings, kafka, models=models, observer=metrics, batch_sizes=batch_sizes,
-                            replication_factor=replication.factor, fleet=fleet, spend=spend, registered=registered)
+                            replication_factor=replication.factor, fleet=fleet, spend=spend, registered=registered,
+                            weights=weights)
 
     async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
         await batch_sizes.follow(kafka, topology.batches)
@@ -603,7 +673,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
         metrics.track_resends(lambda: runtime.guards.resent_after_429)
         metrics.track_spend(runtime.spend)
         watch_worker(metrics, runtime.app, LagSource(kafka, settings.app_id,
-                                                     [topology.requests, *map(topology.retry, topology.tiers)]),
+                                                     topology.inputs),
                      in_flight=lambda: runtime.dispatcher.in_flight,
                      stall_after_s=topology.tiers[-1].delay_ms / 1000 + settings.llm_timeout_s)
     if settings.retain_finished_ms is not None:  # the owner of partition 0 forgets what finished long enough ago

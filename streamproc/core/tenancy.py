@@ -77,6 +77,14 @@ def tenancy_of(tenant: object, priority: object) -> Tenancy:
                    priority if isinstance(priority, str) else DEFAULT_PRIORITY)
 
 
+def tenancy_headers(given: Tenancy) -> tuple[tuple[str, bytes], ...]:
+    """The ``x-tenant``/``x-priority`` headers a request record carries for what is not the default: the worker's
+    requests agent schedules by them without decoding the value (design §5.11)."""
+    return tuple((header, value.encode()) for header, value, default in (
+        (TENANT_HEADER, given.tenant, DEFAULT_TENANT), (PRIORITY_HEADER, given.priority, DEFAULT_PRIORITY))
+        if value != default)
+
+
 def with_headers(given: Tenancy, record_headers: Mapping[str, bytes]) -> Tenancy:
     """The tenancy of a request record: its value's, or its ``x-tenant``/``x-priority`` headers' where the value
     names the default (a producer of its own may set only headers); :class:`InvalidTenancy` when a header is no

@@ -71,9 +71,15 @@ class Topology:
         return f"{self.prefix}.provider-batches"
 
     @property
+    def backlog(self) -> str:
+        """Requests a worker parked because their tenant was at its quota (design §5.11); keyed by request id like
+        the requests topic, so a request's state stays on its partition."""
+        return f"{self.prefix}.backlog"
+
+    @property
     def inputs(self) -> list[str]:
-        """The topics the workers' group consumes: new requests and every retry tier."""
-        return [self.requests, *(self.retry(tier) for tier in self.tiers)]
+        """The topics the workers' group consumes: new requests, the backlog and every retry tier."""
+        return [self.requests, self.backlog, *(self.retry(tier) for tier in self.tiers)]
 
     @property
     def state_changelog(self) -> str:
@@ -93,7 +99,7 @@ class Topology:
 
     def all_topics(self) -> dict[str, int]:
         """Name -> partition count, for creation and the startup check."""
-        names = [self.requests, self.results, self.dead_letters]
+        names = [self.requests, self.backlog, self.results, self.dead_letters]
         names += [self.failed(layer) for layer in FailureLayer]
         names += [self.retry(tier) for tier in self.tiers]
         return dict.fromkeys(names, self.partitions)

@@ -7,7 +7,9 @@ feeds its deployment's gradient limit; 429 congestion reaches it from the rate-l
 deployment of the model list has its own limit, so a slow replica's latency does not cut a fast one's, and a
 hung one holds no more than its own slots (design §5.10); the single endpoint is one deployment, one limit.
 Long calls (:mod:`streamproc.core.guards.long_requests`) hold at most a share of a deployment's slots while
-short calls are about, and their latency feeds the limit only when no short call does.
+short calls are about, and their latency feeds the limit only when no short call does. Among the waiting calls that
+may start, the next is the request's tenant's turn by priority and weighted fair share
+(:class:`streamproc.core.tenant_share.FairChoice`, design §5.11).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from streamproc.core.guards.in_flight_parts import InFlightParts
 from streamproc.core.guards.long_requests import NO_POOL, LongPool, LongRequests
 from streamproc.core.model_list import ANY_MODEL
 from streamproc.core.outcome import Success
+from streamproc.core.tenancy import DEFAULT_TENANCY, Tenancy
+from streamproc.core.tenant_share import Contender, FairChoice
 from streamproc.llm.client import CallResult
 from streamproc.llm.completion import billed_tokens
 from streamproc.llm.layer import Layer, Refused
@@ -41,8 +45,9 @@ class AdaptiveGate:
 
     ``limit`` is the limit of the first deployment called (the single endpoint's, its only one); every other
     deployment gets a new limit like it, learnt from its own calls. When a limit shrinks, running holders
-    finish undisturbed and newcomers wait. Waiters are woken first come, first served, except that a
-    deployment at its limit holds back only its own calls, and long calls at their share only long calls.
+    finish undisturbed and newcomers wait. A deployment at its limit holds back only its own calls, and long calls
+    at their share only long calls; among the waiters that may start, ``fair`` picks (first come, first served
+    within a tenant of one priority).
     """
 
     def __init__(self, limit: GradientLimit, total: int | None = None, long_requests: LongRequests = NO_POOL,
@@ -55,6 +60,7 @@ class AdaptiveGate:
         self._limits: dict[str, GradientLimit] = {}  # deployment key -> its limit (bounded by the model list)
         self._waiters: deque[tuple[_Waiting, asyncio.Future[None]]] = deque()
         self._quiet_timer: asyncio.TimerHandle | None = None  # wakes long calls once short ones are quiet
+        self.fair = FairChoice()
 
     @property
     def in_use(self) -> int:
@@ -87,11 +93,13 @@ class AdaptiveGate:
         """What the worker may have in flight now: its deployments' limits, within its total."""
         return min(self._parts.total, sum(self.limits().values()) or self._like.limit)
 
-    async def acquire(self, key: str = ANY_MODEL, long: bool = False) -> None:
+    async def acquire(self, key: str = ANY_MODEL, long: bool = False, tenancy: Tenancy = DEFAULT_TENANCY) -> None:
         self.limit_of(key)
-        waiting = _Waiting(key, long)
+        now = self._clock()
+        waiting = _Waiting(key, long, Contender(tenancy.tenant, tenancy.priority, now))
         # no waiter may start (each change of slots or limits wakes those that may), so one that may is first
-        if self._may_start(waiting, self._clock(), self._short_waiting()):
+        if self._may_start(waiting, now, self._short_waiting()):
+            self.fair.pick([waiting.contender], now)  # counted, so a tenant's uncontended starts are its share too
             self._start(waiting)
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -132,10 +140,10 @@ class AdaptiveGate:
         while self._waiters:
             self._waiters = deque((waiting, waiter) for waiting, waiter in self._waiters if not waiter.done())
             now, short_waiting = self._clock(), self._short_waiting()
-            index = next((i for i, (waiting, _) in enumerate(self._waiters)
-                          if self._may_start(waiting, now, short_waiting)), None)
-            if index is None:
+            may = [i for i, (waiting, _) in enumerate(self._waiters) if self._may_start(waiting, now, short_waiting)]
+            if not may:
                 return
+            index = may[self.fair.pick([self._waiters[i][0].contender for i in may], now)]
             waiting, waiter = self._waiters[index]
             del self._waiters[index]
             self._start(waiting)
@@ -145,25 +153,28 @@ class AdaptiveGate:
         """The deployments with a short call waiting (each holds its long calls to their share)."""
         return {waiting.key for waiting, waiter in self._waiters if not waiting.long and not waiter.done()}
 
-    def slot(self, key: str = ANY_MODEL, long: bool = False) -> _Slot:
-        """``async with gate.slot(key)``: one of the deployment's slots for the block (``long``: of its pool)."""
-        return _Slot(self, key, long)
+    def slot(self, key: str = ANY_MODEL, long: bool = False, tenancy: Tenancy = DEFAULT_TENANCY) -> _Slot:
+        """``async with gate.slot(key)``: one of the deployment's slots for the block (``long``: of its pool), for
+        a request of ``tenancy``."""
+        return _Slot(self, key, long, tenancy)
 
 
 @dataclass(frozen=True)
 class _Waiting:
     key: str  # the deployment
     long: bool  # the call is long (core.guards.long_requests)
+    contender: Contender  # whose call, how urgent, waiting since
 
 
 class _Slot:
-    def __init__(self, gate: AdaptiveGate, key: str, long: bool) -> None:
+    def __init__(self, gate: AdaptiveGate, key: str, long: bool, tenancy: Tenancy) -> None:
         self._gate = gate
         self._key = key
         self._long = long
+        self._tenancy = tenancy
 
     async def __aenter__(self) -> None:
-        await self._gate.acquire(self._key, self._long)
+        await self._gate.acquire(self._key, self._long, self._tenancy)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -184,7 +195,7 @@ class GatedLayer:
     async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
         key = self._deployment_of(body["model"])
         long = self._gate.pool.policy.is_long(body)
-        async with self._gate.slot(key, long):
+        async with self._gate.slot(key, long, Tenancy(request.tenant, request.priority)):
             called = await self._inner.call(request, body, first)
             limit = self._gate.limit_of(key)
             probing = limit.probing

@@ -46,6 +46,7 @@ from streamproc.core.model_list import ANY_MODEL, ModelList, single_endpoint
 from streamproc.core.model_names import INVALID_MODEL_NAME, model_name_problem
 from streamproc.core.outcome import Failure, truncate
 from streamproc.core.retry_policy import Stop, within_budget
+from streamproc.core.tenant_share import FairChoice, TenantWeights
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.breakers import BreakerLayer, Breakers
 from streamproc.llm.client import Caller, CallResult
@@ -192,6 +193,11 @@ class Guards:
     def _count_fallback(self, source: str, target: str, reason: str) -> None:
         key = (source, target, reason)
         self.fallbacks[key] = self.fallbacks.get(key, 0) + 1
+
+    def share_among(self, weights: TenantWeights) -> None:
+        """Share the gate's slots among tenants by ``weights`` (the tenants file; design §5.11)."""
+        if self._gate is not None:
+            self._gate.fair = FairChoice(weights)
 
     # -- for metrics ---------------------------------------------------------------------------------------
     @property

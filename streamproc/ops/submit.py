@@ -22,7 +22,7 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import batch_id_problem
 from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
 from streamproc.core.spend_cap import Cap
-from streamproc.core.tenancy import DEFAULT_TENANCY, Tenancy
+from streamproc.core.tenancy import DEFAULT_TENANCY, Tenancy, tenancy_headers
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.clients import kafka_producer
@@ -123,7 +123,7 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
     producer = kafka_producer(kafka, **durability.producer_options(), linger_ms=20,
                                 max_batch_size=512 * 1024, compression_type="gzip")
     sent = 0
-    record_headers = list(limits.record_headers) or None  # the headers the records were measured with
+    record_headers = list(limits.record_headers)  # the headers the records were measured with, and their tenancy's
     try:
         await producer.start()  # inside: a producer the cluster refuses is closed too
         if cap is not None:  # before any request: a worker reading the requests knows the cap
@@ -132,8 +132,10 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
         pending: list[asyncio.Future[object]] = []
         submitted_ms = int(time.time() * 1000)
         for request in iter_requests(path, limits, batch_id, submitted_ms, skip_invalid):
+            scheduled_by = tenancy_headers(Tenancy(request.tenant, request.priority))
             pending.append(await producer.send(topology.requests, key=request.request_id.encode(),
-                                               value=encode_request(request), headers=record_headers))
+                                               value=encode_request(request),
+                                               headers=[*record_headers, *scheduled_by] or None))
             if len(pending) >= _CONFIRM_EVERY:
                 sent += await _confirm(pending, progress)
         sent += await _confirm(pending, progress)
