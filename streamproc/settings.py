@@ -358,6 +358,10 @@ class Settings(BaseSettings):
         default=None, description='A JSON or TOML (.toml) file of tenant -> weight, e.g. {"team-a": 3}: a worker '
         'shares its records in hand and its call slots among the tenants with work by these weights (a tenant not '
         'named weighs 1). Unset: all equal.')
+    tenant_read_ahead: int = Field(
+        default=512, ge=1, description="Records of new requests a worker holds waiting in memory for their "
+        "tenant's turn, shared by the tenants' weights; a tenant's records past its part are parked on the backlog "
+        "topic (at most half of the stream buffer).")
     metrics_tenants: list[str] = Field(
         default_factory=list, description='JSON: the tenants the worker\'s metrics name, e.g. ["team-a", "team-b"]; '
         'any other is "other". Empty: the first 20 tenants a worker sees.')

@@ -254,8 +254,8 @@ class WorkerRuntime:
                                      waiting_room=self.app.conf.stream_buffer_maxsize)
         # records waiting for their tenant's room hold at most half the waiting room (new requests) and a hand's
         # worth of it (parked ones), so the retry tiers' sleepers keep theirs
-        self.tenant_hand = TenantHand(records_in_hand(settings.in_flight), self.app.conf.stream_buffer_maxsize // 2,
-                                      weights)
+        read_ahead = min(settings.tenant_read_ahead, self.app.conf.stream_buffer_maxsize // 2)
+        self.tenant_hand = TenantHand(records_in_hand(settings.in_flight), read_ahead, weights)
         self._backlog_places = asyncio.Semaphore(records_in_hand(settings.in_flight))
         guards = settings.guards
         self.llm = DeploymentCaller.connect(models, settings.llm_endpoint, connections=guards.in_flight.ceiling,

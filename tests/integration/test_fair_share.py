@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
+from streamproc.core.tenancy import TENANT_HEADER
 from streamproc.settings import Settings
 from tests.integration.pipeline import OutcomeReader, WorkerProcess, start_mock, worker_env
 from tests.integration.test_operations import cli
@@ -31,6 +34,22 @@ def _batch(path: Path, prefix: str, count: int) -> Path:
     return path
 
 
+async def _parked(settings: Settings) -> dict[str, int]:
+    """Records on the backlog topic, by their x-tenant header."""
+    assert settings.kafka_bootstrap is not None
+    consumer = AIOKafkaConsumer(settings.topology().backlog, bootstrap_servers=settings.kafka_bootstrap,
+                                group_id=None, auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    parked: Counter[str] = Counter()
+    try:
+        for _ in range(5):
+            for messages in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
+                parked.update(dict(message.headers).get(TENANT_HEADER, b"").decode() for message in messages)
+    finally:
+        await consumer.stop()
+    return dict(parked)
+
+
 async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Settings, tmp_path: Path) -> None:
     profile = tmp_path / "slots.json"
     profile.write_text(json.dumps({"base": "clean", "slots": SERVER_SLOTS,
@@ -38,7 +57,8 @@ async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Setti
     mock = start_mock(str(profile), 3)
     env = worker_env(settings, mock.url, tmp_path / "w1", in_flight=str(IN_FLIGHT),
                      adaptive_min_in_flight=str(IN_FLIGHT), adaptive_initial_in_flight=str(IN_FLIGHT),
-                     llm_hedge_ratio="0", retry_budget_min="1000")
+                     llm_hedge_ratio="0", retry_budget_min="1000",
+                     tenant_read_ahead="20")  # past 20 waiting, A's records are parked on the backlog topic
     worker = WorkerProcess(env, tmp_path / "worker.log")
     worker.start()
     try:
@@ -69,3 +89,6 @@ async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Setti
     print(f"A's first to half {a_half} ms, to last {a_last} ms; B's last {b_last} ms after A's first "
           f"({b_last / a_last:.2f} of A's run; B's median {statistics.median(b_done) - start} ms)")
     assert b_last < a_half, (b_last, a_half)  # first come, first served: B's last comes after all of A's
+    parked = await _parked(settings)
+    assert parked.get("team-a", 0) > FLOOD // 2, parked  # most of the flood went through the backlog
+    assert parked.get("team-b", 0) == 0, parked  # within its part of the read-ahead

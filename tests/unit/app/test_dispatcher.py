@@ -280,3 +280,19 @@ async def test_the_waiting_room_is_bounded_and_acks_stay_in_offset_order() -> No
     works.finish("p", 0)
     await settle()
     assert works.acked_offsets("p") == [0, 1, 2]
+
+
+async def test_a_record_parked_without_a_call_runs_while_every_slot_is_held_and_acks_in_order() -> None:
+    dispatcher, works = Dispatcher(2, waiting_room=4), Works()
+    await works.submit(dispatcher, "p0", 0)
+    await works.submit(dispatcher, "p0", 1)  # both slots held by calls
+    await asyncio.wait_for(dispatcher.submit("p0", 2, works.work("p0", 2), works.ack("p0", 2), call=False), 1)
+    await settle()
+    assert ("p0", 2) in works.started  # a park is a send: it needs no call slot
+    works.finish("p0", 2)
+    await settle()
+    assert works.acked == [] and dispatcher.in_flight == 2  # ordered: behind the calls still running
+    works.finish("p0", 0)
+    works.finish("p0", 1)
+    await settle()
+    assert works.acked_offsets("p0") == [0, 1, 2]

@@ -1,0 +1,64 @@
+"""Each tenant's records in a worker's hand against its quota: taken, waiting in memory, or to be parked."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from streamproc.app.tenant_hand import TenantHand, load_tenant_weights, scheduled_tenant
+from streamproc.core.tenant_share import TenantWeights
+
+
+def test_a_tenant_alone_takes_the_whole_hand_then_waits_within_its_read_ahead_then_parks() -> None:
+    hand = TenantHand(hand=4, read_ahead=2)
+    assert [hand.may_take("a") for _ in range(5)] == [True, True, True, True, False]
+    assert [hand.may_wait("a") for _ in range(3)] == [True, True, False]  # the third is parked
+
+
+async def test_a_second_tenant_gets_its_share_before_the_flood_waiting_ahead_of_it() -> None:
+    hand = TenantHand(hand=4, read_ahead=8)
+    for _ in range(4):
+        assert hand.may_take("a")
+    assert hand.may_wait("a")
+    flood = asyncio.create_task(hand.wait_to_take("a", lambda: False))
+    assert hand.may_take("b")  # b holds nothing: its quota is half the hand
+    assert not hand.may_take("a")  # a has a record waiting: its own go first
+    for _ in range(2):
+        hand.give_back("a")
+    await asyncio.sleep(0.05)
+    assert not flood.done()  # a holds 2 of a quota of 2 now that b holds one
+    hand.give_back("a")
+    assert await asyncio.wait_for(flood, 1) is True
+    assert hand.held() == {"a": 2, "b": 1}
+
+
+async def test_a_waiter_gives_up_when_the_worker_gives_its_records_back() -> None:
+    hand = TenantHand(hand=1, read_ahead=4)
+    assert hand.may_take("a") and hand.may_wait("a")
+    assert await asyncio.wait_for(hand.wait_to_take("a", lambda: True), 1) is False
+    assert hand.may_wait("a")  # its waiting place was given back
+
+
+def test_weights_share_the_hand() -> None:
+    hand = TenantHand(hand=8, read_ahead=8, weights=TenantWeights({"a": 3.0}))
+    assert hand.may_take("b")
+    assert sum(hand.may_take("a") for _ in range(8)) == 6  # 8 × 3/4
+
+
+def test_the_scheduled_tenant_comes_from_the_header_alone() -> None:
+    assert scheduled_tenant({"x-tenant": b"team-a"}) == "team-a"
+    assert scheduled_tenant({}) == "default"
+    assert scheduled_tenant({"x-tenant": b"bad name"}) == "default"  # the handler refuses it; scheduling does not
+
+
+def test_a_bad_tenants_file_names_itself(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.toml"
+    path.write_text('team-a = 2\n')
+    assert load_tenant_weights(path).of("team-a") == 2.0
+    path.write_text('team-a = "x"\n')
+    with pytest.raises(ValueError, match=r"STREAMPROC_TENANTS_FILE .*tenants.toml: the weight of 'team-a'"):
+        load_tenant_weights(path)
+    with pytest.raises(ValueError, match="No such file"):
+        load_tenant_weights(tmp_path / "missing.json")
