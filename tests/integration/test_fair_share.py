@@ -25,7 +25,7 @@ IN_FLIGHT = 4  # fixed (floor = start = ceiling): the test is about the shares, 
 LATENCY_S = 1.0  # the server answers SERVER_SLOTS / LATENCY_S = 4 requests a second: the bottleneck, as a shared
 # model is (a worker reads and parks far faster, even on a loaded machine)
 FLOOD = 300
-SMALL = 20
+SMALL = 16
 
 
 def _batch(path: Path, prefix: str, count: int) -> Path:
@@ -58,7 +58,7 @@ async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Setti
     env = worker_env(settings, mock.url, tmp_path / "w1", in_flight=str(IN_FLIGHT),
                      adaptive_min_in_flight=str(IN_FLIGHT), adaptive_initial_in_flight=str(IN_FLIGHT),
                      llm_hedge_ratio="0", retry_budget_min="1000",
-                     tenant_read_ahead="20")  # past 20 waiting, A's records are parked on the backlog topic
+                     tenant_read_ahead="40")  # past 40 waiting (20 each once B waits too): parked on the backlog
     worker = WorkerProcess(env, tmp_path / "worker.log")
     worker.start()
     try:

@@ -91,9 +91,8 @@ class ChaosRun:
         self.progress = _Progress()
         self.states = StateFollower(stack.kafka, self.topology, names.batch_id)
         self.outcomes = OutcomeReader(stack.kafka, self.topology)
-        self.group_watch = GroupStallWatch(stack.kafka, names.app_id,
-                                           [self.topology.requests, *map(self.topology.retry, self.topology.tiers)],
-                                           config.partitions, self._stall_threshold_s())
+        self.group_watch = GroupStallWatch(stack.kafka, names.app_id, self.topology.inputs, config.partitions,
+                                           self._stall_threshold_s())
         self.submitted: list[str] = []
         self.submitted_at_s = 0.0
         self._http = httpx.AsyncClient()

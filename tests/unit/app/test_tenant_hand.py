@@ -44,7 +44,7 @@ async def test_a_waiter_gives_up_when_the_worker_gives_its_records_back() -> Non
 def test_weights_share_the_hand() -> None:
     hand = TenantHand(hand=8, read_ahead=8, weights=TenantWeights({"a": 3.0}))
     assert hand.may_take("b")
-    assert sum(hand.may_take("a") for _ in range(8)) == 6  # 8 × 3/4
+    assert sum(hand.may_take("a") for _ in range(8)) == 6  # 8 * 3/4
 
 
 def test_the_scheduled_tenant_comes_from_the_header_alone() -> None:
