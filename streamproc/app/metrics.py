@@ -74,7 +74,7 @@ from streamproc.core.guards.breaker import BreakerState
 from streamproc.core.guards.rate_limits import NO_LIMITS
 from streamproc.core.lag import PartitionLag
 from streamproc.core.model_labels import OTHER, ModelLabels
-from streamproc.core.spend_cap import BATCH, DAY
+from streamproc.core.spend_cap import BATCH, DAY, TENANT_DAY
 from streamproc.core.stalls import StallWatch
 from streamproc.core.tenancy import TenantLabels
 from streamproc.kafka.connection import KafkaConnection
@@ -377,10 +377,11 @@ class SpendCollector(Collector):
                 tokens.add_metric([cap], count)
         yield usd
         yield tokens
-        held = CounterMetricFamily(f"{NAMESPACE}_calls_held_by_cap", "Calls not started because their batch or "
-                                   "the day reached its spend cap (their requests wait), by the kind of cap.",
+        held = CounterMetricFamily(f"{NAMESPACE}_calls_held_by_cap", "Calls not started because their batch, "
+                                   "the day or their tenant's day reached its spend cap (their requests wait), by "
+                                   "the kind of cap.",
                                    labels=["cap"])
-        for kind in (BATCH, DAY):
+        for kind in (BATCH, DAY, TENANT_DAY):
             held.add_metric([kind], self._gate.held[kind])
         yield held
 

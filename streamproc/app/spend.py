@@ -2,7 +2,8 @@
 
 The arithmetic is pure (:mod:`streamproc.core.spend_cap`); this holds what it is applied to: the caps of the
 batches (their records on the manifests topic, or the header their requests were submitted with), the day's
-cap of the deployment, the models' prices and the worker's token estimate. A call that does not fit is not
+cap of the deployment, the tenants' caps per day (the tenants file), the models' prices and the worker's token
+estimate. A call that does not fit is not
 made: the handler parks its record in the shortest retry tier like a call held by an open breaker, so its
 request waits (state ``retrying``, ``budget_exhausted``) without spending an attempt, and is tried again when
 it comes back (after a cap was raised, or once calls in flight settled below their estimates).
@@ -26,6 +27,7 @@ from streamproc.core.spend_cap import (
     DAY,
     FREE,
     NOTHING,
+    TENANT_DAY,
     Cap,
     Charge,
     Exhausted,
@@ -35,6 +37,7 @@ from streamproc.core.spend_cap import (
     SpendLedger,
     batch_scope,
     day_scope,
+    tenant_day_scope,
 )
 from streamproc.core.vocabulary import FailureLayer
 
@@ -53,18 +56,21 @@ class HeldByCap:
 
 
 class SpendGate:
-    """Whether a call may start under the caps of its batch and of the day, and what it cost once it ended."""
+    """Whether a call may start under the caps of its batch, of the day and of its tenant's day, and what it cost once
+    it ended."""
 
     def __init__(self, caps: Callable[[str], Cap | None], prices: Mapping[str, tuple[float, float]],
-                 estimator: TokenEstimator, day_cap: Cap | None = None, ledger: SpendLedger | None = None) -> None:
+                 estimator: TokenEstimator, day_cap: Cap | None = None, ledger: SpendLedger | None = None,
+                 tenant_caps: Mapping[str, Cap] | None = None) -> None:
         self.ledger = ledger or SpendLedger()
         self._caps = caps
         self._prices = {model: Price(*price) for model, price in prices.items()}
         self._estimator = estimator
         self._day_cap = day_cap
+        self._tenant_caps = dict(tenant_caps or {})
         self._submitted_caps: dict[str, Cap] = {}  # from the requests' headers, until the cap's record is read
         self._today: Scope | None = None
-        self.held: Counter[str] = Counter()  # calls held, by the kind of cap (batch, day)
+        self.held: Counter[str] = Counter()  # calls held, by the kind of cap (batch, day, tenant_day)
         self._unpriced: set[str] = set()
 
     def begin(self, request: InferenceRequest, body: Mapping[str, Any], record_headers: Mapping[str, bytes],
@@ -106,6 +112,8 @@ class SpendGate:
         today = max((scope.name for scope in scopes if scope.kind == DAY), default=None)
         for scope in scopes:
             cap = self._cap_of(scope.name) if scope.kind == BATCH else self._day_cap
+            if scope.kind == TENANT_DAY:  # the tenant's cap is shown by calls_held_by_cap, not here
+                continue
             if cap is not None and (scope.kind == BATCH or scope.name == today):
                 readings[scope] = cap.left(self.ledger.spent(scope))
         return readings
@@ -123,12 +131,16 @@ class SpendGate:
             cap = self._cap_of(request.batch_id)
             if cap is not None:
                 caps.append((batch_scope(request.batch_id), cap))
-        if self._day_cap is not None:
+        tenant_cap = self._tenant_caps.get(request.tenant)
+        if self._day_cap is not None or tenant_cap is not None:
             today = day_scope(now_ms)
             if today != self._today:  # a new day: the day before yesterday is done with
                 self._today = today
                 self.ledger.forget_days_before(day_scope(now_ms - _DAY_MS))
-            caps.append((today, self._day_cap))
+            if self._day_cap is not None:
+                caps.append((today, self._day_cap))
+            if tenant_cap is not None:
+                caps.append((tenant_day_scope(request.tenant, now_ms), tenant_cap))
         return caps
 
     def _cap_of(self, batch_id: str) -> Cap | None:
@@ -148,6 +160,8 @@ class SpendGate:
 
 def _explain(exhausted: Exhausted) -> str:
     spent, cap = exhausted.spent, exhausted.cap
-    what = f"batch {exhausted.scope.name!r}" if exhausted.scope.kind == BATCH else f"day {exhausted.scope.name}"
+    kind, name = exhausted.scope
+    what = (f"batch {name!r}" if kind == BATCH else f"day {name}" if kind == DAY
+            else "tenant {1!r} on {0}".format(*name.split("/", 1)))
     return (f"{what} reached its spend cap ({cap.describe()}): ${spent.cost_usd:.6f} and {spent.tokens:,} tokens "
             "spent or in flight in the fleet; the call waits until the cap is raised")

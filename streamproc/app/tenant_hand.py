@@ -4,7 +4,8 @@ The requests agent asks :meth:`TenantHand.may_take` before it hands a record to 
 quota has its record wait in memory (the dispatcher's waiting room, no slot: :meth:`TenantHand.wait_to_take`) while
 it has fewer waiting than its weighted part of the read-ahead (:meth:`TenantHand.may_wait`), and parked on the
 backlog topic past that, so the agent reads on past a flood and a small tenant's records never queue behind a
-large one's. The backlog agent's records wait the same way until their tenant is under its quota again.
+large one's. The backlog agent's records wait the same way until their tenant is under its quota again. A tenant
+at its RPM/TPM quota (``held_back``) takes no new place, and its records in hand do not shrink the others' parts.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from streamproc.core.tenancy import DEFAULT_TENANT, TENANT_HEADER, tenant_problem
-from streamproc.core.tenant_share import EQUAL_WEIGHTS, TenantWeights, hand_quota, parse_tenant_weights
+from streamproc.core.tenant_share import EQUAL_WEIGHTS, TenantWeights, hand_quota
+from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants, parse_tenants
 
 _POLL_S = 0.2  # how often a waiting record looks whether the worker gives its records back (a rebalance, a stop)
 
 
-def load_tenant_weights(path: Path | None) -> TenantWeights:
-    """``STREAMPROC_TENANTS_FILE``'s weights (none: all equal); a bad file raises ValueError naming it."""
+def load_tenants(path: Path | None) -> Tenants:
+    """``STREAMPROC_TENANTS_FILE``'s weights and quotas (none: all equal, no quota); a bad file raises ValueError
+    naming it."""
     if path is None:
-        return EQUAL_WEIGHTS
+        return NO_TENANTS_FILE
     try:
-        return parse_tenant_weights(path.read_text(encoding="utf-8"), toml=path.suffix == ".toml")
+        return parse_tenants(path.read_text(encoding="utf-8"), toml=path.suffix == ".toml")
     except (OSError, ValueError) as exc:
         raise ValueError(f"STREAMPROC_TENANTS_FILE {path}: {exc}") from None
 
@@ -43,12 +46,15 @@ def scheduled_tenant(record_headers: Mapping[str, bytes]) -> str:
 
 
 class TenantHand:
-    """Counts each tenant's records in hand; a hand of ``hand`` records is shared by ``weights``."""
+    """Counts each tenant's records in hand; a hand of ``hand`` records is shared by ``weights`` among the tenants
+    not ``held_back`` at their RPM/TPM quota."""
 
-    def __init__(self, hand: int, read_ahead: int, weights: TenantWeights = EQUAL_WEIGHTS) -> None:
+    def __init__(self, hand: int, read_ahead: int, weights: TenantWeights = EQUAL_WEIGHTS,
+                 held_back: Callable[[str], bool] = lambda _: False) -> None:
         self._hand = hand
         self._read_ahead = read_ahead
         self._weights = weights
+        self._held_back = held_back
         self._held: Counter[str] = Counter()
         self._waiting: Counter[str] = Counter()  # backlog records waiting for room, per tenant
         self._changed = asyncio.Event()
@@ -57,7 +63,10 @@ class TenantHand:
         return dict(self._held)
 
     def _has_room(self, tenant: str) -> bool:
-        return self._held[tenant] < hand_quota(tenant, self._held, self._hand, self._weights)
+        if self._held_back(tenant):
+            return False
+        sharing = {name: count for name, count in self._held.items() if not self._held_back(name)}
+        return self._held[tenant] < hand_quota(tenant, sharing, self._hand, self._weights)
 
     def may_take(self, tenant: str) -> bool:
         """Take a place for a record read from the requests topic, if its tenant is under its quota and has no

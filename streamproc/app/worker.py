@@ -50,7 +50,7 @@ from streamproc.app.reconciler import ConsumerGroup, Reconciler, ReconcilerLinks
 from streamproc.app.result_index import ResultIndex, ResultReuse
 from streamproc.app.spend import SpendGate
 from streamproc.app.table_purge import TablePurge
-from streamproc.app.tenant_hand import TenantHand, load_tenant_weights, scheduled_tenant
+from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_tenant
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.releases import write_as_release
 from streamproc.core import headers
@@ -64,7 +64,8 @@ from streamproc.core.retention import check_interval_s
 from streamproc.core.retry_policy import Tier, due_within_tier
 from streamproc.core.spend_cap import Cap, SpendLedger
 from streamproc.core.sweep_scope import SweepScope
-from streamproc.core.tenant_share import EQUAL_WEIGHTS, TenantWeights
+from streamproc.core.tenant_pace import TenantPace
+from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
@@ -232,7 +233,7 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, kafka: KafkaConnection, replication_factor: int, models: ModelList,
                  observer: Observer | None = None, batch_sizes: BatchSizes | None = None,
                  fleet: FleetMember | None = None, spend: SpendLedger | None = None,
-                 registered: RegisteredSchemas | None = None, weights: TenantWeights = EQUAL_WEIGHTS) -> None:
+                 registered: RegisteredSchemas | None = None, tenants: Tenants = NO_TENANTS_FILE) -> None:
         self.settings = settings
         self.topology = settings.topology()
         self._tiers = {self.topology.retry(tier): tier for tier in self.topology.tiers}  # topic -> its tier
@@ -255,7 +256,11 @@ class WorkerRuntime:
         # records waiting for their tenant's room hold at most half the waiting room (new requests) and a hand's
         # worth of it (parked ones), so the retry tiers' sleepers keep theirs
         read_ahead = min(settings.tenant_read_ahead, self.app.conf.stream_buffer_maxsize // 2)
-        self.tenant_hand = TenantHand(records_in_hand(settings.in_flight), read_ahead, weights)
+        # a tenant's RPM/TPM quota is the fleet's: each worker paces its part (its records spread over all partitions)
+        pace = TenantPace(tenants.quotas, (lambda: 1 / fleet.shares.workers) if fleet is not None
+                          else lambda: settings.guards.rate.share)
+        self.tenant_hand = TenantHand(records_in_hand(settings.in_flight), read_ahead, tenants.weights,
+                                      lambda tenant: pace.holds_back(tenant, time.monotonic()))
         self._backlog_places = asyncio.Semaphore(records_in_hand(settings.in_flight))
         guards = settings.guards
         self.llm = DeploymentCaller.connect(models, settings.llm_endpoint, connections=guards.in_flight.ceiling,
@@ -264,7 +269,7 @@ class WorkerRuntime:
         self.batch_sizes = batch_sizes or BatchSizes()
         self.guards = Guards.from_settings(guards, fleet.metered(self.llm) if fleet is not None else self.llm,
                                            self._expected_first_attempts, models, self._rebalancing_or_stopping)
-        self.guards.share_among(weights)
+        self.guards.share_among(tenants.weights, pace)
         if fleet is not None and self.guards.limiter is not None:  # the fleet sets its shares from now on
             fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership, self.guards.out)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
@@ -280,7 +285,10 @@ class WorkerRuntime:
         self.table_purge = TablePurge(self.table, self.app.producer, lambda: self.batch_sizes.forgotten_batches,
                                       self.owned_partitions)
         day_cap = None if settings.max_cost_usd_per_day is None else Cap(settings.max_cost_usd_per_day)
-        self.spend = SpendGate(self.batch_sizes.cap, settings.model_prices, self.guards.estimator, day_cap, spend)
+        tenant_caps = {tenant: Cap(quota.max_cost_usd_per_day) for tenant, quota in tenants.quotas.items()
+                       if quota.max_cost_usd_per_day is not None}
+        self.spend = SpendGate(self.batch_sizes.cap, settings.model_prices, self.guards.estimator, day_cap, spend,
+                               tenant_caps)
         self.handler = Handler(self.guards, self.sink, store, Retries(settings.retry_policy()),
                                self._on_configuration_problem, HandlerOptions(
                                    observer=observer, closed=self.batch_sizes.closed,
@@ -610,7 +618,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     models = load_model_list(settings.models_file, settings.llm_endpoint)  # no endpoint at all stops here
     check_routes(models, settings.guards.routes)
     try:
-        weights = load_tenant_weights(settings.tenants_file)
+        tenants = load_tenants(settings.tenants_file)
     except ValueError as bad:
         raise UserFacingError(str(bad)) from None
     # a refused key, or one bound for plain http elsewhere, stops here
@@ -630,7 +638,8 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
     try:  # before anything else, so that a taken port fails fast
         metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,
                                         settings.model_prices, [settings.default_model, *models.models(),
-                                                                *models.keys()], settings.metrics_tenants)
+                                                                *models.keys()],
+                                        settings.metrics_tenants or sorted(tenants.named))
                    if settings.worker_metrics_port else None)
     except OSError as exc:
         log.critical("STOPPING: cannot serve /metrics on %s:%d (%s); change STREAMPROC_WORKER_METRICS_PORT",
@@ -651,7 +660,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
         loop.run_until_complete(fleet.load())
     runtime = WorkerRuntime(settings, kafka, models=models, observer=metrics, batch_sizes=batch_sizes,
                             replication_factor=replication.factor, fleet=fleet, spend=spend, registered=registered,
-                            weights=weights)
+                            tenants=tenants)
 
     async def follow_batch_sizes() -> None:  # no parameters: faust passes the app to a task that takes one
         await batch_sizes.follow(kafka, topology.batches)

@@ -1,11 +1,12 @@
 """Spend caps (design §5.9): whether a call may start, given what the fleet has spent of a batch's or a day's cap.
 
-A cap bounds a *scope*: one batch (``submit --max-cost-usd``, ``--max-tokens``) or one UTC day of the deployment
-(``STREAMPROC_MAX_COST_USD_PER_DAY``). Each worker keeps a :class:`SpendLedger`: per scope, what its own calls
-cost once settled (from the answer's ``usage``), what its calls in flight are estimated to cost (the prompt's
-estimate and the whole completion budget, at the model's price), and what every other worker's last beat said
-it had spent and had in flight. A call starts only when all of that and its own estimate fit within every cap
-that applies to it; otherwise it waits (the handler parks it, design §5.9).
+A cap bounds a *scope*: one batch (``submit --max-cost-usd``, ``--max-tokens``), one UTC day of the deployment
+(``STREAMPROC_MAX_COST_USD_PER_DAY``) or one tenant's UTC day (its ``max_cost_usd_per_day`` in the tenants file).
+Each worker keeps a :class:`SpendLedger`: per scope, what its own calls cost once settled (from the answer's
+``usage``), what its calls in flight are estimated to cost (the prompt's estimate and the whole completion budget,
+at the model's price), and what every other worker's last beat said it had spent and had in flight. A call starts
+only when all of that and its own estimate fit within every cap that applies to it; otherwise it waits (the handler
+parks it, design §5.9).
 
 The bound. A worker sees its own spend at once and the others' as of their last beat it has read. So when it
 starts a call, the fleet's spend can exceed the cap only by what the others started since the beats it read:
@@ -25,10 +26,12 @@ from typing import Final, NamedTuple
 
 BATCH: Final = "batch"
 DAY: Final = "day"
+TENANT_DAY: Final = "tenant_day"  # one tenant's UTC day (its max_cost_usd_per_day in the tenants file)
 
 
 class Scope(NamedTuple):
-    """What a cap applies to: a batch (``name`` its id) or a UTC day (``name`` its ISO date)."""
+    """What a cap applies to: a batch (``name`` its id), a UTC day (``name`` its ISO date) or a tenant's UTC day
+    (``name`` ``<ISO date>/<tenant>``)."""
 
     kind: str
     name: str
@@ -41,6 +44,11 @@ def batch_scope(batch_id: str) -> Scope:
 def day_scope(now_ms: int) -> Scope:
     """The UTC day a call starting at ``now_ms`` is charged to."""
     return Scope(DAY, datetime.fromtimestamp(now_ms / 1000, UTC).date().isoformat())
+
+
+def tenant_day_scope(tenant: str, now_ms: int) -> Scope:
+    """The tenant's UTC day a call of ``tenant`` starting at ``now_ms`` is charged to."""
+    return Scope(TENANT_DAY, f"{day_scope(now_ms).name}/{tenant}")
 
 
 @dataclass(frozen=True)
@@ -172,9 +180,11 @@ class SpendLedger:
                 for scope in {*self._settled, *self._in_flight}}
 
     def forget_days_before(self, day: Scope) -> None:
-        """Drop the days before ``day`` (no call outlives a day): a beat names the days it has spend on."""
+        """Drop the days before ``day``, the deployment's and the tenants' (no call outlives a day): a beat names the
+        days it has spend on."""
         for spends in (self._settled, self._in_flight, *self._others.values()):
-            for scope in [scope for scope in spends if scope.kind == DAY and scope.name < day.name]:
+            for scope in [scope for scope in spends if scope.kind in (DAY, TENANT_DAY)
+                          and scope.name.split("/", 1)[0] < day.name]:
                 del spends[scope]
 
     def heard(self, worker: str, spend: Mapping[Scope, Spend]) -> None:

@@ -6,25 +6,19 @@ gets all of it (work-conserving) and a record of a tenant over its quota is park
 §5.11). Among the calls that may start, :class:`FairChoice` picks by priority first, a lower one aged past a bound
 counting as the highest, then by weighted fair queuing per tenant (virtual start tags).
 
-Weights come from ``STREAMPROC_TENANTS_FILE``: a JSON object or a TOML table of tenant -> weight (a positive
-number); a tenant not named weighs :data:`DEFAULT_WEIGHT`.
+Weights come from ``STREAMPROC_TENANTS_FILE`` (:mod:`streamproc.core.tenants_file`); a tenant not named weighs
+:data:`DEFAULT_WEIGHT`.
 """
 
 from __future__ import annotations
 
-import json
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from streamproc.core.tenancy import PRIORITIES, tenant_problem
+from streamproc.core.tenancy import PRIORITIES
 
 DEFAULT_WEIGHT: Final = 1.0
-
-
-class InvalidTenantsFile(ValueError):
-    """A tenants file that cannot be used, and why."""
 
 
 @dataclass(frozen=True)
@@ -38,24 +32,6 @@ class TenantWeights:
 
 
 EQUAL_WEIGHTS: Final = TenantWeights()
-
-
-def parse_tenant_weights(text: str, toml: bool) -> TenantWeights:
-    """The weights a tenants file names (``toml``: TOML, else JSON), or :class:`InvalidTenantsFile`."""
-    try:
-        loaded: object = tomllib.loads(text) if toml else json.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
-        raise InvalidTenantsFile(f"is not {'TOML' if toml else 'JSON'}: {exc}") from None
-    if not isinstance(loaded, dict):
-        raise InvalidTenantsFile("must be an object of tenant -> weight, e.g. {\"team-a\": 3, \"team-b\": 1}")
-    named: dict[str, float] = {}
-    for tenant, weight in loaded.items():
-        if (problem := tenant_problem(tenant)) is not None:
-            raise InvalidTenantsFile(f"tenant {problem}")
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-            raise InvalidTenantsFile(f"the weight of {tenant!r} must be a positive number, got {weight!r}")
-        named[tenant] = float(weight)
-    return TenantWeights(named)
 
 
 def hand_quota(tenant: str, in_hand: Mapping[str, int], hand: int, weights: TenantWeights) -> int:

@@ -9,7 +9,8 @@ hung one holds no more than its own slots (design §5.10); the single endpoint i
 Long calls (:mod:`streamproc.core.guards.long_requests`) hold at most a share of a deployment's slots while
 short calls are about, and their latency feeds the limit only when no short call does. Among the waiting calls that
 may start, the next is the request's tenant's turn by priority and weighted fair share
-(:class:`streamproc.core.tenant_share.FairChoice`, design §5.11).
+(:class:`streamproc.core.tenant_share.FairChoice`, design §5.11); a tenant at its RPM/TPM quota
+(:class:`streamproc.core.tenant_pace.TenantPace`) has none that may start until its quota refills.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from streamproc.core.guards.long_requests import NO_POOL, LongPool, LongRequests
 from streamproc.core.model_list import ANY_MODEL
 from streamproc.core.outcome import Success
 from streamproc.core.tenancy import DEFAULT_TENANCY, Tenancy
+from streamproc.core.tenant_pace import TenantPace
 from streamproc.core.tenant_share import Contender, FairChoice
 from streamproc.llm.client import CallResult
 from streamproc.llm.completion import billed_tokens
@@ -60,7 +62,9 @@ class AdaptiveGate:
         self._limits: dict[str, GradientLimit] = {}  # deployment key -> its limit (bounded by the model list)
         self._waiters: deque[tuple[_Waiting, asyncio.Future[None]]] = deque()
         self._quiet_timer: asyncio.TimerHandle | None = None  # wakes long calls once short ones are quiet
+        self._pace_timer: asyncio.TimerHandle | None = None  # wakes the calls of tenants at their quota once it refills
         self.fair = FairChoice()
+        self.pace = TenantPace({})
 
     @property
     def in_use(self) -> int:
@@ -93,10 +97,11 @@ class AdaptiveGate:
         """What the worker may have in flight now: its deployments' limits, within its total."""
         return min(self._parts.total, sum(self.limits().values()) or self._like.limit)
 
-    async def acquire(self, key: str = ANY_MODEL, long: bool = False, tenancy: Tenancy = DEFAULT_TENANCY) -> None:
+    async def acquire(self, key: str = ANY_MODEL, long: bool = False, tenancy: Tenancy = DEFAULT_TENANCY,
+                      tokens: int = 0) -> None:
         self.limit_of(key)
         now = self._clock()
-        waiting = _Waiting(key, long, Contender(tenancy.tenant, tenancy.priority, now))
+        waiting = _Waiting(key, long, Contender(tenancy.tenant, tenancy.priority, now), tokens)
         # no waiter may start (each change of slots or limits wakes those that may), so one that may is first
         if self._may_start(waiting, now, self._short_waiting()):
             self.fair.pick([waiting.contender], now)  # counted, so a tenant's uncontended starts are its share too
@@ -104,6 +109,7 @@ class AdaptiveGate:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((waiting, waiter))
+        self._wake_when_paced(now)
         if not long:
             self.pool.saw_short_waiting(key, self._clock())
         try:
@@ -128,13 +134,16 @@ class AdaptiveGate:
 
     def _may_start(self, waiting: _Waiting, now: float, short_waiting: set[str]) -> bool:
         limits = self.limits()
-        return (self._parts.may_start(waiting.key, limits)
+        return (self.pace.wait_s(waiting.contender.tenant, waiting.tokens, now) == 0
+                and self._parts.may_start(waiting.key, limits)
                 and self.pool.may_start(waiting.key, waiting.long, limits[waiting.key], now,
                                         waiting.key in short_waiting))
 
     def _start(self, waiting: _Waiting) -> None:
         self._parts.start(waiting.key)
-        self.pool.start(waiting.key, waiting.long, self._clock())
+        now = self._clock()
+        self.pool.start(waiting.key, waiting.long, now)
+        self.pace.start(waiting.contender.tenant, waiting.tokens, now)
 
     def _wake(self) -> None:
         while self._waiters:
@@ -142,6 +151,7 @@ class AdaptiveGate:
             now, short_waiting = self._clock(), self._short_waiting()
             may = [i for i, (waiting, _) in enumerate(self._waiters) if self._may_start(waiting, now, short_waiting)]
             if not may:
+                self._wake_when_paced(now)
                 return
             index = may[self.fair.pick([self._waiters[i][0].contender for i in may], now)]
             waiting, waiter = self._waiters[index]
@@ -149,14 +159,26 @@ class AdaptiveGate:
             self._start(waiting)
             waiter.set_result(None)
 
+    def _wake_when_paced(self, now: float) -> None:
+        """Wake the waiters when the first tenant held at its quota may start again (nothing else would)."""
+        if not self.pace:
+            return
+        waits = [wait for waiting, waiter in self._waiters if not waiter.done()
+                 if (wait := self.pace.wait_s(waiting.contender.tenant, waiting.tokens, now)) > 0]
+        if waits:
+            if self._pace_timer is not None:
+                self._pace_timer.cancel()
+            self._pace_timer = asyncio.get_running_loop().call_later(min(waits), self._wake)
+
     def _short_waiting(self) -> set[str]:
         """The deployments with a short call waiting (each holds its long calls to their share)."""
         return {waiting.key for waiting, waiter in self._waiters if not waiting.long and not waiter.done()}
 
-    def slot(self, key: str = ANY_MODEL, long: bool = False, tenancy: Tenancy = DEFAULT_TENANCY) -> _Slot:
+    def slot(self, key: str = ANY_MODEL, long: bool = False, tenancy: Tenancy = DEFAULT_TENANCY,
+             tokens: int = 0) -> _Slot:
         """``async with gate.slot(key)``: one of the deployment's slots for the block (``long``: of its pool), for
-        a request of ``tenancy``."""
-        return _Slot(self, key, long, tenancy)
+        a request of ``tenancy`` estimated at ``tokens``."""
+        return _Slot(self, key, long, tenancy, tokens)
 
 
 @dataclass(frozen=True)
@@ -164,17 +186,19 @@ class _Waiting:
     key: str  # the deployment
     long: bool  # the call is long (core.guards.long_requests)
     contender: Contender  # whose call, how urgent, waiting since
+    tokens: int = 0  # its estimate (prompt + completion budget), for its tenant's TPM quota
 
 
 class _Slot:
-    def __init__(self, gate: AdaptiveGate, key: str, long: bool, tenancy: Tenancy) -> None:
+    def __init__(self, gate: AdaptiveGate, key: str, long: bool, tenancy: Tenancy, tokens: int) -> None:
         self._gate = gate
         self._key = key
         self._long = long
         self._tenancy = tenancy
+        self._tokens = tokens
 
     async def __aenter__(self) -> None:
-        await self._gate.acquire(self._key, self._long, self._tenancy)
+        await self._gate.acquire(self._key, self._long, self._tenancy, self._tokens)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -183,19 +207,23 @@ class _Slot:
 
 class GatedLayer:
     """Everything below (token wait, breaker check, call) runs inside one slot of the gate, the slot of the
-    deployment ``deployment_of`` names for the body's model (a deployment key; by default the single endpoint)."""
+    deployment ``deployment_of`` names for the body's model (a deployment key; by default the single endpoint).
+    ``cost``: a body's token estimate, for the tenants' TPM quotas."""
 
     def __init__(self, inner: Layer[CallResult | Refused], gate: AdaptiveGate, clock: Callable[[], float],
-                 deployment_of: Callable[[str], str] = lambda _: ANY_MODEL) -> None:
+                 deployment_of: Callable[[str], str] = lambda _: ANY_MODEL,
+                 cost: Callable[[dict[str, Any]], int] = lambda _: 0) -> None:
         self._inner = inner
         self._gate = gate
         self._clock = clock
         self._deployment_of = deployment_of
+        self._cost = cost
 
     async def call(self, request: InferenceRequest, body: dict[str, Any], first: bool) -> CallResult | Refused:
         key = self._deployment_of(body["model"])
         long = self._gate.pool.policy.is_long(body)
-        async with self._gate.slot(key, long, Tenancy(request.tenant, request.priority)):
+        tokens = self._cost(body) if self._gate.pace else 0
+        async with self._gate.slot(key, long, Tenancy(request.tenant, request.priority), tokens):
             called = await self._inner.call(request, body, first)
             limit = self._gate.limit_of(key)
             probing = limit.probing

@@ -46,6 +46,7 @@ from streamproc.core.model_list import ANY_MODEL, ModelList, single_endpoint
 from streamproc.core.model_names import INVALID_MODEL_NAME, model_name_problem
 from streamproc.core.outcome import Failure, truncate
 from streamproc.core.retry_policy import Stop, within_budget
+from streamproc.core.tenant_pace import TenantPace
 from streamproc.core.tenant_share import FairChoice, TenantWeights
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.breakers import BreakerLayer, Breakers
@@ -107,7 +108,7 @@ class Guards:
             stack = self._paced = RateLimitedLayer(stack, self.limiter, self.estimator, clock, sleep, on_congestion,
                                                    self._giving_way)
         if gate is not None:
-            stack = GatedLayer(stack, gate, clock, deployment_of)
+            stack = GatedLayer(stack, gate, clock, deployment_of, self.estimator.cost)
         routing = RoutingLayer(stack, self.routes, self._breakers, self._count_fallback, clock, wait, self.pauses,
                                self.models, self.tenant_pauses)
         return ContextFallbackLayer(routing, self.routes, self._count_fallback)
@@ -194,10 +195,13 @@ class Guards:
         key = (source, target, reason)
         self.fallbacks[key] = self.fallbacks.get(key, 0) + 1
 
-    def share_among(self, weights: TenantWeights) -> None:
-        """Share the gate's slots among tenants by ``weights`` (the tenants file; design §5.11)."""
+    def share_among(self, weights: TenantWeights, pace: TenantPace | None = None) -> None:
+        """Share the gate's slots among tenants by ``weights`` and hold each to its RPM/TPM quota by ``pace`` (the
+        tenants file; design §5.11)."""
         if self._gate is not None:
             self._gate.fair = FairChoice(weights)
+            if pace is not None:
+                self._gate.pace = pace
 
     # -- for metrics ---------------------------------------------------------------------------------------
     @property

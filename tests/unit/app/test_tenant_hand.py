@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streamproc.app.tenant_hand import TenantHand, load_tenant_weights, scheduled_tenant
+from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_tenant
 from streamproc.core.tenant_share import TenantWeights
 
 
@@ -56,9 +56,9 @@ def test_the_scheduled_tenant_comes_from_the_header_alone() -> None:
 def test_a_bad_tenants_file_names_itself(tmp_path: Path) -> None:
     path = tmp_path / "tenants.toml"
     path.write_text('team-a = 2\n')
-    assert load_tenant_weights(path).of("team-a") == 2.0
+    assert load_tenants(path).weights.of("team-a") == 2.0
     path.write_text('team-a = "x"\n')
     with pytest.raises(ValueError, match=r"STREAMPROC_TENANTS_FILE .*tenants.toml: the weight of 'team-a'"):
-        load_tenant_weights(path)
+        load_tenants(path)
     with pytest.raises(ValueError, match="No such file"):
-        load_tenant_weights(tmp_path / "missing.json")
+        load_tenants(tmp_path / "missing.json")

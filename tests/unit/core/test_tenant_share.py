@@ -4,39 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamproc.core.tenant_share import (
-    Contender,
-    FairChoice,
-    InvalidTenantsFile,
-    TenantWeights,
-    hand_quota,
-    parse_tenant_weights,
-)
+from streamproc.core.tenant_share import Contender, FairChoice, TenantWeights, hand_quota
 
 _TENANTS = st.sampled_from(["a", "b", "c", "d"])
-
-
-def test_weights_from_json_and_toml() -> None:
-    assert parse_tenant_weights('{"team-a": 3, "team-b": 0.5}', toml=False).of("team-a") == 3.0
-    weights = parse_tenant_weights('team-a = 3\n"team.b" = 1.5\n', toml=True)
-    assert (weights.of("team-a"), weights.of("team.b"), weights.of("unnamed")) == (3.0, 1.5, 1.0)
-
-
-@pytest.mark.parametrize(("text", "says"), [
-    ('["a"]', "object of tenant -> weight"),
-    ('{"a": 0}', "positive number"),
-    ('{"a": true}', "positive number"),
-    ('{"a": "2"}', "positive number"),
-    ('{"bad name": 1}', "not a tenant name"),
-    ("{", "is not JSON"),
-])
-def test_a_bad_tenants_file_says_why(text: str, says: str) -> None:
-    with pytest.raises(InvalidTenantsFile, match=says):
-        parse_tenant_weights(text, toml=False)
 
 
 @given(_TENANTS, st.integers(1, 500))
