@@ -5,7 +5,7 @@ usage its answer reports."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamproc.app.handler import Disposition, Handler, HandlerOptions
 from streamproc.app.spend import SpendGate
@@ -14,7 +14,7 @@ from streamproc.core import headers
 from streamproc.core.decision import Retries
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.request_state import BUDGET_EXHAUSTED
-from streamproc.core.spend_cap import Cap, Spend, batch_scope, day_scope
+from streamproc.core.spend_cap import Cap, Spend, batch_scope, day_scope, tenant_day_scope
 from streamproc.core.vocabulary import RequestStatus
 from tests.unit.app.test_handler import BODY, NOW, SEED, Rig, answer, make_request, next_hop, submission, text
 
@@ -27,11 +27,12 @@ class CappedRig(Rig):
     """The handler rig of test_handler with a spend gate: ``caps`` stands for the manifests topic."""
 
     day_cap: Cap | None = None
+    tenant_caps: dict[str, Cap] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.caps: dict[str, Cap] = {}
-        self.gate = SpendGate(self.caps.get, PRICES, TokenEstimator(), self.day_cap)
+        self.gate = SpendGate(self.caps.get, PRICES, TokenEstimator(), self.day_cap, tenant_caps=self.tenant_caps)
         self.handler = Handler(self.caller, self.sink, self.store, Retries(self.policy, random.Random(SEED)),
                                self.problems.append, HandlerOptions(clock_ms=self.clock, spend=self.gate))
 
@@ -89,3 +90,15 @@ async def test_the_day_s_cap_holds_every_batch() -> None:
     assert len(rig.caller.calls) == 1 and rig.gate.held == {"day": 1}
     [(scope, (usd_left, tokens_left))] = rig.gate.left().items()
     assert scope == day_scope(NOW) and usd_left == estimate_usd() - ANSWERED_USD and tokens_left == float("inf")
+
+
+async def test_a_tenant_s_daily_cap_holds_its_calls_only() -> None:
+    rig = CappedRig([answer("ok"), answer("ok")], tenant_caps={"team-a": Cap(max_cost_usd=estimate_usd())})
+    first, second = (replace(make_request(name), tenant="team-a") for name in ("a1", "a2"))
+    assert await rig.handle(submission(first, offset=1)) is Disposition.ACK
+    assert rig.gate.published() == {tenant_day_scope("team-a", NOW): Spend(ANSWERED_USD, 12)}
+    assert await rig.handle(submission(second, offset=2)) is Disposition.ACK
+    assert len(rig.caller.calls) == 1 and rig.gate.held == {"tenant_day": 1}
+    assert text(rig.sink.retries[-1].headers, headers.ERROR_CODE) == BUDGET_EXHAUSTED  # it waits, parked
+    assert await rig.handle(submission(make_request("b1"), offset=3)) is Disposition.ACK  # the default tenant's
+    assert len(rig.caller.calls) == 2

@@ -62,3 +62,14 @@ def test_a_bad_tenants_file_names_itself(tmp_path: Path) -> None:
         load_tenants(path)
     with pytest.raises(ValueError, match="No such file"):
         load_tenants(tmp_path / "missing.json")
+
+
+def test_a_tenant_held_back_at_its_rate_quota_takes_nothing_and_leaves_the_hand_to_the_others() -> None:
+    held_back = {"a"}
+    hand = TenantHand(hand=8, read_ahead=8, held_back=lambda tenant: tenant in held_back)
+    held_back.clear()
+    assert hand.may_take("a") and hand.may_take("a")  # two of a's calls are in hand when its quota runs out
+    held_back.add("a")
+    assert not hand.may_take("a")
+    assert hand.may_wait("a")  # its record waits in memory, as for fair share
+    assert sum(hand.may_take("b") for _ in range(8)) == 8  # not 4: a's records do not count against b's part

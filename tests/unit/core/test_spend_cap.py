@@ -18,6 +18,7 @@ from streamproc.core.spend_cap import (
     day_scope,
     spend_json,
     spend_of,
+    tenant_day_scope,
 )
 
 BATCH_B = batch_scope("b")
@@ -131,9 +132,11 @@ def test_the_fleet_overshoots_a_cap_by_at_most_what_the_others_started_within_on
 def test_days_before_a_given_one_are_forgotten_by_this_worker_and_of_the_others() -> None:
     ledger = SpendLedger()
     old, yesterday = day_scope(0), day_scope(86_400_000)
-    for day in (old, yesterday):
+    tenant_old, tenant_yesterday = tenant_day_scope("team-a", 0), tenant_day_scope("team-a", 86_400_000)
+    for day in (old, yesterday, tenant_old, tenant_yesterday):
         assert isinstance(ledger.begin([(day, DOLLAR)], Spend(0.1, 1)), Charge)
-    ledger.heard("w2", {old: Spend(0.2, 2), BATCH_B: Spend(0.3, 3)})
+    ledger.heard("w2", {old: Spend(0.2, 2), BATCH_B: Spend(0.3, 3), tenant_old: Spend(0.2, 2)})
     ledger.forget_days_before(yesterday)
-    assert ledger.own() == {yesterday: Spend(0.1, 1)}
+    assert ledger.own() == {yesterday: Spend(0.1, 1), tenant_yesterday: Spend(0.1, 1)}
+    assert ledger.spent(tenant_old) == Spend()
     assert ledger.spent(old) == Spend() and ledger.spent(BATCH_B) == Spend(0.3, 3)

@@ -8,6 +8,9 @@ import pytest
 
 from streamproc.core.guards.gradient import GradientLimit
 from streamproc.core.guards.long_requests import LongRequests
+from streamproc.core.tenancy import Tenancy
+from streamproc.core.tenant_pace import TenantPace
+from streamproc.core.tenants_file import TenantQuota
 from streamproc.llm.gated import AdaptiveGate
 
 
@@ -267,3 +270,19 @@ async def test_a_cancelled_long_waiter_leaves_no_slot_behind() -> None:
     waiter.cancel()
     await settle()
     assert (gate.in_use, gate.waiting, gate.pool.long_in_use("*")) == (2, 0, 1)
+
+
+async def test_a_tenant_at_its_rpm_quota_waits_without_a_slot_while_another_tenant_s_calls_start() -> None:
+    now = [0.0]
+    gate = AdaptiveGate(GradientLimit(1, 8, initial=8), clock=lambda: now[0])
+    gate.pace = TenantPace({"slow": TenantQuota(rpm=60)})
+    slow, fast = Tenancy("slow"), Tenancy("fast")
+    await gate.acquire(tenancy=slow)  # its second's worth
+    held = asyncio.create_task(gate.acquire(tenancy=slow))
+    others = [asyncio.create_task(gate.acquire(tenancy=fast)) for _ in range(5)]
+    await settle()
+    assert all(task.done() for task in others) and not held.done()
+    assert (gate.in_use, gate.waiting) == (6, 1)  # the held call holds no slot
+    now[0] = 1.0  # the quota refilled: the timer set for it wakes the waiter, no release needed
+    await asyncio.wait_for(held, 2)
+    assert gate.in_use == 7
