@@ -193,6 +193,14 @@ def test_dashboard_shows_the_golden_signals() -> None:
         assert needed in queries, needed
 
 
+def test_dashboard_and_alerts_show_paused_models_and_tenants() -> None:
+    queries = "\n".join(dashboard_queries())
+    rules = {rule["alert"]: rule["expr"] for group in load("docker/alerts.yml")["groups"] for rule in group["rules"]}
+    assert "max by (model) (streamproc_model_paused)" in queries
+    assert "max by (tenant, model) (streamproc_tenant_paused)" in queries
+    assert rules["StreamprocTenantPaused"] == "max by (tenant, model) (streamproc_tenant_paused) == 1"
+
+
 def test_alert_rules_use_metrics_the_worker_exposes() -> None:
     exported = exported_series()
     rules = [rule for group in load("docker/alerts.yml")["groups"] for rule in group["rules"]]
