@@ -355,16 +355,17 @@ class Settings(BaseSettings):
         default_factory=dict, description='JSON: the larger-context model for inputs over a model\'s window, '
         'e.g. {"mock-small": "mock-large"}.')
     tenants_file: Path | None = Field(
-        default=None, description='A JSON or TOML (.toml) file of tenant -> weight, e.g. {"team-a": 3}: a worker '
-        'shares its records in hand and its call slots among the tenants with work by these weights (a tenant not '
-        'named weighs 1). Unset: all equal.')
+        default=None, description='A JSON or TOML (.toml) file of tenant -> weight, or tenant -> {"weight", "rpm", '
+        '"tpm", "max_cost_usd_per_day"}, e.g. {"team-a": 3, "team-b": {"rpm": 600}}: a worker shares its records in '
+        'hand and its call slots among the tenants with work by these weights (a tenant not named weighs 1); a '
+        'tenant at its quota waits; the tenants named are the metric labels. Unset: all equal, no quota.')
     tenant_read_ahead: int = Field(
         default=512, ge=1, description="Records of new requests a worker holds waiting in memory for their "
         "tenant's turn, shared by the tenants' weights; a tenant's records past its part are parked on the backlog "
         "topic (at most half of the stream buffer).")
     metrics_tenants: list[str] = Field(
         default_factory=list, description='JSON: the tenants the worker\'s metrics name, e.g. ["team-a", "team-b"]; '
-        'any other is "other". Empty: the first 20 tenants a worker sees.')
+        'any other is "other". Empty: those of STREAMPROC_TENANTS_FILE, else the first 20 tenants a worker sees.')
     context_windows: dict[str, int] = Field(
         default_factory=dict, description='JSON: context window (tokens) per model, for the pre-check, '
         'e.g. {"mock-small": 4096}; a model not listed is not pre-checked.')

@@ -95,7 +95,8 @@ class WorkerMetrics:
                  tenants: Iterable[str] = ()) -> None:
         """``prices``: USD per million input and output tokens, per model (``STREAMPROC_MODEL_PRICES``);
         ``models``: the other models the settings name (their labels are kept, see the module docstring);
-        ``tenants``: the tenants named in labels (``STREAMPROC_METRICS_TENANTS``; none: the first 20 seen)."""
+        ``tenants``: the tenants named in labels (``STREAMPROC_METRICS_TENANTS``, else those of
+        ``STREAMPROC_TENANTS_FILE``; none: the first 20 seen)."""
         if registry is None:  # a private registry with the usual process metrics (a second instance is fine)
             registry = CollectorRegistry()
             for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
@@ -127,8 +128,9 @@ class WorkerMetrics:
         self.redriven = Counter("requests_redriven", "Stranded requests (their record handled, their state still "
                                 "waiting) whose record the reconciler sent again, by why.", ["why"], **common)
         self.tenants = TenantLabels(tenants)
-        self.ended = Counter("requests_ended", "Requests that ended, by tenant (those of STREAMPROC_METRICS_TENANTS, "
-                             "else the first 20 seen; any other is other), priority and outcome (succeeded or failed).",
+        self.ended = Counter("requests_ended", "Requests that ended, by tenant (those of STREAMPROC_METRICS_TENANTS "
+                             "or else of STREAMPROC_TENANTS_FILE, else the first 20 seen; any other is other), "
+                             "priority and outcome (succeeded or failed).",
                              ["tenant", "priority", "outcome"], **common)
         self.in_flight = Gauge("in_flight", "Records this worker is handling now.", **common)
         self.consumer_lag = Gauge("consumer_lag", "Records not yet committed by the group, per partition "
