@@ -13,7 +13,17 @@ import pytest
 from streamproc.devstack.broker import free_port
 from streamproc.settings import Settings
 from tests.integration.pipeline import OutcomeReader, WorkerProcess, scrape_gauge, start_mock, worker_env
-from tests.integration.test_operations import cli
+from tests.integration.test_operations import cli, wait_converged
+from tests.integration.test_spend_caps import (
+    IN_FLIGHT as CAPPED_IN_FLIGHT,
+)
+from tests.integration.test_spend_caps import (
+    WORKERS,
+    fleet,
+    in_flight_bound,
+    requests_file,
+    wait_held_at_cap,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -78,3 +88,22 @@ async def test_a_tenant_at_its_rpm_quota_is_held_to_it_and_the_others_are_not(se
     assert b_rate <= B_RPM / 60 * (B_COUNT - 1) / (B_COUNT - 1 - 2 - 1), b_rate
     assert a_rate > 2 * B_RPM / 60, a_rate  # A is not held to B's quota
     assert ended == {"team-a": A_COUNT, "team-b": B_COUNT, "other": C_COUNT, "team-c": None}, ended
+
+
+async def test_a_tenant_at_its_daily_cost_cap_waits_while_another_tenant_s_batch_ends(settings: Settings,
+                                                                                     tmp_path: Path) -> None:
+    cap_usd = 0.5
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps({"team-b": {"max_cost_usd_per_day": cap_usd}}))
+    with fleet(settings, tmp_path, tenants_file=str(tenants)) as (_mock, workers):
+        for tenant, count in (("team-b", 30), ("team-a", 10)):
+            submitted = cli(settings, "submit", str(requests_file(tmp_path / f"{tenant}.jsonl", count)),
+                            "--batch-id", f"of-{tenant}", "--tenant", tenant)
+            assert submitted.returncode == 0, submitted.stderr
+        held = wait_held_at_cap(settings, "of-team-b", workers)
+        polls = wait_converged(settings, "of-team-a", 120, workers[0])
+    spent = held["spend"]["cost_usd"]
+    print(f"team-b held at ${spent:.3f} of its ${cap_usd} a day after {held['succeeded']} of 30 calls")
+    assert polls[-1]["succeeded"] == 10 and polls[-1]["converged"], polls[-1]  # the other tenant is not held
+    assert 0 < held["succeeded"] < 30 and held["failed"] == dict.fromkeys(held["failed"], 0)  # waiting, not failed
+    assert cap_usd - in_flight_bound(held) / (WORKERS * CAPPED_IN_FLIGHT) <= spent <= cap_usd + in_flight_bound(held)
