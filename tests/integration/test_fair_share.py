@@ -21,7 +21,8 @@ from tests.integration.test_operations import cli
 pytestmark = pytest.mark.integration
 
 SERVER_SLOTS = 4
-IN_FLIGHT = 4  # fixed (floor = start = ceiling): the test is about the shares, not the adaptive limit
+IN_FLIGHT = 4  # of all workers together, fixed (floor = start = ceiling): the test is about the shares, not the
+# adaptive limit
 LATENCY_S = 1.0  # the server answers SERVER_SLOTS / LATENCY_S = 4 requests a second: the bottleneck, as a shared
 # model is (a worker reads and parks far faster, even on a loaded machine)
 FLOOD = 300
@@ -50,17 +51,24 @@ async def _parked(settings: Settings) -> dict[str, int]:
     return dict(parked)
 
 
-async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Settings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
+async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Settings, tmp_path: Path,
+                                                                 workers: int) -> None:
+    """With two workers each shares its own hand (design §5.11, costs (5)): B's records on either worker's
+    partitions still reach past A's."""
     profile = tmp_path / "slots.json"
     profile.write_text(json.dumps({"base": "clean", "slots": SERVER_SLOTS,
                                    "models": {"mock-small": {"latency": LATENCY_S}}}))
     mock = start_mock(str(profile), 3)
-    env = worker_env(settings, mock.url, tmp_path / "w1", in_flight=str(IN_FLIGHT),
-                     adaptive_min_in_flight=str(IN_FLIGHT), adaptive_initial_in_flight=str(IN_FLIGHT),
-                     llm_hedge_ratio="0", retry_budget_min="1000",
-                     tenant_read_ahead="40")  # past 40 waiting (20 each once B waits too): parked on the backlog
-    worker = WorkerProcess(env, tmp_path / "worker.log")
-    worker.start()
+    in_flight = str(IN_FLIGHT // workers)
+    fleet = [WorkerProcess(worker_env(settings, mock.url, tmp_path / f"w{n}", in_flight=in_flight,
+                                      adaptive_min_in_flight=in_flight, adaptive_initial_in_flight=in_flight,
+                                      llm_hedge_ratio="0", retry_budget_min="1000",
+                                      tenant_read_ahead="40"),  # past 40 waiting (20 each once B waits): parked
+                           tmp_path / f"worker-{n}.log")
+             for n in range(1, workers + 1)]
+    for worker in fleet:
+        worker.start()
     try:
         flood = cli(settings, "submit", str(_batch(tmp_path / "a.jsonl", "a", FLOOD)), "--batch-id", "flood",
                     "--tenant", "team-a")
@@ -71,12 +79,13 @@ async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Setti
         ids = [f"flood/a-{i}" for i in range(FLOOD)] + [f"small/b-{i}" for i in range(SMALL)]
         assert settings.kafka_bootstrap is not None
         async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
-            outcomes = await reader.wait_until_ended(ids, 300, worker)
+            outcomes = await reader.wait_until_ended(ids, 300, *fleet)
     finally:
-        worker.stop()
+        for worker in fleet:
+            worker.stop()
         mock.stop()
     assert not outcomes.failures, {key: [e.error_code for e in events] for key, events in outcomes.failures.items()}
-    assert not outcomes.unfinished(ids), worker.log_tail()
+    assert not outcomes.unfinished(ids), [worker.log_tail() for worker in fleet]
     duplicates = {request_id: len(found) for request_id, found in outcomes.results.items() if len(found) != 1}
     assert not duplicates, duplicates  # exactly once, parked or not
     assert set(outcomes.results) == set(ids)
