@@ -61,7 +61,7 @@ def request(batch_id: str, i: int, tenancy: Tenancy, long: bool = False) -> Infe
     body = ({"model": "mock-large", "max_tokens": LONG_TOKENS,
              "messages": [{"role": "user", "content": f"Write a long report about case #{i}, with every detail."}]}
             if long else
-            {"model": "mock-small", "max_tokens": 64,
+            {"model": "mock-small", "max_tokens": 256,
              "messages": [{"role": "user", "content": f"Label support ticket #{i}: late parcel, damaged box."}]})
     return InferenceRequest(request_id=f"{batch_id}-{i:06d}", body_json=json.dumps(body), batch_id=batch_id,
                             submitted_ms=time.time_ns() // 1_000_000, tenant=tenancy.tenant,
