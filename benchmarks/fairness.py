@@ -179,6 +179,11 @@ class FairnessRun:
         return self.results.done_s(batch)
 
 
+def completion_bound_s(count: int, capacity_per_s: float) -> float:
+    """The issue's bound on a small batch beside a flood: 1.5 x (its count / half the server's capacity) + 5 s."""
+    return B_SLACK * count / (capacity_per_s / 2) + B_EXTRA_S
+
+
 def _batch(name: str, count: int, tenancy: Tenancy) -> Batch:
     return Batch([request(name, i, tenancy) for i in range(count)])
 
@@ -197,8 +202,7 @@ async def tenants(bench: Bench, args: argparse.Namespace) -> list[tuple[str, str
         small = await run.submit(_batch("b", args.small, Tenancy("team-b")))
         b_done = await run.wait(small)
         a_done = await run.wait(flood)
-    capacity = args.fairness_slots / args.fairness_latency
-    bound = B_SLACK * args.small / (capacity / 2) + B_EXTRA_S
+    bound = completion_bound_s(args.small, args.fairness_slots / args.fairness_latency)
     a_alone_rate, a_rate = args.flood / alone[-1], args.flood / a_done[-1]
     both_rate = (args.flood + args.small) / max(a_done[-1], b_done[-1] + small.submitted - flood.submitted)
     print(f"tenants: A alone {alone[-1]:.1f}s ({a_alone_rate:.1f}/s); with B: A's last {a_done[-1]:.1f}s "
