@@ -27,6 +27,9 @@ LLMHttp = Literal["aiohttp", "httpcore"]
 RecordFormat = Literal["avro", "json"]
 
 
+ModelRoute = Literal["call", "provider-batch"]
+
+
 class SettingsValue(BaseModel):
     """A small part of the settings, made by :class:`Settings` (which validated every field already)."""
 
@@ -53,6 +56,17 @@ class RateLimitSettings(SettingsValue):
     tpm: float | None
     share: float  # this worker's fixed share of them (1 when it follows the fleet, which sets its share at run time)
     follows_fleet: bool  # the share is derived from the fleet's beats at run time (design §5.8), not fixed
+
+
+class ProviderBatchSettings(SettingsValue):
+    """The provider-batch route (design §8, issue 31): which models go by OpenAI's Batch API instead of one call
+    each, how their requests are gathered and how an open batch is polled."""
+
+    routed_models: frozenset[str]
+    max_requests: int  # members of one provider batch (each holds a record slot while its batch is open)
+    max_age_ms: int  # how long the first request of a gather waits for others
+    first_poll_s: float
+    max_poll_s: float
 
 
 class InFlightSettings(SettingsValue):
@@ -377,6 +391,18 @@ class Settings(BaseSettings):
         default=None, description="US dollars the deployment's workers may spend per UTC day, at the prices of "
         "STREAMPROC_MODEL_PRICES; at the cap no new call starts and requests wait (budget_exhausted). Unset: no "
         "cap.")
+    model_routes: dict[str, ModelRoute] = Field(
+        default_factory=dict, description='JSON: how each model\'s requests are sent, e.g. {"gpt-4o-mini": '
+        '"provider-batch"}: "provider-batch" gathers them into OpenAI Batch API batches (half the price, answers '
+        'within 24 h), "call" (any model not listed) calls once per request.')
+    provider_batch_max_requests: int = Field(
+        default=1000, ge=1, le=50_000, description="Requests in one provider batch at most (each holds its record "
+        "unacked, and a place of the worker's hand, until its batch ends).")
+    provider_batch_max_age_s: NonNegativeFloat = Field(
+        default=60.0, description="How long the first request of a provider batch waits for others before it is sent.")
+    provider_batch_poll_s: float = Field(
+        default=5.0, gt=0, description="First wait between polls of an open provider batch (doubling while nothing "
+        "changes, up to 300 s).")
     worker_metrics_port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off.")
     worker_metrics_host: str = Field(default="127.0.0.1", min_length=1,
                                      description="Address /metrics listens on (0.0.0.0 in a container).")
@@ -448,6 +474,13 @@ class Settings(BaseSettings):
                                  model_fallbacks=self.model_fallbacks),
             hedge_ratio=self.llm_hedge_ratio,
         )
+
+    @property
+    def provider_batches(self) -> ProviderBatchSettings:
+        return ProviderBatchSettings(
+            routed_models=frozenset(m for m, route in self.model_routes.items() if route == "provider-batch"),
+            max_requests=self.provider_batch_max_requests, max_age_ms=round(self.provider_batch_max_age_s * 1000),
+            first_poll_s=self.provider_batch_poll_s, max_poll_s=max(self.provider_batch_poll_s, 300.0))
 
     @property
     def durability(self) -> Durability:

@@ -15,9 +15,10 @@ the state table and the LLM, and carries the decided actions out in one place (d
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
@@ -121,6 +122,19 @@ class Reuse(Protocol):
                      now_ms: int) -> InferenceResult | None: ...
 
 
+class RouteCall(Protocol):
+    def __call__(self, request: InferenceRequest, body: dict[str, Any]) -> Awaitable[CallResult]: ...
+
+
+class BatchRoute(Protocol):
+    """The provider-batch route (``app.provider_batch_route``): answers a routed model's requests by batches."""
+
+    def routes(self, model: object) -> bool: ...
+    async def call(self, request: InferenceRequest, body: dict[str, Any], partition: int) -> CallResult: ...
+    def written(self, request_id: str) -> None:
+        """The outcome of a request it answered is written (or its record given up)."""
+
+
 class StateWriteFailed(Exception):
     """A state write that did not reach the changelog. The record is held, not failed: its outcome may already be
     on Kafka, and a failure event beside it would end the request twice (a result and a terminal failure)."""
@@ -158,6 +172,7 @@ class HandlerOptions:
     json_limits: LineLimits = field(default_factory=LineLimits)
     encode_result: Callable[[InferenceResult], bytes] = codec.encode  # how the sink writes a result: its size
     schemas: SchemaReader = NO_REGISTRY  # the registry's, for Confluent-framed requests
+    route: BatchRoute | None = None  # the provider-batch route of the models it names (design §8)
 
 
 class Handler:
@@ -181,6 +196,7 @@ class Handler:
         self._json_limits = options.json_limits
         self._schemas = options.schemas
         self._encode_result = options.encode_result
+        self._route = options.route
 
     async def handle(self, record: Record) -> Disposition:
         """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
@@ -253,7 +269,20 @@ class Handler:
         if isinstance(charge, HeldByCap):  # at its batch's or the day's spend cap: it waits, parked like a breaker's
             held = Parked(charge.delay_ms, charge.reason)
             return await self._carry_out(record, attempt, after_call(attempt, held, self._retries))
-        called = await self._charged_call(request, body, attempt.hop.attempt, charge)
+        if self._route is None or not self._route.routes(body.get("model")):
+            return await self._called(record, attempt, body, charge)
+        try:  # by the provider-batch route: its batch ends once the outcome of each member is written
+            return await self._called(record, attempt, body, charge, self._route)
+        finally:
+            self._route.written(request.request_id)
+
+    async def _called(self, record: Record, attempt: Attempt, body: dict[str, Any], charge: Charge | None,
+                      route: BatchRoute | None = None) -> Disposition:
+        """The call (or the provider batch's line), decided and carried out."""
+        request = attempt.request
+        called = await self._charged_call(request, body, attempt.hop.attempt, charge,
+                                          None if route is None else functools.partial(route.call,
+                                                                                       partition=record.partition))
         attempt = attempt.at(self._clock_ms())
         budget = self._guards.budget_stop(request.batch_id)
         if isinstance(called, Deferred):
@@ -267,12 +296,14 @@ class Handler:
                                      called)
 
     async def _charged_call(self, request: InferenceRequest, body: dict[str, Any], attempt: int,
-                            charge: Charge | None) -> CallResult | Deferred:
-        """The guarded call, its spend settled against its caps from what the provider counted."""
+                            charge: Charge | None, batched: RouteCall | None = None) -> CallResult | Deferred:
+        """The guarded call (or ``batched``: the provider batch's line, outside the guards, which pace calls), its
+        spend settled against its caps from what the provider counted."""
+        call = self._guards.call(request, body, attempt) if batched is None else batched(request, body)
         if charge is None or self._spend is None:
-            return await self._guards.call(request, body, attempt)
+            return await call
         try:
-            called = await self._guards.call(request, body, attempt)
+            called = await call
         except BaseException:
             self._spend.abandon(charge)
             raise

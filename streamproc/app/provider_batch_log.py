@@ -3,24 +3,29 @@ each step awaited until the broker has it (the ``creating`` record must be durab
 announces), forgetting one with a tombstone, and reading back the latest record of each gather whose request
 partition a worker owns (what it takes over after a rebalance or a restart).
 
-Not wired into the worker yet (design §8).
+The worker's route (``app.provider_batch_route``) writes and reads it (design §8).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-
-from aiokafka import AIOKafkaProducer
+from typing import Any, Protocol
 
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.provider_batch_record import decode_provider_batch, encode_provider_batch
 from streamproc.core.provider_batch_takeover import ProviderBatchRecord
 
 
+class RecordSender(Protocol):
+    """A started producer (aiokafka's, or the worker's faust producer adapted), returning once the broker has it."""
+
+    async def send_and_wait(self, topic: str, key: bytes, value: bytes | None) -> Any: ...
+
+
 class ProviderBatchLog:
     """Writes to the topic through a started producer (the worker's, with its durability options)."""
 
-    def __init__(self, producer: AIOKafkaProducer, topic: str) -> None:
+    def __init__(self, producer: RecordSender, topic: str) -> None:
         self._producer = producer
         self._topic = topic
 

@@ -46,11 +46,14 @@ from streamproc.app.handler import Disposition, Handler, HandlerOptions, Record,
 from streamproc.app.manifest_follower import BatchSizes
 from streamproc.app.metrics import LagSource, serve_worker_metrics, watch_worker
 from streamproc.app.observe import Observer
+from streamproc.app.provider_batch_log import ProviderBatchLog
+from streamproc.app.provider_batch_route import ProviderBatchRoute
 from streamproc.app.reconciler import ConsumerGroup, Reconciler, ReconcilerLinks
 from streamproc.app.result_index import ResultIndex, ResultReuse
 from streamproc.app.spend import SpendGate
 from streamproc.app.table_purge import TablePurge
 from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_tenant
+from streamproc.app.topic_reader import TopicReader
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.releases import write_as_release
 from streamproc.core import headers
@@ -77,6 +80,7 @@ from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.deployments import DeploymentCaller
 from streamproc.llm.guarded import Guards, long_requests_of
 from streamproc.llm.model_list_file import check_routes, deployment_endpoint, load_model_list
+from streamproc.llm.provider_batches import OpenAIBatches
 from streamproc.settings import Settings
 
 log = logging.getLogger("streamproc.app.worker")
@@ -220,6 +224,16 @@ class TableStore:
                 log.exception("could not store the changelog offset %d of %s", offset, tp)
 
 
+class _FaustSender:
+    """The worker's producer as the provider-batch log sends: awaited until the broker has the record."""
+
+    def __init__(self, app: faust.App) -> None:
+        self._app = app
+
+    async def send_and_wait(self, topic: str, key: bytes, value: bytes | None) -> Any:
+        return await self._app.producer.send_and_wait(topic, key, value, None, None, None)
+
+
 def records_in_hand(calls: int) -> int:
     """Records handled at once for ``calls`` LLM calls in flight (the guards' gate bounds the calls): a quarter
     more, for the records between their call's end and their outcome's ack from the broker (linger, acks=all).
@@ -289,13 +303,23 @@ class WorkerRuntime:
                        if quota.max_cost_usd_per_day is not None}
         self.spend = SpendGate(self.batch_sizes.cap, settings.model_prices, self.guards.estimator, day_cap, spend,
                                tenant_caps)
+        self.provider_batches = self._provider_batch_route(settings, kafka)
         self.handler = Handler(self.guards, self.sink, store, Retries(settings.retry_policy()),
                                self._on_configuration_problem, HandlerOptions(
                                    observer=observer, closed=self.batch_sizes.closed,
                                    reuse=ResultReuse(self.result_index, self.batch_sizes.reuses), spend=self.spend,
                                    json_limits=LineLimits(settings.max_body_bytes, settings.default_model),
-                                   encode_result=encode_outcome, schemas=schemas))
+                                   encode_result=encode_outcome, schemas=schemas, route=self.provider_batches))
         self._register_agents()
+
+    def _provider_batch_route(self, settings: Settings, kafka: KafkaConnection) -> ProviderBatchRoute | None:
+        """The provider-batch route of the models STREAMPROC_MODEL_ROUTES names (none: no route)."""
+        routing = settings.provider_batches
+        if not routing.routed_models:
+            return None
+        batch_log = ProviderBatchLog(_FaustSender(self.app), self.topology.provider_batches)
+        return ProviderBatchRoute(routing, OpenAIBatches(settings.llm_endpoint), batch_log,
+                                  lambda: TopicReader(kafka, [self.topology.provider_batches]))
 
     def _membership(self) -> tuple[bool, int]:
         """Whether the group holds this worker's records (a rebalance, or no input partition yet), and the group
@@ -316,7 +340,10 @@ class WorkerRuntime:
     async def _on_revoked(self, *args: Any, **kwargs: Any) -> None:
         """faust's signal: its sender (the app), then the partitions revoked (a set of TPs)."""
         revoked = args[1] if len(args) > 1 else kwargs.get("revoked", ())
-        self.summaries.revoked({tp.partition for tp in revoked if tp.topic == self.topology.requests})
+        partitions = {tp.partition for tp in revoked if tp.topic == self.topology.requests}
+        self.summaries.revoked(partitions)
+        if self.provider_batches is not None:
+            self.provider_batches.revoked(partitions)
 
     def owned_partitions(self) -> set[int]:
         """The partitions of the state table this worker writes now (those of its requests partitions)."""

@@ -2,7 +2,7 @@
 file, sealed when the next request would pass the provider's request or byte limit, or when the oldest
 request has waited ``max_age_ms``. Pure: the caller gives the clock and uploads what is sealed.
 
-Not wired into the worker yet (design §8).
+Used by the worker's route, ``app.provider_batch_route`` (design §8).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ The two lines no synchronous call has: a request the provider never ran because 
 provider batch was cancelled (``batch_cancelled``) is business, the end a cancel of our own batch gives
 (``streamproc cancel`` cancels the provider batches too).
 
-Not wired into the worker yet (design §8).
+Used by the worker's route, ``app.provider_batch_route`` (design §8).
 """
 
 from __future__ import annotations

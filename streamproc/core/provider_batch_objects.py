@@ -6,7 +6,7 @@ Both providers' phases map onto one :class:`BatchPhase`. Anthropic's ``processin
 ``in_progress``, ``canceling`` and ``ended``; which end an ``ended`` batch came to is read from what is known of
 it: a cancel was initiated (cancelled), requests expired (expired), else completed.
 
-Not wired into the worker yet (design §8).
+Used by the worker's route, ``app.provider_batch_route`` (design §8).
 """
 
 from __future__ import annotations

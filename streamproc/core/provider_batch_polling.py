@@ -11,7 +11,7 @@ results do not name (a line lost or malformed), ``provider_batch_line_missing``,
 that failed validation ``provider_batch_failed``: service failures, so they go back through the retry tiers as
 an expired line does.
 
-Not wired into the worker yet (design §8).
+Used by the worker's route, ``app.provider_batch_route`` (design §8).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Messages counterpart here (tools, response formats, images, ``n`` > 1, ...) is r
 (:class:`NotConvertible`) rather than dropped: a request answered without its tools or schema would be
 answered wrongly, and the caller sends it by the synchronous route instead.
 
-Not wired into the worker yet (design §8).
+Used by the worker's route, ``app.provider_batch_route`` (design §8).
 """
 
 from __future__ import annotations

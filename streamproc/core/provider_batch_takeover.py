@@ -14,7 +14,7 @@ request count and the creation time, which two gathers of one size created at on
 Members are the requests' ids in line order; a line's ``custom_id`` is its position (``m<index>``), since a
 request id may hold any text and Anthropic takes 1-64 characters of ``[A-Za-z0-9_-]``.
 
-Not wired into the worker yet (design §8).
+Used by the worker's route, ``app.provider_batch_route`` (design §8).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 I/O around :mod:`streamproc.core.provider_batch_polling` (when to poll) and
 :mod:`streamproc.core.provider_batch_lines` (what a line means).
 
-Not wired into the worker yet (design §8).
+Used by the worker's route, ``app.provider_batch_route`` (design §8).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ trust store is httpx's, and every failure is the synchronous call's classificati
 (:class:`BatchCallFailed`). Answers are parsed into values by :mod:`streamproc.core.provider_batch_objects`;
 result files are read line by line, never whole (an output file may be 200 MB).
 
-Not wired into the worker yet (design §8).
+Used by the worker's route, ``app.provider_batch_route`` (design §8).
 """
 
 from __future__ import annotations

@@ -1,0 +1,358 @@
+"""The provider-batch route (issue 31, design §8): requests of a routed model are answered by OpenAI's Batch API
+instead of one call each, and each comes back to the handler as the :class:`CallResult` a synchronous call gives.
+
+The handler admits a request as for a call (its state ``in_flight``, its record unacked) and awaits
+:meth:`ProviderBatchRoute.call`. The route gathers the request into its partition's open batch of its model
+(``core/provider_batch_gatherer``); a sealed gather is recorded ``creating`` on ``<prefix>.provider-batches``, uploaded
+and created (carrying the gather id in its metadata), recorded ``open``, polled until it ends, and each member's line
+resolves its waiting call. So a request's record is acked only once its outcome is written, as with a call: nothing
+is acked while its batch is open, and a crash redelivers every member whose outcome is not written.
+
+A worker that takes a partition over reads its records first (:meth:`_take_over`, before any request of the
+partition is gathered): an ``open`` batch is polled again and a redelivered member waits for its line instead of
+being gathered twice; a ``creating`` one is looked for at the provider and adopted when found, else forgotten (its
+members, redelivered, are gathered anew). A record is ended and tombstoned once every member that waited has had
+its outcome written by the handler (:meth:`written`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from streamproc.app.provider_batch_log import ProviderBatchLog, owned_records
+from streamproc.app.topic_reader import TopicReader
+from streamproc.core.endpoints import CHAT_COMPLETIONS
+from streamproc.core.events import InferenceRequest
+from streamproc.core.outcome import Failure, Outcome
+from streamproc.core.provider_batch_gatherer import BatchGatherer, BatchLimits, PendingLine, SealedBatch
+from streamproc.core.provider_batch_lines import AnsweredLine, LineOutcome
+from streamproc.core.provider_batch_polling import PollPolicy
+from streamproc.core.provider_batch_requests import openai_line
+from streamproc.core.provider_batch_takeover import (
+    GATHER_METADATA_KEY,
+    ProviderBatchRecord,
+    RecordState,
+    member_custom_id,
+    next_step,
+)
+from streamproc.core.vocabulary import FailureLayer
+from streamproc.llm.client import CallResult
+from streamproc.llm.provider_batch_poller import member_outcomes, wait_until_ended
+from streamproc.llm.provider_batches import BatchCallFailed, OpenAIBatches, find_created
+from streamproc.llm.schema_check import checked_completion
+from streamproc.settings import ProviderBatchSettings
+
+log = logging.getLogger(__name__)
+
+RECORD_FAILED: Final = "provider_batch_record_failed"  # the provider-batch record could not be written (service)
+TAKEOVER_FAILED: Final = "provider_batch_takeover_failed"  # a partition's records unread: retried (service)
+_TICK_S: Final = 0.2
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class _Waiter:
+    """A handler awaiting its member's line: the body it asked with (to check the answer against) and when."""
+
+    body: dict[str, Any]
+    since_ms: int
+    answer: asyncio.Future[CallResult]
+
+
+@dataclass
+class _Following:
+    """A provider batch this worker polls, and the members answered whose outcomes it waits to see written."""
+
+    record: ProviderBatchRecord
+    task: asyncio.Task[None] | None = None
+    unwritten: set[str] = field(default_factory=set)
+    all_written: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def wait_all_written(self) -> None:
+        while self.unwritten:
+            self.all_written.clear()
+            await self.all_written.wait()
+
+
+class ProviderBatchRoute:
+    """Gathers, creates, follows and takes over the provider batches of a worker's partitions."""
+
+    def __init__(self, settings: ProviderBatchSettings, api: OpenAIBatches, batch_log: ProviderBatchLog,
+                 open_reader: Callable[[], TopicReader], clock_ms: Callable[[], int] = _now_ms) -> None:
+        self._settings = settings
+        self._api = api
+        self._log = batch_log
+        self._open_reader = open_reader
+        self._clock_ms = clock_ms
+        self._limits = BatchLimits(max_requests=settings.max_requests, max_bytes=200 * 1024 * 1024,
+                                   max_age_ms=settings.max_age_ms)
+        self._policy = PollPolicy(first_s=settings.first_poll_s, max_s=settings.max_poll_s)
+        self._gatherers: dict[int, BatchGatherer] = {}
+        self._waiters: dict[str, _Waiter] = {}  # request id -> its handler, while its line is awaited
+        self._gathered: dict[str, dict[str, Any]] = {}  # request id -> its body, until its gather is sealed
+        self._member_of: dict[str, _Following] = {}  # request id -> the batch whose line for it is still to come
+        self._answered_by: dict[str, _Following] = {}  # request id -> the batch that answered it, until written
+        self._unclaimed: dict[str, LineOutcome] = {}  # lines of adopted batches whose record is not back yet
+        self._following: dict[str, _Following] = {}  # gather id -> the batch followed
+        self._taken_over: dict[int, asyncio.Task[None]] = {}
+        self._ticker: asyncio.Task[None] | None = None
+
+    def routes(self, model: object) -> bool:
+        return isinstance(model, str) and model in self._settings.routed_models
+
+    async def call(self, request: InferenceRequest, body: dict[str, Any], partition: int) -> CallResult:
+        """The outcome of ``request`` as its provider batch answers it. Cancelled (never a failure) when its
+        partition is revoked: the record is then handled again by the new owner."""
+        try:
+            await self._take_over(partition)
+        except Exception as exc:  # the partition's records could not be read: nothing may be gathered yet
+            log.exception("provider batches of partition %d: the takeover failed", partition)
+            failure = Failure(FailureLayer.SERVICE, TAKEOVER_FAILED, f"{type(exc).__name__}: {exc}")
+            return CallResult(failure, b"", 0, {}, str(body.get("model", "")))
+        request_id = request.request_id
+        now = self._clock_ms()
+        answer: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(body, now, answer)
+        if (line := self._unclaimed.pop(request_id, None)) is not None:
+            return await self._result(waiter, line)
+        self._waiters[request_id] = waiter
+        if request_id not in self._member_of:  # not a member of a batch taken over: gather it
+            gatherer = self._gatherers.setdefault(partition, BatchGatherer(self._limits))
+            self._gathered[request_id] = body
+            # counted with the longest custom id a member gets, written with its own once sealed
+            pending = PendingLine(request_id, str(body["model"]),
+                                  openai_line(member_custom_id(self._limits.max_requests), body))
+            for sealed in gatherer.add(pending, now):
+                self._start(partition, sealed)
+            self._tick()
+        try:
+            return await answer
+        finally:
+            self._waiters.pop(request_id, None)
+
+    def written(self, request_id: str) -> None:
+        """The handler has written the outcome of a member (or given the record up): its batch may end."""
+        following = self._answered_by.pop(request_id, None)
+        if following is not None:
+            following.unwritten.discard(request_id)
+            if not following.unwritten:
+                following.all_written.set()
+
+    def revoked(self, partitions: Collection[int]) -> None:
+        """Stop gathering and following the batches of ``partitions``: their new owner takes them over (its records
+        are still ``creating``/``open``), and the waiting handlers are cancelled so their records stay unacked."""
+        for partition in partitions:
+            self._taken_over.pop(partition, None)
+            gatherer = self._gatherers.pop(partition, None)
+            pending = [line.custom_id for sealed in (gatherer.flush() if gatherer else []) for line in sealed.lines]
+            for request_id in pending:
+                self._gathered.pop(request_id, None)
+            self._cancel_waiters(pending)
+        for gather_id, following in list(self._following.items()):
+            if following.record.partition in partitions:
+                if following.task is not None:
+                    following.task.cancel()
+                self._forget_following(gather_id)
+                self._cancel_waiters(following.record.members)
+
+    async def aclose(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for following in list(self._following.values()):
+            if following.task is not None:
+                following.task.cancel()
+        await self._api.aclose()
+
+    # -- gathering -----------------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.create_task(self._seal_when_due(), name="provider-batch-gathers")
+
+    async def _seal_when_due(self) -> None:
+        while any(g.open_count() for g in self._gatherers.values()):
+            await asyncio.sleep(_TICK_S)
+            now = self._clock_ms()
+            for partition, gatherer in list(self._gatherers.items()):
+                for sealed in gatherer.due(now):
+                    self._start(partition, sealed)
+
+    def _start(self, partition: int, sealed: SealedBatch) -> None:
+        now = self._clock_ms()
+        members = tuple(line.custom_id for line in sealed.lines)
+        record = ProviderBatchRecord(uuid.uuid4().hex, "openai", sealed.model, partition, members,
+                                     RecordState.CREATING, now, now)
+        following = self._follow(record)
+        lines = [openai_line(member_custom_id(index), self._gathered.pop(member))
+                 for index, member in enumerate(members)]
+        following.task = asyncio.create_task(self._create_and_follow(following, b"\n".join(lines) + b"\n"),
+                                             name=f"provider-batch-{record.gather_id}")
+
+    async def _create_and_follow(self, following: _Following, content: bytes) -> None:
+        record = following.record
+        try:
+            await self._log.write(record)  # durable before the create call it announces
+        except Exception as exc:
+            log.exception("provider batch %s: could not record it; its members fail (retried)", record.gather_id)
+            self._fail_all(following, Failure(FailureLayer.SERVICE, RECORD_FAILED, f"{type(exc).__name__}: {exc}"))
+            return
+        try:
+            file_id = await self._api.upload(content, f"{record.gather_id}.jsonl")
+            view = await self._api.create(file_id, CHAT_COMPLETIONS.url, {GATHER_METADATA_KEY: record.gather_id})
+        except BatchCallFailed as exc:  # as a call failing the same way; the record goes with it
+            log.warning("provider batch %s of %d requests: %s", record.gather_id, len(record.members), exc)
+            self._fail_all(following, exc.outcome)
+            await self._end(following)
+            return
+        following.record = replace(record.opened(view, self._clock_ms()), input_file_id=file_id)
+        log.info("provider batch %s created as %s (%d requests of %s)", record.gather_id, view.batch_id,
+                 len(record.members), record.model)
+        await self._poll_and_answer(following)
+
+    # -- following -----------------------------------------------------------------------------------------
+    def _follow(self, record: ProviderBatchRecord) -> _Following:
+        following = _Following(record)
+        self._following[record.gather_id] = following
+        for member in record.members:
+            self._member_of[member] = following
+        return following
+
+    async def _poll_and_answer(self, following: _Following) -> None:
+        """Write the ``open`` record, poll until the batch ends, answer every member, then end the record once the
+        members that waited have their outcomes written."""
+        record = following.record
+        assert record.provider_batch_id is not None
+        try:
+            await self._log.write(record)
+            view = await wait_until_ended(self._api, record.provider_batch_id, self._policy)
+            async for line in member_outcomes(self._api, view, record.custom_ids(), self._unusable):
+                request_id = record.member(line.custom_id)
+                if request_id is not None:
+                    await self._answer(following, request_id, line)
+        except BatchCallFailed as exc:  # a refused poll or a broken download: as a call failing the same way
+            log.warning("provider batch %s (%s): %s", record.gather_id, record.provider_batch_id, exc)
+            self._fail_all(following, exc.outcome)
+            await self._end(following)
+            return
+        except Exception as exc:  # the record could not be written
+            log.exception("provider batch %s (%s): stopped following it", record.gather_id, record.provider_batch_id)
+            self._fail_all(following, Failure(FailureLayer.SERVICE, RECORD_FAILED, f"{type(exc).__name__}: {exc}"))
+            await self._end(following)
+            return
+        await following.wait_all_written()
+        await self._end(following)
+
+    async def _answer(self, following: _Following, request_id: str, line: LineOutcome) -> None:
+        """Resolve the member's waiting call; a later call for its id is a new attempt, gathered anew."""
+        if self._member_of.get(request_id) is following:
+            del self._member_of[request_id]
+        waiter = self._waiters.pop(request_id, None)
+        if waiter is None:  # a member of a batch taken over whose record has not come back (or was acked before)
+            self._unclaimed[request_id] = line
+            return
+        following.unwritten.add(request_id)
+        self._answered_by[request_id] = following
+        await self._resolve(waiter, line)
+
+    async def _resolve(self, waiter: _Waiter, line: LineOutcome) -> None:
+        try:
+            result = await self._result(waiter, line)
+        except Exception as exc:
+            if not waiter.answer.done():
+                waiter.answer.set_exception(exc)
+            return
+        if not waiter.answer.done():
+            waiter.answer.set_result(result)
+
+    async def _result(self, waiter: _Waiter, line: LineOutcome) -> CallResult:
+        """A member's line as a synchronous call's result: a 200 line checked as a 200 answer is."""
+        latency_ms = max(0, self._clock_ms() - waiter.since_ms)
+        verdict = line.verdict
+        if isinstance(verdict, AnsweredLine):
+            outcome: Outcome = await checked_completion(verdict.body, waiter.body)
+            headers = {} if verdict.provider_request_id is None else {"x-request-id": verdict.provider_request_id}
+            return CallResult(outcome, verdict.body, latency_ms, headers, str(waiter.body.get("model", "")))
+        return CallResult(verdict, b"", latency_ms, {}, str(waiter.body.get("model", "")))
+
+    def _fail_all(self, following: _Following, outcome: Outcome) -> None:
+        for member in following.record.members:
+            if (waiter := self._waiters.pop(member, None)) is not None and not waiter.answer.done():
+                waiter.answer.set_result(CallResult(outcome, b"", max(0, self._clock_ms() - waiter.since_ms), {},
+                                                    following.record.model))
+        self._forget_following(following.record.gather_id)
+
+    async def _end(self, following: _Following) -> None:
+        record = following.record
+        self._forget_following(record.gather_id)
+        try:
+            await self._log.write(record.ended(self._clock_ms()))
+            await self._log.forget(record.gather_id)
+        except Exception:  # the next owner meets it open, polls the ended batch and finds no member waiting
+            log.exception("provider batch %s: could not end its record", record.gather_id)
+
+    def _forget_following(self, gather_id: str) -> None:
+        following = self._following.pop(gather_id, None)
+        if following is None:
+            return
+        for member in following.record.members:
+            if self._member_of.get(member) is following:
+                del self._member_of[member]
+            if self._answered_by.get(member) is following:
+                del self._answered_by[member]
+
+    def _cancel_waiters(self, request_ids: Collection[str]) -> None:
+        for request_id in request_ids:
+            if (waiter := self._waiters.pop(request_id, None)) is not None:
+                waiter.answer.cancel()
+
+    @staticmethod
+    def _unusable(message: str) -> None:
+        log.warning("%s", message)
+
+    # -- takeover ------------------------------------------------------------------------------------------
+    async def _take_over(self, partition: int) -> None:
+        """Once per ownership of ``partition``: adopt its recorded batches before any of its requests is gathered."""
+        task = self._taken_over.get(partition)
+        if task is None:
+            task = self._taken_over[partition] = asyncio.create_task(self._adopt(partition))
+        try:
+            await asyncio.shield(task)
+        except Exception:
+            if self._taken_over.get(partition) is task:
+                del self._taken_over[partition]  # the next request of the partition tries again
+            raise
+
+    async def _adopt(self, partition: int) -> None:
+        async with self._open_reader() as reader:
+            records = await owned_records(reader, {partition}, self._unusable)
+        taken = {r.provider_batch_id for r in records.values() if r.provider_batch_id is not None}
+        for gather_id, record in records.items():
+            if gather_id in self._following:  # this worker's own, still followed
+                continue
+            match next_step(record):
+                case "forget":
+                    await self._log.forget(gather_id)
+                case "find":
+                    view = await find_created(self._api, record, taken - {record.provider_batch_id})
+                    if view is None:  # never created: its members are gathered again when they come back
+                        log.info("provider batch %s was never created; forgetting it", gather_id)
+                        await self._log.forget(gather_id)
+                        continue
+                    self._adopt_open(record.opened(view, self._clock_ms()))
+                case "poll":
+                    self._adopt_open(record)
+
+    def _adopt_open(self, record: ProviderBatchRecord) -> None:
+        log.info("taking over provider batch %s (%s, %d requests)", record.gather_id, record.provider_batch_id,
+                 len(record.members))
+        following = self._follow(record)
+        following.task = asyncio.create_task(self._poll_and_answer(following),
+                                             name=f"provider-batch-{record.gather_id}")
