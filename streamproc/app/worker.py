@@ -301,7 +301,7 @@ class WorkerRuntime:
         day_cap = None if settings.max_cost_usd_per_day is None else Cap(settings.max_cost_usd_per_day)
         tenant_caps = {tenant: Cap(quota.max_cost_usd_per_day) for tenant, quota in tenants.quotas.items()
                        if quota.max_cost_usd_per_day is not None}
-        self.spend = SpendGate(self.batch_sizes.cap, settings.model_prices, self.guards.estimator, day_cap, spend,
+        self.spend = SpendGate(self.batch_sizes.cap, settings.prices, self.guards.estimator, day_cap, spend,
                                tenant_caps)
         self.provider_batches = self._provider_batch_route(settings, kafka)
         self.handler = Handler(self.guards, self.sink, store, Retries(settings.retry_policy()),
@@ -664,7 +664,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
                  ", ".join(f"{record_type.__name__} {schema_id}" for record_type, schema_id in registered.ids.items()))
     try:  # before anything else, so that a taken port fails fast
         metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,
-                                        settings.model_prices, [settings.default_model, *models.models(),
+                                        settings.prices, [settings.default_model, *models.models(),
                                                                 *models.keys()],
                                         settings.metrics_tenants or sorted(tenants.named))
                    if settings.worker_metrics_port else None)

@@ -19,7 +19,7 @@ that costs more than its estimate (a prompt longer than estimated) adds its diff
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, NamedTuple
@@ -81,6 +81,17 @@ class Price:
 
 
 FREE: Final = Price(0.0, 0.0)  # a model without a price counts its tokens only
+
+
+PROVIDER_BATCH_DISCOUNT: Final = 0.5  # OpenAI's Batch API and Anthropic's Message Batches: half the price
+
+
+def batch_discounted(prices: Mapping[str, tuple[float, float]],
+                     routed: Collection[str]) -> dict[str, tuple[float, float]]:
+    """The prices requests are charged at: a model of the provider-batch route (design §8) at the providers'
+    batch discount, every other at its price."""
+    return {model: (prompt * PROVIDER_BATCH_DISCOUNT, completion * PROVIDER_BATCH_DISCOUNT) if model in routed
+            else (prompt, completion) for model, (prompt, completion) in prices.items()}
 
 
 def spend_of(usage: Mapping[str, tuple[int, int]], prices: Mapping[str, tuple[float, float]]) -> Spend:

@@ -14,6 +14,7 @@ from streamproc.core.spend_cap import (
     Scope,
     Spend,
     SpendLedger,
+    batch_discounted,
     batch_scope,
     day_scope,
     spend_json,
@@ -140,3 +141,10 @@ def test_days_before_a_given_one_are_forgotten_by_this_worker_and_of_the_others(
     assert ledger.own() == {yesterday: Spend(0.1, 1), tenant_yesterday: Spend(0.1, 1)}
     assert ledger.spent(tenant_old) == Spend()
     assert ledger.spent(old) == Spend() and ledger.spent(BATCH_B) == Spend(0.3, 3)
+
+
+def test_a_model_of_the_provider_batch_route_is_charged_half_its_price() -> None:
+    prices = {"gpt-4o-mini": (0.15, 0.6), "gpt-4o": (2.5, 10.0)}
+    charged = batch_discounted(prices, {"gpt-4o-mini", "unpriced"})
+    assert charged == {"gpt-4o-mini": (0.075, 0.3), "gpt-4o": (2.5, 10.0)}
+    assert spend_of({"gpt-4o-mini": (1_000_000, 1_000_000)}, charged).cost_usd == 0.375
