@@ -30,7 +30,13 @@ from streamproc.app.topic_reader import TopicReader
 from streamproc.core.endpoints import CHAT_COMPLETIONS
 from streamproc.core.events import InferenceRequest
 from streamproc.core.outcome import Failure, Outcome
-from streamproc.core.provider_batch_gatherer import BatchGatherer, BatchLimits, PendingLine, SealedBatch
+from streamproc.core.provider_batch_gatherer import (
+    BatchGatherer,
+    BatchLimits,
+    LineTooLarge,
+    PendingLine,
+    SealedBatch,
+)
 from streamproc.core.provider_batch_lines import AnsweredLine, LineOutcome
 from streamproc.core.provider_batch_polling import PollPolicy
 from streamproc.core.provider_batch_requests import openai_line
@@ -51,6 +57,7 @@ from streamproc.settings import ProviderBatchSettings
 log = logging.getLogger(__name__)
 
 RECORD_FAILED: Final = "provider_batch_record_failed"  # the provider-batch record could not be written (service)
+LINE_TOO_LARGE: Final = "provider_batch_line_too_large"  # a request no provider batch can hold (business)
 TAKEOVER_FAILED: Final = "provider_batch_takeover_failed"  # a partition's records unread: retried (service)
 _TICK_S: Final = 0.2
 
@@ -131,7 +138,14 @@ class ProviderBatchRoute:
             # counted with the longest custom id a member gets, written with its own once sealed
             pending = PendingLine(request_id, str(body["model"]),
                                   openai_line(member_custom_id(self._limits.max_requests), body))
-            for sealed in gatherer.add(pending, now):
+            try:
+                sealed_now = gatherer.add(pending, now)
+            except LineTooLarge as exc:  # no provider batch can hold it: as the pre-check refuses a body too large
+                self._waiters.pop(request_id, None)
+                self._gathered.pop(request_id, None)
+                return CallResult(Failure(FailureLayer.BUSINESS, LINE_TOO_LARGE, str(exc)), b"", 0, {},
+                                  str(body.get("model", "")))
+            for sealed in sealed_now:
                 self._start(partition, sealed)
             self._tick()
         try:
