@@ -202,7 +202,7 @@ class Reconciler:
                 log.error("reconciler: request_state entry %r does not decode (%s)", key, exc)
                 continue
             if full:
-                sweep.spent.add(state.batch_id, state.attempts, state.retries_spent)
+                sweep.spent.add(state)
             if state.status in _ENDED:
                 continue
             sweep.open_keys.add(key)

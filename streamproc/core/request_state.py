@@ -259,6 +259,18 @@ def superseded(current: RequestState | None, started: RequestState) -> bool:
                 and (current.source_topic, current.source_offset) == (started.source_topic, started.source_offset))
 
 
+def first_attempt_made(state: RequestState) -> bool:
+    """Whether the request's first call has surely been sent (what the worker counts for the retry budget when it
+    sends it). Not yet for a first attempt still ``in_flight`` (its call may be waiting for a breaker, the gate or
+    its tokens) or parked unmade (a deferral): the worker counts those when they are sent, so a table sweep that
+    counted them too would count them twice (design §5.5)."""
+    if state.attempts >= 2:
+        return True
+    if state.attempts < 1 or state.status in (RequestStatus.IN_FLIGHT, RequestStatus.PENDING):
+        return False
+    return not (state.status is RequestStatus.RETRYING and state.last_error_code in DEFERRAL_CODES)
+
+
 def on_success(state: RequestState, now_ms: int, answer: Success | None = None) -> RequestState:
     """The result was sent (result first, then state: design §4); ``answer``'s model and usage are kept for the
     batch's token counts."""

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from streamproc.core.events import RequestState
+from streamproc.core.request_state import first_attempt_made
+
 EXHAUSTED_REASON = "retry_budget_exhausted"
 
 
@@ -79,17 +82,21 @@ class RetryBudget:
 
 class SpentTally:
     """Sums, per batch, the first attempts and budget-spending retries recorded in request states (the table
-    sweep feeds it one state at a time, then hands :meth:`totals` to :meth:`RetryBudget.at_least`)."""
+    sweep feeds it one state at a time, then hands :meth:`totals` to :meth:`RetryBudget.at_least`).
+
+    A first attempt counts only once its call was surely sent (:func:`first_attempt_made`): the budget's memory
+    is raised to the tally and then counts each first call as it is sent, so a request admitted or parked but not
+    yet called would be counted twice, and the batch granted more retries than its ratio allows."""
 
     def __init__(self) -> None:
         self._totals: dict[str, list[int]] = {}
 
-    def add(self, batch_id: str | None, attempts: int, retries_spent: int) -> None:
-        if attempts < 1:
+    def add(self, state: RequestState) -> None:
+        if not first_attempt_made(state):
             return
-        entry = self._totals.setdefault(batch_id or "", [0, 0])
+        entry = self._totals.setdefault(state.batch_id or "", [0, 0])
         entry[0] += 1
-        entry[1] += retries_spent
+        entry[1] += state.retries_spent
 
     def totals(self) -> dict[str, tuple[int, int]]:
         """batch -> (first attempts, retries spent)."""
