@@ -159,11 +159,13 @@ def test_retry_budget_is_measured_against_the_submitted_batch(settings: Settings
     submitted = cli(settings, "submit", str(path), "--batch-id", "budget")
     assert submitted.returncode == 0, submitted.stderr
     mock = start_mock("clean", 6)
-    # the reconciler's full table sweep (its first pass) lands in the first outage, while requests wait for the
-    # breaker or are parked by it: it must not count their first attempts before their calls (design §5.5; with the
-    # default 30 s it came mid-batch only in slow runs, which then granted an 11th retry)
+    # the reconciler's full table sweep (its first pass) lands in the first outage, while the requests read then are
+    # parked by the open breaker (no hold in memory), their first calls not made: it must not count those before
+    # their calls (design §5.5; with the default 30 s it came mid-batch only in slow runs, which then granted an 11th
+    # retry)
     worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", in_flight="1", retry_budget_ratio="0.5",
-                                      retry_budget_min="0", reconcile_interval_s="4"), tmp_path / "worker.log")
+                                      retry_budget_min="0", reconcile_interval_s="4", breaker_hold_s="0"),
+                           tmp_path / "worker.log")
     worker.start()
     try:
         final = wait_converged(settings, "budget", 120, worker)[-1]
