@@ -260,8 +260,9 @@ def superseded(current: RequestState | None, started: RequestState) -> bool:
 
 
 def first_attempt_made(state: RequestState) -> bool:
-    """Whether the request's first call has surely been sent (what the worker counts for the retry budget when it
-    sends it). Not yet for a first attempt still ``in_flight`` (its call may be waiting for a breaker, the gate or
+    """Whether the request's first attempt is behind it (what the worker counts for the retry budget when it sends
+    the call; an ended one counts even if it ended uncalled, since no call of it is to come). Not yet for a first
+    attempt still ``in_flight`` (its call may be waiting for a breaker, the gate or
     its tokens) or parked unmade (a deferral): the worker counts those when they are sent, so a table sweep that
     counted them too would count them twice (design §5.5)."""
     if state.attempts >= 2:

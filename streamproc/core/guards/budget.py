@@ -84,7 +84,7 @@ class SpentTally:
     """Sums, per batch, the first attempts and budget-spending retries recorded in request states (the table
     sweep feeds it one state at a time, then hands :meth:`totals` to :meth:`RetryBudget.at_least`).
 
-    A first attempt counts only once its call was surely sent (:func:`first_attempt_made`): the budget's memory
+    A first attempt counts only once it is behind the request (:func:`first_attempt_made`): the budget's memory
     is raised to the tally and then counts each first call as it is sent, so a request admitted or parked but not
     yet called would be counted twice, and the batch granted more retries than its ratio allows."""
 
