@@ -11,7 +11,10 @@ its own rate in its log line) and whatever faust read itself after it. Shapes of
 * ``forgotten, not compacted``: ``--forgotten`` states of a finished batch, the live states, then the
   batch's tombstones (``forget``): the changelog right after ``forget``, before compaction reached it;
 * ``forgotten, compacted``: the tombstones and the live states: after compaction removed the forgotten
-  values, while it still keeps their tombstones (``delete.retention.ms``, the broker's default 24 hours).
+  values, while it still keeps their tombstones (``delete.retention.ms``, an hour: app/topics.py);
+* ``forgotten, compacted by the broker``: the first shape written to a changelog with the deployment's topic
+  settings, hours shortened to seconds (benchmarks/state_compaction.py), restored once the broker's cleaner
+  has dropped the forgotten values and then their tombstones: what a restore reads a few hours after forget.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 from benchmarks.faust_log import RECOVERY_ENDS, recovery_span_s
 from benchmarks.pipeline import Bench, process_cpu_s, table, worker_env
+from benchmarks.state_compaction import SHORTENED, await_compaction, count_log, create_shortened
 from benchmarks.state_fill import fill_changelog, finished_states, tombstones
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core.events import RequestState
@@ -63,9 +67,12 @@ class Restore:
                 f"({self.rate:,.0f}/s{bulk}{cpu})")
 
 
-async def filled(bench: Bench, shape: str, records: list[RequestState | bytes]) -> Topology:
-    """A namespace whose state changelog holds ``records`` (bytes: a tombstone)."""
-    topology = bench.topology(f"restore-{shape.split(',')[0].replace(' ', '-')}-{len(records)}")
+async def filled(bench: Bench, shape: str, records: list[RequestState | bytes], shortened: bool = False) -> Topology:
+    """A namespace whose state changelog holds ``records`` (bytes: a tombstone), its times shortened (compaction
+    in seconds) if ``shortened``."""
+    topology = bench.topology(f"restore-{'-'.join(shape.replace(',', '').split()[:3])}-{len(records)}")
+    if shortened:
+        await create_shortened(bench.bootstrap, topology.state_changelog, bench.partitions)
     await ensure_pipeline_topics(KafkaConnection(bootstrap=bench.bootstrap), topology)
     await fill_changelog(bench.bootstrap, topology.state_changelog, bench.partitions, records, None)
     return topology
@@ -117,6 +124,15 @@ async def run_restores(bench: Bench, args: argparse.Namespace) -> list[str]:
         for shape, records in (("forgotten, not compacted", list(itertools.chain(forgotten, live, deletes))),
                                ("forgotten, compacted", [*deletes, *live])):
             runs.append(await restore(bench, shape, await filled(bench, shape, records), len(records), timeout_s))
+        shape = "forgotten, compacted by the broker"
+        compacted = await filled(bench, shape, list(itertools.chain(forgotten, live, deletes)), shortened=True)
+        waited = await await_compaction(bench.bootstrap, compacted.state_changelog, bench.partitions, len(live),
+                                        timeout_s)
+        print(f"the broker compacted the forgotten states and dropped their tombstones in {waited:.0f}s "
+              f"(settings {SHORTENED})", flush=True)
+        left = await count_log(bench.bootstrap, compacted.state_changelog, bench.partitions)
+        runs.append(await restore(bench, shape, compacted, left.values + left.tombstones + left.nudges,
+                                  timeout_s))
     rows = [row(run, live_run, runs[1] if args.compare_faust else None) for run in runs]
     print()
     print(f"restore benchmark: {args.states:,} live states, {args.forgotten:,} forgotten, {bench.partitions} "

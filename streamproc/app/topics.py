@@ -102,8 +102,18 @@ COMPACTED = {"cleanup.policy": "compact"}
 # Compaction never touches a partition's active segment, which by the broker's default rolls after 7 days or
 # 1 GiB: a request's 2-4 state writes all stayed in the changelog for a week, and a worker restoring a partition
 # (a new machine, a partition moved without a standby) read them all. Rolled every hour, they become one per
-# request once the broker's cleaner passes (when half the log is uncompacted, its default).
-STATE_CHANGELOG = {**COMPACTED, "segment.ms": str(60 * 60 * 1000)}
+# request once the broker's cleaner passes.
+# ``forget`` appends a tombstone per state; by the broker's defaults the cleaner waited for half the log to be
+# dirty (tombstones are small: 800,000 of them beside 1,000,000 states are not half) and kept each tombstone
+# a day after, and a restore read the forgotten states, then their tombstones: 7.96 x the live states' time.
+# ``max.compaction.lag.ms`` makes a rolled segment with dirty records cleanable after an hour whatever the ratio,
+# and ``delete.retention.ms`` lets a later pass drop a tombstone an hour after the first: the changelog holds the
+# live states alone a few hours after a forget (design §4 Growth). An hour is the time a reader from the start of
+# the log (a restore from scratch, ``status --verify``, ``forget``'s fold) has to reach a tombstone it must see;
+# a worker whose disk is older than that purges the forgotten batches itself (app/table_purge.py).
+HOUR_MS = str(60 * 60 * 1000)
+STATE_CHANGELOG = {**COMPACTED, "segment.ms": HOUR_MS, "max.compaction.lag.ms": HOUR_MS,
+                   "delete.retention.ms": HOUR_MS}
 # A beat a second per worker: compaction keeps the latest of each worker once a segment rolls (every minute),
 # and a worker gone without its tombstone (SIGKILLed) is deleted with its segment after an hour, so a worker
 # starting reads a few minutes of beats.

@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from rocksdict import AccessType, Rdict
 
 from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.summary_reader import read_summaries
 from streamproc.app.topic_reader import TopicReader
+from streamproc.app.topics import STATE_CHANGELOG, ensure_topics
 from streamproc.codec.manifest import BatchManifest, encode_manifest
 from streamproc.core.batch_summary import SummaryView
 from streamproc.devstack.chaos.tally import counts_of
@@ -35,6 +37,9 @@ pytestmark = pytest.mark.integration
 
 PURGE_WAIT_S = 8  # a worker purges forgotten batches every 5 s
 LIVE_IDS = sorted(f"live/c-{i}" for i in range(10))
+# the deployment's changelog settings, hours made seconds: tombstones leave the log while the test waits
+SHORTENED_CHANGELOG = {**STATE_CHANGELOG, "segment.ms": "1000", "max.compaction.lag.ms": "1000",
+                       "delete.retention.ms": "2000"}
 
 
 def stored_ids(data_dir: Path) -> list[str]:
@@ -184,3 +189,64 @@ async def live_changelog_keys(settings: Settings) -> set[str]:
             elif not key.startswith("__"):
                 live.add(key)
     return live
+
+
+def test_a_disk_older_than_the_tombstones_does_not_bring_forgotten_states_back(
+        settings: Settings, tmp_path: Path) -> None:
+    """A worker down while a batch was forgotten, and longer than the broker keeps the tombstones
+    (``delete.retention.ms``, here seconds): its restore on its own disk meets no tombstone of the batch, and its
+    purge of the partitions it newly owns deletes the states itself (and tombstones them again)."""
+    topology = settings.topology()
+    asyncio.run(ensure_topics(resolve_connection(settings), {topology.state_changelog: topology.partitions},
+                              configs={topology.state_changelog: SHORTENED_CHANGELOG}))
+    assert cli(settings, "submit", str(batch_file(tmp_path / "old.jsonl", 30)), "--batch-id", "old").returncode == 0
+    assert cli(settings, "submit", str(batch_file(tmp_path / "live.jsonl", 10)), "--batch-id", "live").returncode == 0
+    mock = start_mock("clean", 5)
+    disk = tmp_path / "w1"
+    worker = WorkerProcess(worker_env(settings, mock.url, disk), tmp_path / "worker.log")
+    worker.start()
+    try:
+        wait_converged(settings, "old", 120, worker)
+        wait_converged(settings, "live", 120, worker)
+    finally:
+        worker.stop()  # before the forget: its disk keeps the batch's states, and it never purges them
+    forgotten = cli(settings, "forget", "--batch-id", "old")
+    assert forgotten.returncode == 0, forgotten.stderr
+    left = asyncio.run(compacted_away(settings, "old/", 180))
+    assert left == 0, f"{left} records of the batch still on the changelog"
+    assert len(stored_ids(disk)) == 40  # the stale disk: the forgotten batch's states, no tombstone left to apply
+
+    restarted = WorkerProcess(worker_env(settings, mock.url, disk), tmp_path / "restarted.log")
+    restarted.start()
+    try:
+        deadline = time.monotonic() + 120
+        while "forgotten batches: deleted and tombstoned" not in restarted.log_tail(1_000_000):
+            assert time.monotonic() < deadline and restarted.alive(), restarted.log_tail()
+            time.sleep(1)
+    finally:
+        restarted.stop()
+        mock.stop()
+    assert "forgotten batches: deleted and tombstoned 30 of their states" in restarted.log_tail(1_000_000)
+    assert stored_ids(disk) == LIVE_IDS
+    assert asyncio.run(live_changelog_keys(settings)) == set(LIVE_IDS)  # nothing of the batch written back
+
+
+async def compacted_away(settings: Settings, prefix: str, timeout_s: float) -> int:
+    """Wait until the state changelog holds no record (value or tombstone) whose key starts with ``prefix``;
+    returns how many it still holds at the end. A segment rolls only on an append, so each look appends a
+    tombstone of a key no request has to every partition (a running deployment never stops writing)."""
+    topology = settings.topology()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            for partition in range(topology.partitions):
+                await producer.send_and_wait(topology.state_changelog, None, b"no-such-batch/nudge", partition)
+        finally:
+            await producer.stop()
+        async with TopicReader(resolve_connection(settings), [topology.state_changelog]) as reader:
+            left = sum(bytes(record.key or b"").decode().startswith(prefix) for record in await reader.read_to_end())
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        await asyncio.sleep(5)

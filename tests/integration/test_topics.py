@@ -34,11 +34,15 @@ async def test_the_state_changelog_is_compacted_with_hourly_segments_and_the_req
     configs = await topic_configs(settings.kafka_bootstrap,
                                   [topology.state_changelog, topology.batches, topology.provider_batches,
                                    topology.requests],
-                                  {"cleanup.policy", "segment.ms"})
-    assert configs[topology.state_changelog] == {"cleanup.policy": "compact", "segment.ms": "3600000"}
-    assert configs[topology.batches] == {"cleanup.policy": "compact", "segment.ms": "604800000"}  # the default
-    assert configs[topology.provider_batches] == {"cleanup.policy": "compact", "segment.ms": "604800000"}
-    assert configs[topology.requests] == {"cleanup.policy": "delete", "segment.ms": "604800000"}
+                                  {"cleanup.policy", "segment.ms", "max.compaction.lag.ms", "delete.retention.ms"})
+    hour = "3600000"  # forgotten states and their tombstones leave the changelog within hours, not days
+    assert configs[topology.state_changelog] == {"cleanup.policy": "compact", "segment.ms": hour,
+                                                 "max.compaction.lag.ms": hour, "delete.retention.ms": hour}
+    assert configs[topology.batches] == {"cleanup.policy": "compact", "segment.ms": "604800000",  # the defaults
+                                         "max.compaction.lag.ms": "9223372036854775807",
+                                         "delete.retention.ms": "86400000"}
+    assert configs[topology.provider_batches] == configs[topology.batches]
+    assert configs[topology.requests] == {**configs[topology.batches], "cleanup.policy": "delete"}
 
 
 async def test_with_automatic_retention_the_outcome_topics_keep_their_records_a_week_longer(
