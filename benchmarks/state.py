@@ -273,6 +273,9 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
                         "changelog after forget, before and after compaction (benchmarks/state_restore.py)")
     parser.add_argument("--forgotten", type=int, default=0,
                         help="with --restore-only: states of a finished batch that forget tombstoned [0: none]")
+    parser.add_argument("--restore-rounds", type=int, default=3,
+                        help="with --forgotten: restores of the live states alternated with the broker-compacted "
+                        "changelog's, compared by their medians [3]")
     parser.add_argument("--compare-faust", action="store_true",
                         help="with --restore-only: the live states restored by faust's own restore too (a "
                         "worker with STREAMPROC_BULK_RESTORE=false), for the ratio")
@@ -284,6 +287,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     for name in ("states", "state_requests", "in_flight", "partitions"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.restore_rounds < 1:
+        parser.error("--restore-rounds must be at least 1")
     if args.restart_requests < 0 or args.state_warmup < 0 or args.forgotten < 0:
         parser.error("--restart-requests, --state-warmup and --forgotten must be at least 0")
     if (args.forgotten or args.compare_faust) and not args.restore_only:

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import itertools
 import re
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -79,9 +80,10 @@ async def filled(bench: Bench, shape: str, records: list[RequestState | bytes], 
 
 
 async def restore(bench: Bench, shape: str, topology: Topology, records: int, timeout_s: float,
-                  bulk: bool = True) -> Restore:
-    """The namespace's changelog restored by a fresh worker (faust's own restore alone unless ``bulk``)."""
-    name = f"{topology.prefix.rsplit('-', 1)[0]}-{'bulk' if bulk else 'faust'}"
+                  bulk: bool = True, again: int = 0) -> Restore:
+    """The namespace's changelog restored by a fresh worker (faust's own restore alone unless ``bulk``; ``again``:
+    the how-manieth restore of the same namespace, each into a data dir of its own)."""
+    name = f"{topology.prefix.rsplit('-', 1)[0]}-{'bulk' if bulk else 'faust'}{f'-{again}' if again else ''}"
     env = worker_env(bench.bootstrap, topology.prefix, "http://127.0.0.1:9", bench.stack.workdir / f"{name}-data",
                      bench.in_flight, bench.partitions)
     env.update({"STREAMPROC_WORKER_METRICS_PORT": "0", "STREAMPROC_BULK_RESTORE": str(bulk).lower()})
@@ -131,9 +133,15 @@ async def run_restores(bench: Bench, args: argparse.Namespace) -> list[str]:
         print(f"the broker compacted the forgotten states and dropped their tombstones in {waited:.0f}s "
               f"(settings {SHORTENED})", flush=True)
         left = await count_log(bench.bootstrap, compacted.state_changelog, bench.partitions)
-        runs.append(await restore(bench, shape, compacted, left.values + left.tombstones + left.nudges,
-                                  timeout_s))
+        paired = []  # the load moves a 200,000-state restore by seconds: alternate it with the live one's
+        for again in range(1, args.restore_rounds + 1):
+            paired.append((await restore(bench, "live", live_ns, len(live), timeout_s, again=again),
+                           await restore(bench, shape, compacted, left.values + left.tombstones + left.nudges,
+                                         timeout_s, again=again)))
+        runs.append(paired[0][1])
     rows = [row(run, live_run, runs[1] if args.compare_faust else None) for run in runs]
+    if args.forgotten:
+        rows.append(paired_row(paired))
     print()
     print(f"restore benchmark: {args.states:,} live states, {args.forgotten:,} forgotten, {bench.partitions} "
           "partitions, one worker, fresh data dirs")
@@ -142,6 +150,17 @@ async def run_restores(bench: Bench, args: argparse.Namespace) -> list[str]:
     for warning in warnings:
         print(f"WARNING: {warning}")
     return warnings
+
+
+def paired_row(paired: list[tuple[Restore, Restore]]) -> tuple[str, str, str, str]:
+    """The broker-compacted restores against the live ones they alternated with: the ratio of the medians."""
+    live = statistics.median(run.seconds for run, _ in paired)
+    compacted = statistics.median(run.seconds for _, run in paired)
+    each = ", ".join(f"{a.seconds:.1f}/{b.seconds:.1f}" for a, b in paired)
+    ratio = compacted / live
+    return (f"forgotten, compacted by the broker, against live: {len(paired)} alternated rounds",
+            f"medians {compacted:.1f}s / {live:.1f}s (live/compacted each round: {each})", f"<= {TARGET_RATIO} x live",
+            f"{ratio:.2f} x: {'met' if ratio <= TARGET_RATIO else 'MISSED'}")
 
 
 def row(run: Restore, live: Restore, faust: Restore | None) -> tuple[str, str, str, str]:
