@@ -108,9 +108,10 @@ COMPACTED = {"cleanup.policy": "compact"}
 # a day after, and a restore read the forgotten states, then their tombstones: 7.96 x the live states' time.
 # ``max.compaction.lag.ms`` makes a rolled segment with dirty records cleanable after an hour whatever the ratio,
 # and ``delete.retention.ms`` lets a later pass drop a tombstone an hour after the first: the changelog holds the
-# live states alone a few hours after a forget (design §4 Growth). An hour is the time a reader from the start of
-# the log (a restore from scratch, ``status --verify``, ``forget``'s fold) has to reach a tombstone it must see;
-# a worker whose disk is older than that purges the forgotten batches itself (app/table_purge.py).
+# live states alone 2-4 hours after a forget (design §4, convergence after forget). An hour is the time a reader
+# from the start of the log (a restore from scratch, ``status --verify``, ``forget``'s fold) has to reach a
+# tombstone it must see; a worker whose disk is older than that purges the forgotten batches itself
+# (app/table_purge.py).
 HOUR_MS = str(60 * 60 * 1000)
 STATE_CHANGELOG = {**COMPACTED, "segment.ms": HOUR_MS, "max.compaction.lag.ms": HOUR_MS,
                    "delete.retention.ms": HOUR_MS}
