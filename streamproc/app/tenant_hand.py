@@ -1,11 +1,14 @@
-"""The records each tenant holds in a worker's hand, against its quota (design §5.11).
+"""The records each tenant holds in a worker's hand, against its quota, counted per lane (tenant, priority; design
+§5.11).
 
 The requests agent asks :meth:`TenantHand.may_take` before it hands a record to the dispatcher. A tenant at its
 quota has its record wait in memory (the dispatcher's waiting room, no slot: :meth:`TenantHand.wait_to_take`) while
 it has fewer waiting than its weighted part of the read-ahead (:meth:`TenantHand.may_wait`), and parked on the
 backlog topic past that, so the agent reads on past a flood and a small tenant's records never queue behind a
-large one's. The backlog agent's records wait the same way until their tenant is under its quota again. A tenant
-at its RPM/TPM quota (``held_back``) takes no new place, and its records in hand do not shrink the others' parts.
+large one's. The backlog agent's records wait the same way until their lane has room again. A lane's records count
+against its tenant's quota with the same tenant's more urgent ones only (``lane_has_room``), so a tenant's ``high``
+records reach past its own ``low`` flood. A tenant at its RPM/TPM quota (``held_back``) takes no new place, and its
+records in hand do not shrink the others' parts.
 """
 
 from __future__ import annotations
@@ -16,8 +19,15 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from streamproc.core.tenancy import DEFAULT_TENANT, TENANT_HEADER, tenant_problem
-from streamproc.core.tenant_share import EQUAL_WEIGHTS, TenantWeights, hand_quota
+from streamproc.core.tenancy import (
+    DEFAULT_PRIORITY,
+    DEFAULT_TENANT,
+    PRIORITY_HEADER,
+    TENANT_HEADER,
+    priority_problem,
+    tenant_problem,
+)
+from streamproc.core.tenant_share import EQUAL_WEIGHTS, Lane, TenantWeights, lane_has_room, outranked
 from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants, parse_tenants
 
 _POLL_S = 0.2  # how often a waiting record looks whether the worker gives its records back (a rebalance, a stop)
@@ -45,9 +55,17 @@ def scheduled_tenant(record_headers: Mapping[str, bytes]) -> str:
     return DEFAULT_TENANT if tenant_problem(tenant) is not None else tenant
 
 
+def scheduled_lane(record_headers: Mapping[str, bytes]) -> Lane:
+    """The lane a record is scheduled in: its tenant (:func:`scheduled_tenant`) and its ``x-priority`` header, a
+    missing or invalid one counting as the default priority."""
+    raw = record_headers.get(PRIORITY_HEADER)
+    priority = DEFAULT_PRIORITY if raw is None else raw.decode("utf-8", errors="replace")
+    return scheduled_tenant(record_headers), DEFAULT_PRIORITY if priority_problem(priority) is not None else priority
+
+
 class TenantHand:
-    """Counts each tenant's records in hand; a hand of ``hand`` records is shared by ``weights`` among the tenants
-    not ``held_back`` at their RPM/TPM quota."""
+    """Counts each lane's records in hand; a hand of ``hand`` records is shared by ``weights`` among the tenants
+    not ``held_back`` at their RPM/TPM quota, and within a tenant by priority (``lane_has_room``)."""
 
     def __init__(self, hand: int, read_ahead: int, weights: TenantWeights = EQUAL_WEIGHTS,
                  held_back: Callable[[str], bool] = lambda _: False) -> None:
@@ -55,64 +73,68 @@ class TenantHand:
         self._read_ahead = read_ahead
         self._weights = weights
         self._held_back = held_back
-        self._held: Counter[str] = Counter()
-        self._waiting: Counter[str] = Counter()  # backlog records waiting for room, per tenant
+        self._held: Counter[Lane] = Counter()
+        self._waiting: Counter[Lane] = Counter()  # records waiting for room in memory, per lane
         self._changed = asyncio.Event()
 
     def held(self) -> dict[str, int]:
-        return dict(self._held)
+        """Each tenant's records in hand, all its priorities together."""
+        totals: Counter[str] = Counter()
+        for (tenant, _), count in self._held.items():
+            totals[tenant] += count
+        return dict(totals)
 
-    def _has_room(self, tenant: str) -> bool:
-        if self._held_back(tenant):
+    def _has_room(self, lane: Lane) -> bool:
+        if self._held_back(lane[0]) or outranked(lane, self._waiting):
             return False
-        sharing = {name: count for name, count in self._held.items() if not self._held_back(name)}
-        return self._held[tenant] < hand_quota(tenant, sharing, self._hand, self._weights)
+        sharing = {other: count for other, count in self._held.items() if not self._held_back(other[0])}
+        return lane_has_room(lane, sharing, self._hand, self._weights)
 
-    def may_take(self, tenant: str) -> bool:
-        """Take a place for a record read from the requests topic, if its tenant is under its quota and has no
-        parked record waiting (those go first, so a tenant's own records are not overtaken for long)."""
-        if self._waiting[tenant] or not self._has_room(tenant):
+    def may_take(self, lane: Lane) -> bool:
+        """Take a place for a record read from the requests topic, if its lane has room and no record of the lane
+        waits (those go first, so a lane's own records are not overtaken for long)."""
+        if self._waiting[lane] or not self._has_room(lane):
             return False
-        self._held[tenant] += 1
+        self._held[lane] += 1
         return True
 
-    def may_wait(self, tenant: str) -> bool:
-        """Count a record of ``tenant`` at its quota as waiting in memory (True) while fewer of its records wait than
-        its weighted part of the read-ahead among the tenants with records waiting; else it is to be parked."""
-        if self._waiting[tenant] >= hand_quota(tenant, self._waiting, self._read_ahead, self._weights):
+    def may_wait(self, lane: Lane) -> bool:
+        """Count a record of ``lane`` without room as waiting in memory (True) while the lane has room in the
+        read-ahead (shared like the hand: by tenant, then by priority); else it is to be parked."""
+        if not lane_has_room(lane, self._waiting, self._read_ahead, self._weights):
             return False
-        self.will_wait(tenant)
+        self.will_wait(lane)
         return True
 
-    def will_wait(self, tenant: str) -> None:
-        """Count a record of ``tenant`` as waiting (counted when it is read, so the next read sees it), until
+    def will_wait(self, lane: Lane) -> None:
+        """Count a record of ``lane`` as waiting (counted when it is read, so the next read sees it), until
         :meth:`wait_to_take` ends or :meth:`stop_waiting`."""
-        self._waiting[tenant] += 1
+        self._waiting[lane] += 1
 
-    def stop_waiting(self, tenant: str) -> None:
-        self._waiting[tenant] -= 1
-        if not self._waiting[tenant]:
-            del self._waiting[tenant]
+    def stop_waiting(self, lane: Lane) -> None:
+        self._waiting[lane] -= 1
+        if not self._waiting[lane]:
+            del self._waiting[lane]
 
-    async def wait_to_take(self, tenant: str, give_up: Callable[[], bool]) -> bool:
-        """For a record counted as waiting: wait until ``tenant`` is under its quota and take a place (True), or until
+    async def wait_to_take(self, lane: Lane, give_up: Callable[[], bool]) -> bool:
+        """For a record counted as waiting: wait until ``lane`` has room and take a place (True), or until
         ``give_up()`` (False)."""
         try:
-            while not self._has_room(tenant):
+            while not self._has_room(lane):
                 if give_up():
                     return False
                 changed = self._changed
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), _POLL_S)
-            self._held[tenant] += 1
+            self._held[lane] += 1
             return True
         finally:
-            self.stop_waiting(tenant)
+            self.stop_waiting(lane)
 
-    def give_back(self, tenant: str) -> None:
-        """A record of ``tenant`` is done (acked, parked or held): wake the waiters."""
-        self._held[tenant] -= 1
-        if self._held[tenant] <= 0:
-            del self._held[tenant]
+    def give_back(self, lane: Lane) -> None:
+        """A record of ``lane`` is done (acked, parked or held): wake the waiters."""
+        self._held[lane] -= 1
+        if self._held[lane] <= 0:
+            del self._held[lane]
         self._changed.set()
         self._changed = asyncio.Event()

@@ -52,7 +52,7 @@ from streamproc.app.reconciler import ConsumerGroup, Reconciler, ReconcilerLinks
 from streamproc.app.result_index import ResultIndex, ResultReuse
 from streamproc.app.spend import SpendGate
 from streamproc.app.table_purge import TablePurge
-from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_tenant
+from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_lane
 from streamproc.app.topic_reader import TopicReader
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.releases import write_as_release
@@ -68,6 +68,7 @@ from streamproc.core.retry_policy import Tier, due_within_tier
 from streamproc.core.spend_cap import Cap, SpendLedger
 from streamproc.core.sweep_scope import SweepScope
 from streamproc.core.tenant_pace import TenantPace
+from streamproc.core.tenant_share import Lane
 from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
@@ -426,12 +427,12 @@ class WorkerRuntime:
         if record.key is None:  # the handler first writes it again under its id; that copy is the one scheduled
             await self.dispatcher.submit(lane, record.offset, functools.partial(self.handler.handle, record), ack)
             return
-        tenant = scheduled_tenant(record.headers)
-        if self.tenant_hand.may_take(tenant):
-            await self.dispatcher.submit(lane, record.offset, functools.partial(self._handle_held, tenant, record),
-                                         ack)
-        elif self.tenant_hand.may_wait(tenant):
-            await self._submit_to_wait(lane, record, ack, tenant, None)
+        lane_of_hand = scheduled_lane(record.headers)
+        if self.tenant_hand.may_take(lane_of_hand):
+            await self.dispatcher.submit(lane, record.offset,
+                                         functools.partial(self._handle_held, lane_of_hand, record), ack)
+        elif self.tenant_hand.may_wait(lane_of_hand):
+            await self._submit_to_wait(lane, record, ack, lane_of_hand, None)
         else:
             await self.dispatcher.submit(lane, record.offset, functools.partial(self._requeue, record,
                                                                                 self.topology.backlog), ack, call=False)
@@ -439,34 +440,34 @@ class WorkerRuntime:
     async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
         """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota."""
         await self._backlog_places.acquire()
-        tenant = scheduled_tenant(record.headers)
-        self.tenant_hand.will_wait(tenant)
-        await self._submit_to_wait(lane, record, ack, tenant, self._backlog_places)
+        lane_of_hand = scheduled_lane(record.headers)
+        self.tenant_hand.will_wait(lane_of_hand)
+        await self._submit_to_wait(lane, record, ack, lane_of_hand, self._backlog_places)
 
-    async def _submit_to_wait(self, lane: Any, record: Record, ack: Ack, tenant: str,
+    async def _submit_to_wait(self, lane: Any, record: Record, ack: Ack, lane_of_hand: Lane,
                               place: asyncio.Semaphore | None) -> None:
-        """Wait in the waiting room (no slot) until ``tenant`` is under its quota, then handle the record; woken by a
-        rebalance or stop first, it is parked at the backlog's tail (the worker must not wait for it, design §5.7).
-        The record counts as waiting already (``TenantHand.may_wait``/``will_wait``); ``place``: released once the
-        wait ends."""
+        """Wait in the waiting room (no slot) until ``lane_of_hand`` has room in the hand, then handle the record;
+        woken by a rebalance or stop first, it is parked at the backlog's tail (the worker must not wait for it,
+        design §5.7). The record counts as waiting already (``TenantHand.may_wait``/``will_wait``); ``place``:
+        released once the wait ends."""
         taken: list[bool] = []
 
         async def wait() -> None:
             try:
-                taken.append(await self.tenant_hand.wait_to_take(tenant, self._rebalancing_or_stopping))
+                taken.append(await self.tenant_hand.wait_to_take(lane_of_hand, self._rebalancing_or_stopping))
             finally:
                 if place is not None:
                     place.release()
 
         async def work() -> Disposition:
             if taken == [True]:
-                return await self._handle_held(tenant, record)
+                return await self._handle_held(lane_of_hand, record)
             return await self._requeue(record, self.topology.backlog)
 
         try:
             await self.dispatcher.submit(lane, record.offset, work, ack, wait=wait)
         except BaseException:  # not taken into the waiting room: its wait never runs
-            self.tenant_hand.stop_waiting(tenant)
+            self.tenant_hand.stop_waiting(lane_of_hand)
             if place is not None:
                 place.release()
             raise
@@ -476,11 +477,11 @@ class WorkerRuntime:
         await self.dispatcher.submit(lane, record.offset, functools.partial(self._when_due, record, due_ms),
                                      ack, wait=functools.partial(self._sleep_until, due_ms))
 
-    async def _handle_held(self, tenant: str, record: Record) -> Disposition:
+    async def _handle_held(self, lane_of_hand: Lane, record: Record) -> Disposition:
         try:
             return await self.handler.handle(record)
         finally:
-            self.tenant_hand.give_back(tenant)
+            self.tenant_hand.give_back(lane_of_hand)
 
     def _open_lane(self, lane: tuple[Any, int]) -> None:
         """A record of a newer consumer generation means a rebalance happened: the older lanes get no more

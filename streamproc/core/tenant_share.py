@@ -3,7 +3,10 @@
 Two places share: the records a worker holds in hand (the dispatcher's ``in_flight`` + 1/4) and the gate's slots.
 A tenant's *quota* of the hand is its weighted part among the tenants that hold records now, so a tenant alone
 gets all of it (work-conserving) and a record of a tenant over its quota is parked instead of waited for (design
-§5.11). Among the calls that may start, :class:`FairChoice` picks by priority first, a lower one aged past a bound
+§5.11). Within a tenant the hand is counted per *lane* (tenant, priority): a record counts against the quota only
+the records of its own priority and the more urgent ones (:func:`lane_has_room`), so a ``high`` record is not
+parked behind its own tenant's ``low`` flood, while a ``low`` one yields to the ``high`` ones in hand.
+Among the calls that may start, :class:`FairChoice` picks by priority first, a lower one aged past a bound
 counting as the highest, then by weighted fair queuing per tenant (virtual start tags).
 
 Weights come from ``STREAMPROC_TENANTS_FILE`` (:mod:`streamproc.core.tenants_file`); a tenant not named weighs
@@ -40,6 +43,33 @@ def hand_quota(tenant: str, in_hand: Mapping[str, int], hand: int, weights: Tena
     active = {name for name, count in in_hand.items() if count > 0} | {tenant}
     total = sum(weights.of(name) for name in active)
     return max(1, int(hand * weights.of(tenant) / total))
+
+
+Lane = tuple[str, str]
+"""A tenant and a priority: the unit the hand counts records in."""
+
+
+def lane_has_room(lane: Lane, counts: Mapping[Lane, int], budget: int, weights: TenantWeights) -> bool:
+    """Whether ``lane`` may count one more record of a ``budget`` shared by tenants (``hand_quota`` over the
+    tenants' totals in ``counts``): its tenant's records of its priority or a more urgent one are under the
+    tenant's quota. Records of less urgent priorities do not count, so they never hold a more urgent one back
+    (they drain as their calls end; the gate starts the urgent calls first); alone, a lane gets the whole budget."""
+    tenant, priority = lane
+    per_tenant: dict[str, int] = {}
+    for (name, _), count in counts.items():
+        per_tenant[name] = per_tenant.get(name, 0) + count
+    rank = _priority_rank(priority)
+    as_urgent = sum(count for (name, other), count in counts.items()
+                    if name == tenant and _priority_rank(other) <= rank)
+    return as_urgent < hand_quota(tenant, per_tenant, budget, weights)
+
+
+def outranked(lane: Lane, waiting: Mapping[Lane, int]) -> bool:
+    """Whether a more urgent lane of the same tenant has records ``waiting`` for room: ``lane`` then yields to it."""
+    tenant, priority = lane
+    rank = _priority_rank(priority)
+    return any(count > 0 and name == tenant and _priority_rank(other) < rank
+               for (name, other), count in waiting.items())
 
 
 @dataclass(frozen=True)

@@ -7,50 +7,83 @@ from pathlib import Path
 
 import pytest
 
-from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_tenant
+from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_lane, scheduled_tenant
 from streamproc.core.tenant_share import TenantWeights
+
+a_normal, b_normal = ("a", "normal"), ("b", "normal")
 
 
 def test_a_tenant_alone_takes_the_whole_hand_then_waits_within_its_read_ahead_then_parks() -> None:
     hand = TenantHand(hand=4, read_ahead=2)
-    assert [hand.may_take("a") for _ in range(5)] == [True, True, True, True, False]
-    assert [hand.may_wait("a") for _ in range(3)] == [True, True, False]  # the third is parked
+    assert [hand.may_take(a_normal) for _ in range(5)] == [True, True, True, True, False]
+    assert [hand.may_wait(a_normal) for _ in range(3)] == [True, True, False]  # the third is parked
 
 
 async def test_a_second_tenant_gets_its_share_before_the_flood_waiting_ahead_of_it() -> None:
     hand = TenantHand(hand=4, read_ahead=8)
     for _ in range(4):
-        assert hand.may_take("a")
-    assert hand.may_wait("a")
-    flood = asyncio.create_task(hand.wait_to_take("a", lambda: False))
-    assert hand.may_take("b")  # b holds nothing: its quota is half the hand
-    assert not hand.may_take("a")  # a has a record waiting: its own go first
+        assert hand.may_take(a_normal)
+    assert hand.may_wait(a_normal)
+    flood = asyncio.create_task(hand.wait_to_take(a_normal, lambda: False))
+    assert hand.may_take(b_normal)  # b holds nothing: its quota is half the hand
+    assert not hand.may_take(a_normal)  # a has a record waiting: its own go first
     for _ in range(2):
-        hand.give_back("a")
+        hand.give_back(a_normal)
     await asyncio.sleep(0.05)
     assert not flood.done()  # a holds 2 of a quota of 2 now that b holds one
-    hand.give_back("a")
+    hand.give_back(a_normal)
     assert await asyncio.wait_for(flood, 1) is True
     assert hand.held() == {"a": 2, "b": 1}
 
 
 async def test_a_waiter_gives_up_when_the_worker_gives_its_records_back() -> None:
     hand = TenantHand(hand=1, read_ahead=4)
-    assert hand.may_take("a") and hand.may_wait("a")
-    assert await asyncio.wait_for(hand.wait_to_take("a", lambda: True), 1) is False
-    assert hand.may_wait("a")  # its waiting place was given back
+    assert hand.may_take(a_normal) and hand.may_wait(a_normal)
+    assert await asyncio.wait_for(hand.wait_to_take(a_normal, lambda: True), 1) is False
+    assert hand.may_wait(a_normal)  # its waiting place was given back
 
 
 def test_weights_share_the_hand() -> None:
     hand = TenantHand(hand=8, read_ahead=8, weights=TenantWeights({"a": 3.0}))
-    assert hand.may_take("b")
-    assert sum(hand.may_take("a") for _ in range(8)) == 6  # 8 * 3/4
+    assert hand.may_take(b_normal)
+    assert sum(hand.may_take(a_normal) for _ in range(8)) == 6  # 8 * 3/4
 
 
 def test_the_scheduled_tenant_comes_from_the_header_alone() -> None:
     assert scheduled_tenant({"x-tenant": b"team-a"}) == "team-a"
     assert scheduled_tenant({}) == "default"
     assert scheduled_tenant({"x-tenant": b"bad name"}) == "default"  # the handler refuses it; scheduling does not
+
+
+def test_the_scheduled_lane_adds_the_priority_header() -> None:
+    assert scheduled_lane({"x-tenant": b"team-a", "x-priority": b"high"}) == ("team-a", "high")
+    assert scheduled_lane({"x-tenant": b"team-a"}) == ("team-a", "normal")
+    assert scheduled_lane({"x-priority": b"urgent"}) == ("default", "normal")
+
+
+async def test_a_high_record_reaches_past_its_own_tenants_low_flood() -> None:
+    hand = TenantHand(hand=4, read_ahead=2)
+    a_low, a_high = ("a", "low"), ("a", "high")
+    assert [hand.may_take(a_low) for _ in range(5)] == [True, True, True, True, False]
+    assert [hand.may_wait(a_low) for _ in range(3)] == [True, True, False]  # the flood's excess is parked
+    assert hand.may_take(a_high)  # the low records in hand do not count against it
+    flood = asyncio.create_task(hand.wait_to_take(a_low, lambda: False))
+    hand.give_back(a_low)
+    await asyncio.sleep(0.05)
+    assert not flood.done()  # the low record yields: a holds 3 low and 1 high of its 4
+    assert [hand.may_take(a_high) for _ in range(4)] == [True, True, True, False]  # a's whole hand, then waits
+    assert hand.may_wait(a_high)  # high waits in memory though low's read-ahead is full
+    for _ in range(3):
+        hand.give_back(a_low)
+    await asyncio.sleep(0.05)
+    assert not flood.done()  # 4 high in hand: low waits until they end
+    hand.give_back(a_high)
+    await asyncio.sleep(0.05)
+    assert not flood.done()  # the high record waiting goes first: low yields to it
+    assert await asyncio.wait_for(hand.wait_to_take(a_high, lambda: False), 1) is True
+    for _ in range(4):
+        hand.give_back(a_high)
+    assert await asyncio.wait_for(flood, 1) is True  # the high ones ended: low gets the hand again
 
 
 def test_a_bad_tenants_file_names_itself(tmp_path: Path) -> None:
@@ -68,8 +101,8 @@ def test_a_tenant_held_back_at_its_rate_quota_takes_nothing_and_leaves_the_hand_
     held_back = {"a"}
     hand = TenantHand(hand=8, read_ahead=8, held_back=lambda tenant: tenant in held_back)
     held_back.clear()
-    assert hand.may_take("a") and hand.may_take("a")  # two of a's calls are in hand when its quota runs out
+    assert hand.may_take(a_normal) and hand.may_take(a_normal)  # two of a's calls are in hand when its quota runs out
     held_back.add("a")
-    assert not hand.may_take("a")
-    assert hand.may_wait("a")  # its record waits in memory, as for fair share
-    assert sum(hand.may_take("b") for _ in range(8)) == 8  # not 4: a's records do not count against b's part
+    assert not hand.may_take(a_normal)
+    assert hand.may_wait(a_normal)  # its record waits in memory, as for fair share
+    assert sum(hand.may_take(b_normal) for _ in range(8)) == 8  # not 4: a's records do not count against b's part

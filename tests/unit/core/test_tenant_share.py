@@ -7,7 +7,16 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamproc.core.tenant_share import Contender, FairChoice, TenantWeights, hand_quota
+from streamproc.core.tenancy import PRIORITIES
+from streamproc.core.tenant_share import (
+    Contender,
+    FairChoice,
+    Lane,
+    TenantWeights,
+    hand_quota,
+    lane_has_room,
+    outranked,
+)
 
 _TENANTS = st.sampled_from(["a", "b", "c", "d"])
 
@@ -32,6 +41,42 @@ def test_quotas_never_exceed_the_hand_together(in_hand: dict[str, int], tenant: 
     active = [name for name, count in holding.items() if count > 0]
     quotas = [hand_quota(name, holding, hand, TenantWeights()) for name in active]
     assert sum(quotas) <= max(hand, len(active))
+
+
+_LANES = st.tuples(_TENANTS, st.sampled_from(PRIORITIES))
+
+
+@given(_LANES, st.integers(1, 400), st.integers(0, 400))
+def test_a_lane_alone_gets_the_whole_budget(lane: Lane, budget: int, holds: int) -> None:
+    assert lane_has_room(lane, {lane: holds}, budget, TenantWeights()) == (holds < budget)
+
+
+def test_a_more_urgent_lane_does_not_count_the_less_urgent_ones_of_its_tenant() -> None:
+    flood = {("a", "low"): 8}
+    assert lane_has_room(("a", "high"), flood, 8, TenantWeights())
+    assert lane_has_room(("a", "normal"), flood, 8, TenantWeights())
+    assert not lane_has_room(("a", "low"), flood | {("a", "high"): 1}, 8, TenantWeights())  # low yields
+    assert not lane_has_room(("a", "high"), {("a", "high"): 8}, 8, TenantWeights())
+    # another tenant's shares are by tenant, whatever the priorities: b's high records do not grow b's part
+    assert not lane_has_room(("b", "high"), {("a", "low"): 1, ("b", "high"): 4}, 8, TenantWeights())
+    assert lane_has_room(("a", "low"), {("a", "low"): 3, ("b", "high"): 4}, 8, TenantWeights())
+
+
+@given(st.dictionaries(_LANES, st.integers(0, 50)), _LANES, st.integers(1, 100))
+def test_a_lane_with_room_keeps_it_when_less_urgent_records_are_added(counts: dict[Lane, int], lane: Lane,
+                                                                         budget: int) -> None:
+    less_urgent = [p for p in PRIORITIES if PRIORITIES.index(p) > PRIORITIES.index(lane[1])]
+    if not less_urgent or not lane_has_room(lane, counts, budget, TenantWeights()):
+        return
+    grown = dict(counts)
+    grown[(lane[0], less_urgent[-1])] = grown.get((lane[0], less_urgent[-1]), 0) + budget
+    assert lane_has_room(lane, grown, budget, TenantWeights())
+
+
+def test_a_lane_yields_to_its_tenants_more_urgent_records_waiting() -> None:
+    assert outranked(("a", "low"), {("a", "high"): 1})
+    assert not outranked(("a", "high"), {("a", "low"): 5})
+    assert not outranked(("a", "low"), {("b", "high"): 5, ("a", "high"): 0})
 
 
 def _starts(choice: FairChoice, waiting: list[Contender], rounds: int) -> Counter[str]:
