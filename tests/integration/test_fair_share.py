@@ -51,11 +51,11 @@ async def _parked(settings: Settings) -> dict[str, int]:
     return dict(parked)
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
-async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Settings, tmp_path: Path,
-                                                                 workers: int) -> None:
-    """With two workers each shares its own hand (design §5.11, costs (5)): B's records on either worker's
-    partitions still reach past A's."""
+async def _run(settings: Settings, tmp_path: Path, workers: int,
+               batches: list[tuple[str, str, int, tuple[str, ...]]]) -> dict[str, list[int]]:
+    """Submit ``batches`` (batch id, id prefix, count, submit's options) in order to ``workers`` workers sharing
+    IN_FLIGHT calls against a mock of SERVER_SLOTS slots; every request must end exactly once. Each batch's
+    completion times (ms), sorted."""
     profile = tmp_path / "slots.json"
     profile.write_text(json.dumps({"base": "clean", "slots": SERVER_SLOTS,
                                    "models": {"mock-small": {"latency": LATENCY_S}}}))
@@ -70,13 +70,11 @@ async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Setti
     for worker in fleet:
         worker.start()
     try:
-        flood = cli(settings, "submit", str(_batch(tmp_path / "a.jsonl", "a", FLOOD)), "--batch-id", "flood",
-                    "--tenant", "team-a")
-        assert flood.returncode == 0, flood.stderr
-        small = cli(settings, "submit", str(_batch(tmp_path / "b.jsonl", "b", SMALL)), "--batch-id", "small",
-                    "--tenant", "team-b")
-        assert small.returncode == 0, small.stderr
-        ids = [f"flood/a-{i}" for i in range(FLOOD)] + [f"small/b-{i}" for i in range(SMALL)]
+        for batch_id, prefix, count, options in batches:
+            submitted = cli(settings, "submit", str(_batch(tmp_path / f"{prefix}.jsonl", prefix, count)),
+                            "--batch-id", batch_id, *options)
+            assert submitted.returncode == 0, submitted.stderr
+        ids = [f"{batch_id}/{prefix}-{i}" for batch_id, prefix, count, _ in batches for i in range(count)]
         assert settings.kafka_bootstrap is not None
         async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
             outcomes = await reader.wait_until_ended(ids, 300, *fleet)
@@ -89,10 +87,19 @@ async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Setti
     duplicates = {request_id: len(found) for request_id, found in outcomes.results.items() if len(found) != 1}
     assert not duplicates, duplicates  # exactly once, parked or not
     assert set(outcomes.results) == set(ids)
-    a_done = sorted(found[0].completed_ms for request_id, found in outcomes.results.items()
-                    if request_id.startswith("flood/"))
-    b_done = sorted(found[0].completed_ms for request_id, found in outcomes.results.items()
-                    if request_id.startswith("small/"))
+    return {batch_id: sorted(found[0].completed_ms for request_id, found in outcomes.results.items()
+                             if request_id.startswith(f"{batch_id}/"))
+            for batch_id, _, _, _ in batches}
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
+async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Settings, tmp_path: Path,
+                                                                 workers: int) -> None:
+    """With two workers each shares its own hand (design §5.11, costs (5)): B's records on either worker's
+    partitions still reach past A's."""
+    done = await _run(settings, tmp_path, workers, [("flood", "a", FLOOD, ("--tenant", "team-a")),
+                                                    ("small", "b", SMALL, ("--tenant", "team-b"))])
+    a_done, b_done = done["flood"], done["small"]
     start = min(a_done)
     a_half, a_last, b_last = a_done[len(a_done) // 2] - start, a_done[-1] - start, b_done[-1] - start
     print(f"A's first to half {a_half} ms, to last {a_last} ms; B's last {b_last} ms after A's first "
@@ -101,3 +108,19 @@ async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Setti
     parked = await _parked(settings)
     assert parked.get("team-a", 0) > FLOOD // 2, parked  # most of the flood went through the backlog
     assert parked.get("team-b", 0) == 0, parked  # within its part of the read-ahead
+
+
+async def test_a_high_batch_behind_its_own_tenants_low_flood_ends_long_before_it(settings: Settings,
+                                                                                  tmp_path: Path) -> None:
+    """The hand counts per (tenant, priority): the ``high`` records do not wait or park behind the ``low`` ones
+    of the same tenant, and the gate starts them first."""
+    done = await _run(settings, tmp_path, 1, [("flood", "a", FLOOD, ("--tenant", "team-a", "--priority", "low")),
+                                              ("urgent", "h", SMALL, ("--tenant", "team-a", "--priority", "high"))])
+    low, high = done["flood"], done["urgent"]
+    start = min(low)
+    low_half, low_last, high_last = low[len(low) // 2] - start, low[-1] - start, high[-1] - start
+    print(f"low's first to half {low_half} ms, to last {low_last} ms; high's first {high[0] - start} ms, last "
+          f"{high_last} ms after low's first ({high_last / low_last:.2f} of low's run)")
+    assert high_last < low_half, (high_last, low_half)  # per tenant only, high's last came near the flood's end
+    parked = await _parked(settings)
+    assert parked.get("team-a", 0) > FLOOD // 2, parked  # the flood's excess still went through the backlog
