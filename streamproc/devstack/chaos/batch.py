@@ -32,10 +32,10 @@ def ticket_id(i: int) -> str:
     return f"ticket-{i}"
 
 
-def write_batch(path: Path, count: int) -> list[str]:
-    """Write ``count`` tickets as batch JSONL; returns their custom_ids in file order."""
-    ids = [ticket_id(i) for i in range(count)]
+def write_batch(path: Path, count: int, first: int = 0) -> list[str]:
+    """Write ``count`` tickets from ticket ``first`` on as batch JSONL; returns their custom_ids in file order."""
+    ids = [ticket_id(i) for i in range(first, first + count)]
     with open(path, "w", encoding="utf-8") as out:
-        for i, custom_id in enumerate(ids):
+        for i, custom_id in enumerate(ids, start=first):
             out.write(batch_line(custom_id, ticket_body(i)) + "\n")
     return ids

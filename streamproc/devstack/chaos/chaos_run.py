@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from streamproc.core.topology import Topology, parse_tiers
 from streamproc.core.vocabulary import RequestStatus
 from streamproc.devstack.chaos.batch import write_batch
 from streamproc.devstack.chaos.chaos_stack import ChaosError, ChaosStack, WorkerSlot
-from streamproc.devstack.chaos.config import ChaosConfig, RunNames
+from streamproc.devstack.chaos.config import ChaosConfig, RunNames, tenant_name
 from streamproc.devstack.chaos.facts import OutcomeReader, StateFollower, partition_of, trace_ids
 from streamproc.devstack.chaos.fault_schedule import Fault, FaultKind, FiredFault, due, plan_faults
 from streamproc.devstack.chaos.group_watch import GroupStallWatch
@@ -43,7 +43,16 @@ from streamproc.devstack.chaos.poison import (
     build_submitted,
     inject,
 )
-from streamproc.devstack.chaos.tally import ChaosFacts, Tally, WorkerExit, counts_of, explained, lost_ids, tally
+from streamproc.devstack.chaos.tally import (
+    ChaosFacts,
+    MeasuredBatch,
+    Tally,
+    WorkerExit,
+    counts_of,
+    explained,
+    lost_ids,
+    tally,
+)
 from streamproc.devstack.chaos.worker_metrics import HEDGED, REDRIVEN, MetricsLedger, scrape
 from streamproc.settings import Settings
 
@@ -89,11 +98,12 @@ class ChaosRun:
         self.exits: list[WorkerExit] = []
         self.metrics = MetricsLedger()
         self.progress = _Progress()
-        self.states = StateFollower(stack.kafka, self.topology, names.batch_id)
+        self.batches = [MeasuredBatch(names.tenant_batch_id(i), tenant_name(i) if config.tenants > 1 else None, [])
+                        for i in range(config.tenants)]
+        self.states = StateFollower(stack.kafka, self.topology, [b.batch_id for b in self.batches])
         self.outcomes = OutcomeReader(stack.kafka, self.topology)
         self.group_watch = GroupStallWatch(stack.kafka, names.app_id, self.topology.inputs, config.partitions,
                                            self._stall_threshold_s())
-        self.submitted: list[str] = []
         self.submitted_at_s = 0.0
         self._http = httpx.AsyncClient()
         self._stop_faults = asyncio.Event()
@@ -105,9 +115,12 @@ class ChaosRun:
 
     # -- the run -----------------------------------------------------------------------------------------
     async def execute(self) -> ChaosFacts:
-        path = self.work_dir / "batch.jsonl"
-        self.submitted = [request_id_for(self.names.batch_id, custom_id)
-                          for custom_id in write_batch(path, self.config.requests)]
+        paths, first = [], 0
+        for index, (batch, size) in enumerate(zip(self.batches, self.config.tenant_sizes(), strict=True)):
+            paths.append(self.work_dir / (f"batch-{batch.tenant}.jsonl" if batch.tenant else "batch.jsonl"))
+            self.batches[index] = replace(batch, submitted=[request_id_for(batch.batch_id, custom_id)
+                                                            for custom_id in write_batch(paths[-1], size, first)])
+            first += size
         await self.stack.wait_for_topics([*self.topology.all_topics(), self.topology.state_changelog])
         await self.states.start()
         await self.outcomes.start()
@@ -118,8 +131,10 @@ class ChaosRun:
             # the first wave goes in ahead of the batch, so that real work waits behind it on its partitions
             await self._poison_wave(1, duplicates=False)
             self.submitted_at_s = self.now()
-            await self._submit(path, self.names.batch_id)
-            self.say(f"[{self.now():5.0f}s] submitted {len(self.submitted)} requests as batch {self.names.batch_id}")
+            for batch, path in zip(self.batches, paths, strict=True):  # the largest first: the others wait behind it
+                await self._submit(path, batch.batch_id, *(("--tenant", batch.tenant) if batch.tenant else ()))
+                self.say(f"[{self.now():5.0f}s] submitted {len(batch.submitted)} requests as batch {batch.batch_id}"
+                         + (f" of {batch.label}" if batch.tenant else ""))
             self.poison += await inject(self.stack.kafka, self._duplicates(1), [])
             faults = asyncio.create_task(self._run_faults())
             try:
@@ -148,7 +163,7 @@ class ChaosRun:
             raise ChaosError(f"streamproc submit {path.name} exited with {code}: {out.strip()[-2000:]}")
 
     async def _wait_settled(self) -> None:
-        """Until the batch converged and every poison record is explained, or the timeout."""
+        """Until every measured batch converged and every poison record is explained, or the timeout."""
         deadline = self.submitted_at_s + self.config.timeout_s
         last_said = 0.0
         while self.now() < deadline:
@@ -178,13 +193,14 @@ class ChaosRun:
         while True:
             await self.states.poll()
             await self.outcomes.poll()
-            status = self.states.status(len(self.submitted))
-            self.progress.status = status.as_json()
-            ended = status.succeeded + status.terminal_failures
-            self.progress.fraction = ended / max(1, status.submitted)
-            if status.converged and self.progress.converged_at_s is None:
+            statuses = [self.states.status(b.batch_id, len(b.submitted)) for b in self.batches]
+            self.progress.status = summed([status.as_json() for status in statuses])
+            ended = sum(status.succeeded + status.terminal_failures for status in statuses)
+            self.progress.fraction = ended / max(1, sum(status.submitted for status in statuses))
+            if all(status.converged for status in statuses) and self.progress.converged_at_s is None:
                 self.progress.converged_at_s = self.now()
-                self.say(f"[{self.now():5.0f}s] batch converged: {json.dumps(status.as_json())}")
+                for status in statuses:
+                    self.say(f"[{self.now():5.0f}s] batch converged: {json.dumps(status.as_json())}")
             await asyncio.sleep(POLL_S)
 
     async def _watch_group(self) -> None:
@@ -301,7 +317,8 @@ class ChaosRun:
     def _tickets(self, wave: int) -> tuple[list[int], list[int]]:
         """Tickets of the batch whose ids poison reuses in this wave: produced duplicates, custom_ids reused."""
         per_kind = self.config.poison_per_kind
-        tickets = random.Random(self.config.seed * 1000 + wave).sample(range(self.config.requests), 2 * per_kind)
+        first_batch = range(self.config.tenant_sizes()[0])  # names.batch_id: the batch poison reuses ids of
+        tickets = random.Random(self.config.seed * 1000 + wave).sample(first_batch, 2 * per_kind)
         return tickets[:per_kind], tickets[per_kind:]
 
     def _duplicates(self, wave: int) -> list[DirectRecord]:
@@ -345,39 +362,43 @@ class ChaosRun:
         stats = await asyncio.to_thread(self.stack.mock.stats, detail=True)
         calls = {i: int(entry["calls"]) for i, entry in stats.get("per_request_id", {}).items()}
         ledger = self.stack.proxy.ledger()
-        exported = await self._export()
-        verified_json = await self._status("--verify")
-        status_json = await self._summary_status(verified_json)
+        batches = [await self._read_back(batch) for batch in self.batches]
         outcomes = self.outcomes.outcomes
-        lost = lost_ids(self.names.batch_id, self.submitted, outcomes)
-        not_terminal = [i for i in self.submitted if (entry := self.states.latest.get(i)) is None
+        lost = [i for b in batches for i in lost_ids(b.batch_id, b.submitted, outcomes)]
+        not_terminal = [i for b in batches for i in b.submitted if (entry := self.states.latest.get(i)) is None
                         or entry.state.status not in (RequestStatus.SUCCEEDED, RequestStatus.FAILED)]
         unfinished = sorted(set(lost) | set(not_terminal))
-        described = {i: self._describe_state(i) for i in unfinished}
+        batch_of = {i: b.batch_id for b in batches for i in b.submitted}
+        described = {i: self._describe_state(i, batch_of[i]) for i in unfinished}
         trace = await trace_ids(self.stack.kafka, self.topology, unfinished[:20]) if unfinished else []
         if unfinished:
             where = Counter(partition_of(i, self.config.partitions) for i in unfinished)
             trace.insert(0, "not ended, by requests partition: " + ", ".join(
                 f"{self.topology.requests}[{p}]: {n}" for p, n in sorted(where.items())))
         return ChaosFacts(
-            batch_id=self.names.batch_id, submitted=self.submitted, outcomes=outcomes, llm_calls=calls,
-            export_ids=exported, planned=self.plan, fired=self.fired,
+            batches=batches, outcomes=outcomes, llm_calls=calls, planned=self.plan, fired=self.fired,
             call_drops_s=[t - self.t0 for t in ledger.drops],
             stalls=self.metrics.stalls, group_stalls=self.group_watch.readings,
             stall_threshold_s=self._stall_threshold_s(), stalled_at_end=stalled_at_end,
             redriven=self.metrics.total(REDRIVEN), hedged=self.metrics.total(HEDGED),
             converged_at_s=self.progress.converged_at_s, submitted_at_s=self.submitted_at_s, wall_s=self.now(),
-            poison=self.poison, unplanned_exits=self.exits, unfinished_states=described, trace=trace,
-            status_json=status_json, verified_json=verified_json)
+            poison=self.poison, unplanned_exits=self.exits, unfinished_states=described, trace=trace)
+
+    async def _read_back(self, batch: MeasuredBatch) -> MeasuredBatch:
+        """The batch's export and its status (summaries and ``--verify``) at the end."""
+        exported = await self._export(batch)
+        verified_json = await self._status(batch.batch_id, "--verify")
+        status_json = await self._summary_status(batch.batch_id, verified_json)
+        return replace(batch, export_ids=exported, status_json=status_json, verified_json=verified_json)
 
     def _stall_threshold_s(self) -> float:
         """The workers' watchdog threshold, as they compute it: slowest retry tier plus the LLM timeout."""
         timeout = self.config.llm_timeout_s or float(Settings.model_fields["llm_timeout_s"].default)
         return self.topology.tiers[-1].delay_ms / 1000 + timeout
 
-    def _describe_state(self, request_id: str) -> str:
+    def _describe_state(self, request_id: str, batch_id: str) -> str:
         entry = self.states.latest.get(request_id)
-        ended = self.outcomes.outcomes.get(self.names.batch_id, request_id)
+        ended = self.outcomes.outcomes.get(batch_id, request_id)
         outcome = f"; outcome topics: {ended.results} result(s), terminal {ended.terminal_codes or 'none'}"
         if entry is None:
             return "no state written (never admitted by a worker)" + outcome
@@ -386,28 +407,29 @@ class ChaosRun:
                 f"{s.last_error_code or '-'}, started by {s.source_topic}@{s.source_offset}, partition "
                 f"{entry.partition}, updated {time.strftime('%X', time.localtime(s.updated_ms / 1000))}" + outcome)
 
-    async def _export(self) -> list[str]:
-        output, errors = self.work_dir / "results.jsonl", self.work_dir / "errors.jsonl"
-        code, out = await self.stack.cli("results", "--batch-id", self.names.batch_id, "--output", str(output),
+    async def _export(self, batch: MeasuredBatch) -> list[str]:
+        suffix = f"-{batch.tenant}" if batch.tenant else ""
+        output, errors = self.work_dir / f"results{suffix}.jsonl", self.work_dir / f"errors{suffix}.jsonl"
+        code, out = await self.stack.cli("results", "--batch-id", batch.batch_id, "--output", str(output),
                                          "--errors", str(errors))
         if code != 0:
             raise ChaosError(f"streamproc results exited with {code}: {out.strip()[-2000:]}")
         return await asyncio.to_thread(export_ids, output, errors)
 
-    async def _summary_status(self, verified: dict[str, Any] | None) -> dict[str, Any] | None:
+    async def _summary_status(self, batch_id: str, verified: dict[str, Any] | None) -> dict[str, Any] | None:
         """``status`` from the workers' summaries, asked again until it counts what ``--verify`` counted (a worker
         writes what changed once a second, and a partition moved by a kill is written whole once restored) or
         ``SUMMARY_WAIT_S`` passed."""
         deadline = time.monotonic() + SUMMARY_WAIT_S
         while True:
-            status = await self._status()
+            status = await self._status(batch_id)
             if (verified is None or status is None or counts_of(status) == counts_of(verified)
                     or time.monotonic() > deadline):
                 return status
             await asyncio.sleep(1.0)
 
-    async def _status(self, *extra: str) -> dict[str, Any] | None:
-        code, out = await self.stack.cli("status", "--batch-id", self.names.batch_id, "--json", *extra)
+    async def _status(self, batch_id: str, *extra: str) -> dict[str, Any] | None:
+        code, out = await self.stack.cli("status", "--batch-id", batch_id, "--json", *extra)
         if code != 0:
             self.say(f"streamproc status exited with {code}: {out.strip()[-500:]}")
             return None
@@ -419,6 +441,14 @@ class ChaosRun:
 
 
 SUMMARY_WAIT_S = 20.0
+PROGRESS_COUNTS = ("succeeded", "retrying", "in_flight", "pending")
+
+
+def summed(statuses: list[dict[str, Any]]) -> dict[str, Any]:
+    """The progress line's counts over every measured batch (``failed`` by code, the rest plain)."""
+    total: dict[str, Any] = {key: sum(s.get(key, 0) for s in statuses) for key in PROGRESS_COUNTS}
+    total["failed"] = dict(sum((Counter(s.get("failed", {})) for s in statuses), Counter()))
+    return total
 
 
 def _in_background(tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]) -> None:
@@ -426,6 +456,15 @@ def _in_background(tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, Non
     task = asyncio.create_task(work)
     tasks.add(task)
     task.add_done_callback(tasks.discard)
+
+
+def tenants_settings(config: ChaosConfig, work_dir: Path) -> dict[str, str]:
+    """With tenants, a tenants file naming each with weight 1 (equal shares), as the workers' setting."""
+    if config.tenants == 1:
+        return {}
+    path = work_dir / "tenants.json"
+    path.write_text(json.dumps({tenant_name(i): 1 for i in range(config.tenants)}))
+    return {"tenants_file": str(path)}
 
 
 def export_ids(*paths: Path) -> list[str]:
@@ -458,7 +497,7 @@ async def run_chaos(config: ChaosConfig, say: Say = print) -> ChaosReport:
         assert stack.mock is not None and stack.proxy is not None
         rpm = f", {config.mock_rpm} RPM" if config.mock_rpm else ""
         say(f"mock LLM ({config.mock_profile}{rpm}) at {stack.mock.url}, proxy at {stack.proxy.url}")
-        await asyncio.to_thread(stack.start_workers)
+        await asyncio.to_thread(stack.start_workers, **tenants_settings(config, work_dir))
         say(f"{config.workers} workers starting (logs: {work_dir}/worker-*.log)")
         run = ChaosRun(config, names, stack, work_dir, say)
         facts = await run.execute()

@@ -19,6 +19,7 @@ class ChaosConfig:
     """Sizes, counts and timings of one run (every field has a command-line flag)."""
 
     requests: int = 3000
+    tenants: int = 1  # more: the batch is split among tenants of equal weight, the first the largest (a flood)
     workers: int = 2
     kills: int = 5
     kill_pause_s: float = 5.0
@@ -46,8 +47,21 @@ class ChaosConfig:
             raise ValueError("a chaos batch needs at least 10 requests")
         if self.workers < 2 and self.kills:
             raise ValueError("killing workers needs at least 2 of them (one keeps the batch moving)")
+        if not 1 <= self.tenants <= MAX_TENANTS:
+            raise ValueError(f"tenants must be 1 to {MAX_TENANTS}")
+        if min(self.tenant_sizes()) < 1:
+            raise ValueError(f"{self.requests} requests are too few for {self.tenants} tenants")
         if self.poison_per_kind < 1:
             raise ValueError("poison_per_kind must be at least 1")
+
+    def tenant_sizes(self) -> list[int]:
+        """Requests per tenant: each after the first gets a quarter of the batch shared among them, the first
+        the rest, so a small tenant's batch waits behind a flood on the same partitions."""
+        small = self.requests // (4 * (self.tenants - 1)) if self.tenants > 1 else 0
+        return [self.requests - small * (self.tenants - 1)] + [small] * (self.tenants - 1)
+
+
+MAX_TENANTS = 4
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,14 @@ class RunNames:
         """Poison produced directly: apart from the measured batch, so it can never count as its outcome."""
         return f"{self.run_id}-poison"
 
+    def tenant_batch_id(self, index: int) -> str:
+        """The first tenant's batch is the one poison reuses ids of; the others get their own."""
+        return self.batch_id if index == 0 else f"{self.batch_id}-{tenant_name(index)}"
+
     def submitted_poison_batch_id(self, wave: int) -> str:
         """Poison sent through ``streamproc submit`` (a batch id is accepted once)."""
         return f"{self.run_id}-poison-submitted-{wave}"
+
+
+def tenant_name(index: int) -> str:
+    return f"team-{'abcd'[index]}"

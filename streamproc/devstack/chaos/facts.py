@@ -209,12 +209,12 @@ class StateEntry:
 
 
 class StateFollower:
-    """Tails the request-state changelog: the latest state of every id, and the measured batch's status
+    """Tails the request-state changelog: the latest state of every id, and each measured batch's status
     (the same fold ``streamproc status`` uses)."""
 
-    def __init__(self, kafka: KafkaConnection, topology: Topology, batch_id: str) -> None:
+    def __init__(self, kafka: KafkaConnection, topology: Topology, batch_ids: Iterable[str]) -> None:
         self._tail = TopicTail(kafka, [topology.state_changelog])
-        self._fold = StatusFold(batch_id)
+        self._folds = {batch_id: StatusFold(batch_id) for batch_id in batch_ids}
         self.latest: dict[str, StateEntry] = {}
 
     async def start(self) -> None:
@@ -234,10 +234,11 @@ class StateFollower:
                 continue
             states.append(state)
             self.latest[state.request_id] = StateEntry(state, record.partition)
-        self._fold.apply(states)
+        for fold in self._folds.values():
+            fold.apply(states)
 
-    def status(self, submitted: int) -> BatchStatus:
-        return self._fold.status(submitted)
+    def status(self, batch_id: str, submitted: int) -> BatchStatus:
+        return self._folds[batch_id].status(submitted)
 
 
 async def trace_ids(kafka: KafkaConnection, topology: Topology, request_ids: Iterable[str]) -> list[str]:

@@ -33,14 +33,28 @@ class WorkerExit:
 
 
 @dataclass(frozen=True)
+class MeasuredBatch:
+    """One measured batch: the whole batch, or one tenant's (``--tenants``), with what the end read of it."""
+
+    batch_id: str
+    tenant: str | None  # None: submitted without --tenant (the default tenant's)
+    submitted: Sequence[str]  # request ids (submit scopes each custom_id by the batch)
+    export_ids: Sequence[str] = ()  # custom_id of every line of its results export (output and errors files)
+    status_json: Mapping[str, object] | None = None  # `streamproc status --json` at the end (the summaries)
+    verified_json: Mapping[str, object] | None = None  # `streamproc status --json --verify` (the changelog fold)
+
+    @property
+    def label(self) -> str:
+        return f"tenant {self.tenant}" if self.tenant else "the batch"
+
+
+@dataclass(frozen=True)
 class ChaosFacts:
     """Everything the verdict is computed from. Times are seconds since the run started."""
 
-    batch_id: str
-    submitted: Sequence[str]  # request ids (submit scopes each custom_id by the batch)
+    batches: Sequence[MeasuredBatch]  # one per tenant, the largest first
     outcomes: Outcomes
     llm_calls: Mapping[str, int]  # LLM calls per request id, as the mock counted them
-    export_ids: Sequence[str]  # custom_id of every line of the results export (output and errors files)
     planned: Sequence[Fault]
     fired: Sequence[FiredFault]
     call_drops_s: Sequence[float]  # when a client dropped an open LLM call
@@ -57,8 +71,11 @@ class ChaosFacts:
     unplanned_exits: Sequence[WorkerExit] = ()
     unfinished_states: Mapping[str, str] = field(default_factory=dict)  # request id -> its state, described
     trace: Sequence[str] = ()
-    status_json: Mapping[str, object] | None = None  # `streamproc status --json` at the end (the summaries)
-    verified_json: Mapping[str, object] | None = None  # `streamproc status --json --verify` (the changelog fold)
+
+    @property
+    def tenanted(self) -> bool:
+        """More than one batch: the report counts per tenant too."""
+        return len(self.batches) > 1
 
 
 @dataclass(frozen=True)
@@ -215,17 +232,35 @@ def tally(facts: ChaosFacts) -> Tally:
 
 
 def _requests(facts: ChaosFacts, sheet: _Sheet) -> None:
-    sheet.rows.append(Row("requests submitted", str(len(facts.submitted)), facts.batch_id))
-    lost = lost_ids(facts.batch_id, facts.submitted, facts.outcomes)
+    submitted = sum(len(b.submitted) for b in facts.batches)
+    sheet.rows.append(Row("requests submitted", str(submitted), ", ".join(b.batch_id for b in facts.batches)))
+    lost = [i for b in facts.batches for i in lost_ids(b.batch_id, b.submitted, facts.outcomes)]
     sheet.rows.append(Row("lost", str(len(lost)), _fmt_ids(lost)))
     if lost:
         sheet.problems.append(f"{len(lost)} request(s) lost")
+    if facts.tenanted:
+        sheet.rows += [_tenant_row(b, facts.outcomes) for b in facts.batches]
+
+
+def _tenant_row(batch: MeasuredBatch, outcomes: Outcomes) -> Row:
+    """One tenant's requests: each must end, and be exported on exactly one line."""
+    ended = [outcomes.get(batch.batch_id, i) for i in batch.submitted]
+    succeeded = sum(1 for o in ended if o.results)
+    failed = sum(1 for o in ended if o.terminal_codes and not o.results)
+    lost = len(batch.submitted) - succeeded - failed
+    repeated = repeated_export_ids(batch.export_ids)
+    return Row(f"  {batch.label}", f"{succeeded + failed}/{len(batch.submitted)}",
+               f"ended (succeeded {succeeded}, failed {failed}), lost {lost}; {len(batch.export_ids)} export lines, "
+               f"{sum(n - 1 for n in repeated.values())} repeated")
 
 
 def _calls(facts: ChaosFacts, sheet: _Sheet) -> None:
     """LLM calls made twice, against what was in flight at each kill."""
     kills = [f for f in facts.fired if f.fault.kind is FaultKind.KILL_WORKER]
-    extra, unseen = duplicated_calls(facts.batch_id, facts.submitted, facts.outcomes, facts.llm_calls)
+    extra = unseen = 0
+    for batch in facts.batches:
+        more, never = duplicated_calls(batch.batch_id, batch.submitted, facts.outcomes, facts.llm_calls)
+        extra, unseen = extra + more, unseen + never
     hedged = round(facts.hedged or 0)
     redone = max(0, extra - hedged)  # hedges are second calls sent on purpose, not redone work
     detail = f"{redone / len(kills):.1f} per kill over {len(kills)} kills" if kills else "no kills"
@@ -248,14 +283,15 @@ def _calls(facts: ChaosFacts, sheet: _Sheet) -> None:
 
 
 def _export(facts: ChaosFacts, sheet: _Sheet) -> None:
-    repeated = repeated_export_ids(facts.export_ids)
+    """Each batch exported on its own: one line per id in each (custom_ids may repeat across batches)."""
+    repeated = {f"{b.batch_id}: {i}": n for b in facts.batches for i, n in repeated_export_ids(b.export_ids).items()}
+    lines = sum(len(b.export_ids) for b in facts.batches)
     sheet.rows.append(Row("duplicate export lines", str(sum(n - 1 for n in repeated.values())),
-                          f"{len(facts.export_ids)} lines; "
-                          + (_fmt_ids(sorted(repeated)) if repeated else "one per id")))
+                          f"{lines} lines; " + (_fmt_ids(sorted(repeated)) if repeated else "one per id")))
     if repeated:
         sheet.problems.append(f"{len(repeated)} id(s) on more than one export line")
-    custom_ids = {custom_id_of(i, facts.batch_id) for i in facts.submitted}
-    missing_export = sorted(custom_ids - set(facts.export_ids))
+    missing_export = sorted(custom_id for b in facts.batches
+                            for custom_id in {custom_id_of(i, b.batch_id) for i in b.submitted} - set(b.export_ids))
     if missing_export:
         sheet.rows.append(Row("ids missing from the export", str(len(missing_export)), _fmt_ids(missing_export)))
 
@@ -326,25 +362,31 @@ def _convergence(facts: ChaosFacts, sheet: _Sheet) -> None:
     else:
         sheet.rows.append(Row("time to converge", "did not converge", f"whole run {facts.wall_s:.0f}s"))
         sheet.problems.append("the batch did not converge")
-    if facts.status_json is not None:
-        sheet.rows.append(Row("streamproc status",
-                              "converged" if facts.status_json.get("converged") else "NOT converged",
-                              ", ".join(f"{k} {facts.status_json.get(k)}"
-                                        for k in ("succeeded", "failed", "retrying", "in_flight", "pending"))))
-    if facts.status_json is not None and facts.verified_json is not None:
-        summary, verified = counts_of(facts.status_json), counts_of(facts.verified_json)
-        differ = [f"{key} {summary[key]} (--verify {verified[key]})" for key in COUNT_KEYS
-                  if summary[key] != verified[key]]
-        sheet.rows.append(Row("status = --verify", "yes" if not differ else "NO", "; ".join(differ)))
-        if differ:
-            sheet.problems.append("status from the workers' summaries differs from status --verify: "
-                                  + "; ".join(differ))
+    for batch in facts.batches:
+        _status_rows(batch, f" ({batch.label})" if facts.tenanted else "", sheet)
     if facts.unfinished_states:
         sheet.details.append(f"{len(facts.unfinished_states)} request(s) of the batch not ended, with their state:")
         sheet.details += [f"  {i}: {state}" for i, state in sorted(facts.unfinished_states.items())[:50]]
     if facts.trace:
         sheet.details.append("where they are on the topics:")
         sheet.details += [f"  {line}" for line in facts.trace]
+
+
+def _status_rows(batch: MeasuredBatch, whose: str, sheet: _Sheet) -> None:
+    """``status`` at the end, and whether the workers' summaries count what ``--verify`` folds."""
+    if batch.status_json is not None:
+        sheet.rows.append(Row("streamproc status" + whose,
+                              "converged" if batch.status_json.get("converged") else "NOT converged",
+                              ", ".join(f"{k} {batch.status_json.get(k)}"
+                                        for k in ("succeeded", "failed", "retrying", "in_flight", "pending"))))
+    if batch.status_json is not None and batch.verified_json is not None:
+        summary, verified = counts_of(batch.status_json), counts_of(batch.verified_json)
+        differ = [f"{key} {summary[key]} (--verify {verified[key]})" for key in COUNT_KEYS
+                  if summary[key] != verified[key]]
+        sheet.rows.append(Row("status = --verify" + whose, "yes" if not differ else "NO", "; ".join(differ)))
+        if differ:
+            sheet.problems.append(f"status from the workers' summaries differs from status --verify{whose}: "
+                                  + "; ".join(differ))
 
 
 def format_table(result: Tally) -> str:

@@ -141,3 +141,13 @@ def test_submitted_poison_holds_one_custom_id_twice() -> None:
 def test_partition_of_is_the_default_partitioners() -> None:
     for key in ("ticket-1", "b/ticket-2", "chaos-x-batch/ticket-1694"):
         assert partition_of(key, 8) == DefaultPartitioner()(key.encode(), list(range(8)), list(range(8)))
+
+
+def test_tenants_split_the_batch_the_first_a_flood() -> None:
+    assert ChaosConfig(requests=3000).tenant_sizes() == [3000]
+    assert ChaosConfig(requests=3000, tenants=2).tenant_sizes() == [2250, 750]
+    assert ChaosConfig(requests=1000, tenants=3).tenant_sizes() == [750, 125, 125]
+    names = RunNames("run")
+    assert names.tenant_batch_id(0) == names.batch_id and names.tenant_batch_id(1) == "run-batch-team-b"
+    with pytest.raises(ValueError, match="too few"):
+        ChaosConfig(requests=10, tenants=4)

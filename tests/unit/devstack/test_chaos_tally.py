@@ -11,6 +11,7 @@ from streamproc.devstack.chaos.fault_schedule import Fault, FaultKind, FiredFaul
 from streamproc.devstack.chaos.poison import Expect, Poison, PoisonKind
 from streamproc.devstack.chaos.tally import (
     ChaosFacts,
+    MeasuredBatch,
     WorkerExit,
     calls_cut,
     duplicated_calls,
@@ -53,12 +54,15 @@ def kill(at_s: float, gauge: float | None, worker: int = 0) -> FiredFault:
     return FiredFault(Fault(FaultKind.KILL_WORKER, 0.1, worker=worker, seconds=5), at_s, 0.1, 5.0, gauge)
 
 
-def facts(**changes: object) -> ChaosFacts:
+def facts(*, submitted: Sequence[str] | None = None, export_ids: Sequence[str] = ("r0", "r1", "r2"),
+          **changes: object) -> ChaosFacts:
+    """A clean run's facts of one batch (``submitted``, ``export_ids``: the batch's), with ``changes``."""
+    ids = [f"{BATCH}/r{i}" for i in range(3)] if submitted is None else submitted
     base: dict[str, object] = dict(
-        batch_id=BATCH, submitted=[f"{BATCH}/r{i}" for i in range(3)],
+        batches=[MeasuredBatch(BATCH, None, ids, export_ids)],
         outcomes=outcomes_of(result(f"{BATCH}/r0"), result(f"{BATCH}/r1", attempts=2),
                              failure(f"{BATCH}/r2", 1, terminal=True, code="content_policy_violation")),
-        llm_calls={f"{BATCH}/r0": 1, f"{BATCH}/r1": 2, f"{BATCH}/r2": 1}, export_ids=["r0", "r1", "r2"],
+        llm_calls={f"{BATCH}/r0": 1, f"{BATCH}/r1": 2, f"{BATCH}/r2": 1},
         planned=[Fault(FaultKind.KILL_WORKER, 0.1, worker=0, seconds=5)], fired=[kill(10.0, 12.0)],
         call_drops_s=[10.5], stalls=[], group_stalls=[], stall_threshold_s=90.0, stalled_at_end=frozenset(),
         redriven=None, hedged=None, converged_at_s=60.0, submitted_at_s=5.0, wall_s=70.0, poison=[])
@@ -217,3 +221,50 @@ def test_hedged_calls_are_not_counted_as_duplicates() -> None:
 def test_the_redrive_counter_is_read_when_exported() -> None:
     rows = {row.label: row for row in tally(facts(redriven=7.0)).rows}
     assert rows["reconciler re-drives"].value == "7"
+
+
+def two_tenants(*, b_outcomes: Sequence[InferenceResult | FailureEvent] = (), b_export: Sequence[str] = ("r3",),
+                b_status: dict[str, object] | None = None) -> ChaosFacts:
+    """The clean one-batch run as tenant team-a, and tenant team-b's batch ``b2`` of one request ``b2/r3``."""
+    clean = facts()
+    a = MeasuredBatch(BATCH, "team-a", clean.batches[0].submitted, clean.batches[0].export_ids)
+    b = MeasuredBatch("b2", "team-b", ["b2/r3"], b_export, status_json=b_status, verified_json=STATUS)
+    outcomes = clean.outcomes
+    for event in b_outcomes:
+        outcomes.add_result(event) if isinstance(event, InferenceResult) else outcomes.add_failure(event)
+    return facts(batches=[a, b], outcomes=outcomes, llm_calls={**clean.llm_calls, "b2/r3": 1})
+
+
+STATUS: dict[str, object] = {"submitted": 1, "succeeded": 1, "failed": {}, "retrying": 0, "in_flight": 0,
+                             "pending": 0, "converged": True}
+
+
+def test_two_tenants_are_counted_apart_and_pass_when_each_ended_once() -> None:
+    outcome = tally(two_tenants(b_outcomes=[result("b2/r3", batch_id="b2")], b_status=STATUS))
+    assert outcome.ok, outcome.problems
+    rows = {row.label: row for row in outcome.rows}
+    assert rows["requests submitted"].value == "4"
+    assert rows["  tenant team-a"].value == "3/3"
+    assert rows["  tenant team-a"].detail == "ended (succeeded 2, failed 1), lost 0; 3 export lines, 0 repeated"
+    assert rows["  tenant team-b"].value == "1/1"
+    assert rows["status = --verify (tenant team-b)"].value == "yes"
+
+
+def test_a_tenant_whose_request_did_not_end_fails_the_run() -> None:
+    outcome = tally(two_tenants(b_outcomes=[result("b2/r3", batch_id=BATCH)]))  # an outcome of the other batch
+    rows = {row.label: row for row in outcome.rows}
+    assert rows["  tenant team-b"].value == "0/1" and "lost 1" in rows["  tenant team-b"].detail
+    assert "1 request(s) lost" in outcome.problems
+
+
+def test_a_tenant_exported_twice_or_not_at_all_fails_the_run() -> None:
+    twice = tally(two_tenants(b_outcomes=[result("b2/r3", batch_id="b2")], b_export=["r3", "r3"]))
+    assert "1 id(s) on more than one export line" in twice.problems
+    assert "1 repeated" in {row.label: row for row in twice.rows}["  tenant team-b"].detail
+    missing = tally(two_tenants(b_outcomes=[result("b2/r3", batch_id="b2")], b_export=["r0"]))  # a's id, not b's
+    assert {row.label: row for row in missing.rows}["ids missing from the export"].detail == "r3"
+
+
+def test_a_tenant_whose_summaries_differ_from_verify_fails_the_run() -> None:
+    outcome = tally(two_tenants(b_outcomes=[result("b2/r3", batch_id="b2")], b_status={**STATUS, "succeeded": 0}))
+    assert any("status --verify (tenant team-b): succeeded 0 (--verify 1)" in p for p in outcome.problems)
