@@ -74,7 +74,9 @@ class ChaosReport:
 @dataclass
 class _Progress:
     fraction: float = 0.0
-    converged_at_s: float | None = None
+    converged_at_s: float | None = None  # when every measured batch had converged
+    batch_converged_at_s: dict[str, float] = field(default_factory=dict)  # each batch's (tenant's) own
+    batch_submitted_at_s: dict[str, float] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
 
 
@@ -132,6 +134,7 @@ class ChaosRun:
             await self._poison_wave(1, duplicates=False)
             self.submitted_at_s = self.now()
             for batch, path in zip(self.batches, paths, strict=True):  # the largest first: the others wait behind it
+                self.progress.batch_submitted_at_s[batch.batch_id] = self.now()
                 await self._submit(path, batch.batch_id, *(("--tenant", batch.tenant) if batch.tenant else ()))
                 self.say(f"[{self.now():5.0f}s] submitted {len(batch.submitted)} requests as batch {batch.batch_id}"
                          + (f" of {batch.label}" if batch.tenant else ""))
@@ -197,10 +200,12 @@ class ChaosRun:
             self.progress.status = summed([status.as_json() for status in statuses])
             ended = sum(status.succeeded + status.terminal_failures for status in statuses)
             self.progress.fraction = ended / max(1, sum(status.submitted for status in statuses))
+            for status in statuses:
+                if status.converged and status.batch_id not in self.progress.batch_converged_at_s:
+                    self.progress.batch_converged_at_s[status.batch_id] = self.now()
+                    self.say(f"[{self.now():5.0f}s] batch converged: {json.dumps(status.as_json())}")
             if all(status.converged for status in statuses) and self.progress.converged_at_s is None:
                 self.progress.converged_at_s = self.now()
-                for status in statuses:
-                    self.say(f"[{self.now():5.0f}s] batch converged: {json.dumps(status.as_json())}")
             await asyncio.sleep(POLL_S)
 
     async def _watch_group(self) -> None:
@@ -389,7 +394,10 @@ class ChaosRun:
         exported = await self._export(batch)
         verified_json = await self._status(batch.batch_id, "--verify")
         status_json = await self._summary_status(batch.batch_id, verified_json)
-        return replace(batch, export_ids=exported, status_json=status_json, verified_json=verified_json)
+        converged_at = self.progress.batch_converged_at_s.get(batch.batch_id)
+        after = None if converged_at is None else converged_at - self.progress.batch_submitted_at_s[batch.batch_id]
+        return replace(batch, export_ids=exported, status_json=status_json, verified_json=verified_json,
+                       converged_after_s=after)
 
     def _stall_threshold_s(self) -> float:
         """The workers' watchdog threshold, as they compute it: slowest retry tier plus the LLM timeout."""

@@ -42,6 +42,7 @@ class MeasuredBatch:
     export_ids: Sequence[str] = ()  # custom_id of every line of its results export (output and errors files)
     status_json: Mapping[str, object] | None = None  # `streamproc status --json` at the end (the summaries)
     verified_json: Mapping[str, object] | None = None  # `streamproc status --json --verify` (the changelog fold)
+    converged_after_s: float | None = None  # from its own submit: a small tenant's wait behind a flood
 
     @property
     def label(self) -> str:
@@ -249,9 +250,11 @@ def _tenant_row(batch: MeasuredBatch, outcomes: Outcomes) -> Row:
     failed = sum(1 for o in ended if o.terminal_codes and not o.results)
     lost = len(batch.submitted) - succeeded - failed
     repeated = repeated_export_ids(batch.export_ids)
+    converged = ("; not converged" if batch.converged_after_s is None
+                 else f"; converged {batch.converged_after_s:.1f}s after its submit")
     return Row(f"  {batch.label}", f"{succeeded + failed}/{len(batch.submitted)}",
                f"ended (succeeded {succeeded}, failed {failed}), lost {lost}; {len(batch.export_ids)} export lines, "
-               f"{sum(n - 1 for n in repeated.values())} repeated")
+               f"{sum(n - 1 for n in repeated.values())} repeated" + converged)
 
 
 def _calls(facts: ChaosFacts, sheet: _Sheet) -> None:

@@ -227,7 +227,7 @@ def two_tenants(*, b_outcomes: Sequence[InferenceResult | FailureEvent] = (), b_
                 b_status: dict[str, object] | None = None) -> ChaosFacts:
     """The clean one-batch run as tenant team-a, and tenant team-b's batch ``b2`` of one request ``b2/r3``."""
     clean = facts()
-    a = MeasuredBatch(BATCH, "team-a", clean.batches[0].submitted, clean.batches[0].export_ids)
+    a = MeasuredBatch(BATCH, "team-a", clean.batches[0].submitted, clean.batches[0].export_ids, converged_after_s=50.0)
     b = MeasuredBatch("b2", "team-b", ["b2/r3"], b_export, status_json=b_status, verified_json=STATUS)
     outcomes = clean.outcomes
     for event in b_outcomes:
@@ -245,7 +245,9 @@ def test_two_tenants_are_counted_apart_and_pass_when_each_ended_once() -> None:
     rows = {row.label: row for row in outcome.rows}
     assert rows["requests submitted"].value == "4"
     assert rows["  tenant team-a"].value == "3/3"
-    assert rows["  tenant team-a"].detail == "ended (succeeded 2, failed 1), lost 0; 3 export lines, 0 repeated"
+    assert rows["  tenant team-a"].detail == ("ended (succeeded 2, failed 1), lost 0; 3 export lines, 0 repeated; "
+                                             "converged 50.0s after its submit")
+    assert rows["  tenant team-b"].detail.endswith("; not converged")
     assert rows["  tenant team-b"].value == "1/1"
     assert rows["status = --verify (tenant team-b)"].value == "yes"
 
