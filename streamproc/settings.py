@@ -29,6 +29,7 @@ RecordFormat = Literal["avro", "json"]
 
 
 ModelRoute = Literal["call", "provider-batch"]
+BatchApi = Literal["openai", "anthropic"]
 
 
 class SettingsValue(BaseModel):
@@ -64,6 +65,7 @@ class ProviderBatchSettings(SettingsValue):
     each, how their requests are gathered and how an open batch is polled."""
 
     routed_models: frozenset[str]
+    api: BatchApi  # whose batch API answers them: the provider behind STREAMPROC_LLM_BASE_URL
     max_requests: int  # members of one provider batch (each holds a record slot while its batch is open)
     max_age_ms: int  # how long the first request of a gather waits for others
     first_poll_s: float
@@ -396,6 +398,10 @@ class Settings(BaseSettings):
         default_factory=dict, description='JSON: how each model\'s requests are sent, e.g. {"gpt-4o-mini": '
         '"provider-batch"}: "provider-batch" gathers them into OpenAI Batch API batches (half the price, answers '
         'within 24 h), "call" (any model not listed) calls once per request.')
+    provider_batch_api: BatchApi = Field(
+        default="openai", description='Whose batch API the provider-batch route uses at STREAMPROC_LLM_BASE_URL: '
+        '"openai" (Files and Batches) or "anthropic" (Message Batches; a request the Messages API cannot carry fails '
+        'as a business failure, provider_batch_not_convertible).')
     provider_batch_max_requests: int = Field(
         default=1000, ge=1, le=50_000, description="Requests in one provider batch at most (each holds its record "
         "unacked, and a place of the worker's hand, until its batch ends).")
@@ -486,7 +492,8 @@ class Settings(BaseSettings):
     def provider_batches(self) -> ProviderBatchSettings:
         return ProviderBatchSettings(
             routed_models=frozenset(m for m, route in self.model_routes.items() if route == "provider-batch"),
-            max_requests=self.provider_batch_max_requests, max_age_ms=round(self.provider_batch_max_age_s * 1000),
+            api=self.provider_batch_api, max_requests=self.provider_batch_max_requests,
+            max_age_ms=round(self.provider_batch_max_age_s * 1000),
             first_poll_s=self.provider_batch_poll_s, max_poll_s=max(self.provider_batch_poll_s, 300.0))
 
     @property

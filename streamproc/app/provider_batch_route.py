@@ -1,5 +1,7 @@
-"""The provider-batch route (issue 31, design §8): requests of a routed model are answered by OpenAI's Batch API
-instead of one call each, and each comes back to the handler as the :class:`CallResult` a synchronous call gives.
+"""The provider-batch route (issue 31, design §8): requests of a routed model are answered by OpenAI's Batch API or
+Anthropic's Message Batches (``STREAMPROC_PROVIDER_BATCH_API``) instead of one call each, and each comes back to the
+handler as the :class:`CallResult` a synchronous call gives. A request Anthropic's Messages API cannot carry fails
+as a business failure (``provider_batch_not_convertible``): the user routed the model, and its price is halved.
 
 The handler admits a request as for a call (its state ``in_flight``, its record unacked) and awaits
 :meth:`ProviderBatchRoute.call`. The route gathers the request into its partition's open batch of its model
@@ -27,21 +29,18 @@ from typing import Any, Final
 
 from streamproc.app.provider_batch_log import ProviderBatchLog, owned_records
 from streamproc.app.topic_reader import TopicReader
-from streamproc.core.endpoints import CHAT_COMPLETIONS
 from streamproc.core.events import InferenceRequest
 from streamproc.core.outcome import Failure, Outcome
 from streamproc.core.provider_batch_gatherer import (
     BatchGatherer,
-    BatchLimits,
     LineTooLarge,
     PendingLine,
     SealedBatch,
 )
 from streamproc.core.provider_batch_lines import AnsweredLine, LineOutcome
 from streamproc.core.provider_batch_polling import PollPolicy
-from streamproc.core.provider_batch_requests import openai_line
+from streamproc.core.provider_batch_requests import NotConvertible
 from streamproc.core.provider_batch_takeover import (
-    GATHER_METADATA_KEY,
     ProviderBatchRecord,
     RecordState,
     member_custom_id,
@@ -50,7 +49,7 @@ from streamproc.core.provider_batch_takeover import (
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.llm.client import CallResult
 from streamproc.llm.provider_batch_poller import member_outcomes, wait_until_ended
-from streamproc.llm.provider_batches import BatchCallFailed, OpenAIBatches, find_created
+from streamproc.llm.provider_batches import BatchCallFailed, ProviderBatches, find_created
 from streamproc.llm.schema_check import checked_completion
 from streamproc.settings import ProviderBatchSettings
 
@@ -58,6 +57,7 @@ log = logging.getLogger(__name__)
 
 RECORD_FAILED: Final = "provider_batch_record_failed"  # the provider-batch record could not be written (service)
 LINE_TOO_LARGE: Final = "provider_batch_line_too_large"  # a request no provider batch can hold (business)
+NOT_CONVERTIBLE: Final = "provider_batch_not_convertible"  # a request Anthropic's Messages API cannot carry (business)
 TAKEOVER_FAILED: Final = "provider_batch_takeover_failed"  # a partition's records unread: retried (service)
 _TICK_S: Final = 0.2
 
@@ -93,15 +93,15 @@ class _Following:
 class ProviderBatchRoute:
     """Gathers, creates, follows and takes over the provider batches of a worker's partitions."""
 
-    def __init__(self, settings: ProviderBatchSettings, api: OpenAIBatches, batch_log: ProviderBatchLog,
+    def __init__(self, settings: ProviderBatchSettings, api: ProviderBatches, batch_log: ProviderBatchLog,
                  open_reader: Callable[[], TopicReader], clock_ms: Callable[[], int] = _now_ms) -> None:
         self._settings = settings
         self._api = api
         self._log = batch_log
         self._open_reader = open_reader
         self._clock_ms = clock_ms
-        self._limits = BatchLimits(max_requests=settings.max_requests, max_bytes=200 * 1024 * 1024,
-                                   max_age_ms=settings.max_age_ms)
+        self._limits = replace(api.limits, max_requests=min(settings.max_requests, api.limits.max_requests),
+                               max_age_ms=settings.max_age_ms)
         self._policy = PollPolicy(first_s=settings.first_poll_s, max_s=settings.max_poll_s)
         self._gatherers: dict[int, BatchGatherer] = {}
         self._waiters: dict[str, _Waiter] = {}  # request id -> its handler, while its line is awaited
@@ -135,15 +135,16 @@ class ProviderBatchRoute:
         if request_id not in self._member_of:  # not a member of a batch taken over: gather it
             gatherer = self._gatherers.setdefault(partition, BatchGatherer(self._limits))
             self._gathered[request_id] = body
-            # counted with the longest custom id a member gets, written with its own once sealed
-            pending = PendingLine(request_id, str(body["model"]),
-                                  openai_line(member_custom_id(self._limits.max_requests), body))
             try:
+                # counted with the longest custom id a member gets, written with its own once sealed
+                pending = PendingLine(request_id, str(body["model"]),
+                                      self._api.line(member_custom_id(self._limits.max_requests), body))
                 sealed_now = gatherer.add(pending, now)
-            except LineTooLarge as exc:  # no provider batch can hold it: as the pre-check refuses a body too large
+            except (LineTooLarge, NotConvertible) as exc:  # no provider batch can carry it: as the pre-check refuses
                 self._waiters.pop(request_id, None)
                 self._gathered.pop(request_id, None)
-                return CallResult(Failure(FailureLayer.BUSINESS, LINE_TOO_LARGE, str(exc)), b"", 0, {},
+                code = LINE_TOO_LARGE if isinstance(exc, LineTooLarge) else NOT_CONVERTIBLE
+                return CallResult(Failure(FailureLayer.BUSINESS, code, str(exc)), b"", 0, {},
                                   str(body.get("model", "")))
             for sealed in sealed_now:
                 self._start(partition, sealed)
@@ -202,15 +203,15 @@ class ProviderBatchRoute:
     def _start(self, partition: int, sealed: SealedBatch) -> None:
         now = self._clock_ms()
         members = tuple(line.custom_id for line in sealed.lines)
-        record = ProviderBatchRecord(uuid.uuid4().hex, "openai", sealed.model, partition, members,
+        record = ProviderBatchRecord(uuid.uuid4().hex, self._api.provider, sealed.model, partition, members,
                                      RecordState.CREATING, now, now)
         following = self._follow(record)
-        lines = [openai_line(member_custom_id(index), self._gathered.pop(member))
+        lines = [self._api.line(member_custom_id(index), self._gathered.pop(member))
                  for index, member in enumerate(members)]
-        following.task = asyncio.create_task(self._create_and_follow(following, b"\n".join(lines) + b"\n"),
+        following.task = asyncio.create_task(self._create_and_follow(following, lines),
                                              name=f"provider-batch-{record.gather_id}")
 
-    async def _create_and_follow(self, following: _Following, content: bytes) -> None:
+    async def _create_and_follow(self, following: _Following, lines: list[bytes]) -> None:
         record = following.record
         try:
             await self._log.write(record)  # durable before the create call it announces
@@ -219,15 +220,15 @@ class ProviderBatchRoute:
             self._fail_all(following, Failure(FailureLayer.SERVICE, RECORD_FAILED, f"{type(exc).__name__}: {exc}"))
             return
         try:
-            file_id = await self._api.upload(content, f"{record.gather_id}.jsonl")
-            view = await self._api.create(file_id, CHAT_COMPLETIONS.url, {GATHER_METADATA_KEY: record.gather_id})
+            submitted = await self._api.submit(lines, record.gather_id)
         except BatchCallFailed as exc:  # as a call failing the same way; the record goes with it
             log.warning("provider batch %s of %d requests: %s", record.gather_id, len(record.members), exc)
             self._fail_all(following, exc.outcome)
             await self._end(following)
             return
-        following.record = replace(record.opened(view, self._clock_ms()), input_file_id=file_id)
-        log.info("provider batch %s created as %s (%d requests of %s)", record.gather_id, view.batch_id,
+        following.record = replace(record.opened(submitted.view, self._clock_ms()),
+                                   input_file_id=submitted.input_file_id)
+        log.info("provider batch %s created as %s (%d requests of %s)", record.gather_id, submitted.view.batch_id,
                  len(record.members), record.model)
         await self._poll_and_answer(following)
 

@@ -81,7 +81,7 @@ from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.deployments import DeploymentCaller
 from streamproc.llm.guarded import Guards, long_requests_of
 from streamproc.llm.model_list_file import check_routes, deployment_endpoint, load_model_list
-from streamproc.llm.provider_batches import OpenAIBatches
+from streamproc.llm.provider_batches import AnthropicBatches, OpenAIBatches
 from streamproc.settings import Settings
 
 log = logging.getLogger("streamproc.app.worker")
@@ -319,7 +319,8 @@ class WorkerRuntime:
         if not routing.routed_models:
             return None
         batch_log = ProviderBatchLog(_FaustSender(self.app), self.topology.provider_batches)
-        return ProviderBatchRoute(routing, OpenAIBatches(settings.llm_endpoint), batch_log,
+        api = (AnthropicBatches if routing.api == "anthropic" else OpenAIBatches)(settings.llm_endpoint)
+        return ProviderBatchRoute(routing, api, batch_log,
                                   lambda: TopicReader(kafka, [self.topology.provider_batches]))
 
     def _membership(self) -> tuple[bool, int]:

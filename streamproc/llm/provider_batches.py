@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import httpx
 
+from streamproc.core.endpoints import CHAT_COMPLETIONS
 from streamproc.core.outcome import ConfigurationProblem, Failure, truncate
+from streamproc.core.provider_batch_gatherer import ANTHROPIC_LIMITS, OPENAI_LIMITS
 from streamproc.core.provider_batch_objects import (
     BatchPage,
     MalformedAnswer,
@@ -35,7 +37,13 @@ from streamproc.core.provider_batch_objects import (
     openai_batch,
     openai_file_id,
 )
-from streamproc.core.provider_batch_takeover import CLOCK_SKEW_MS, ProviderBatchRecord, adoptable
+from streamproc.core.provider_batch_requests import anthropic_body, anthropic_request, openai_line
+from streamproc.core.provider_batch_takeover import (
+    CLOCK_SKEW_MS,
+    GATHER_METADATA_KEY,
+    ProviderBatchRecord,
+    adoptable,
+)
 from streamproc.core.redact import redact
 from streamproc.core.verdict import classify_http_error
 from streamproc.core.vocabulary import FailureLayer
@@ -64,11 +72,12 @@ class _BatchHttp:
     """One httpx client under the base URL with the provider's auth headers; errors as :class:`BatchCallFailed`."""
 
     def __init__(self, endpoint: LLMEndpoint, auth_headers: Callable[[str], dict[str, str]],
-                 transport: httpx.AsyncBaseTransport | None) -> None:
+                 parse_batch: Callable[[Any], ProviderBatchView], transport: httpx.AsyncBaseTransport | None) -> None:
         if not endpoint.base_url:
             raise ValueError("STREAMPROC_LLM_BASE_URL is not set: there is no provider to send batches to")
         key = check_llm_key(endpoint)
         self._base_url = endpoint.base_url
+        self._parse_batch = parse_batch
         self._secrets = () if key is None else (key,)
         self._max_answer_bytes = endpoint.max_response_bytes  # of a JSON answer (a batch object, a page)
         self._client = httpx.AsyncClient(
@@ -124,6 +133,12 @@ class _BatchHttp:
         except MalformedAnswer as exc:
             raise self._malformed(what, str(exc)) from None
 
+    async def batch(self, method: str, parts: tuple[str, ...], what: str, **kwargs: Any) -> ProviderBatchView:
+        """The batch object a call answers, parsed into a view by the provider's parser."""
+        doc = await self.json(method, self.url(*parts), what, **kwargs)
+        view: ProviderBatchView = self.parsed(what, self._parse_batch, doc)
+        return view
+
     async def lines(self, url: httpx.URL, what: str) -> AsyncIterator[str]:
         """The non-empty lines of a JSONL download, as they arrive."""
         async with self.stream("GET", url, what) as response:  # a broken download fails as the call would
@@ -135,11 +150,34 @@ class _BatchHttp:
         await self._client.aclose()
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """A provider batch just created, and the input file it reads (OpenAI's; Anthropic's batches have none)."""
+
+    view: ProviderBatchView
+    input_file_id: str | None
+
+
 class OpenAIBatches:
     """OpenAI's Files and Batches; ``transport`` (tests) replaces the network."""
 
+    provider: Final = "openai"
+    limits: Final = OPENAI_LIMITS
+
     def __init__(self, endpoint: LLMEndpoint, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._http = _BatchHttp(endpoint, lambda key: {"authorization": f"Bearer {key}"}, transport)
+        self._http = _BatchHttp(endpoint, lambda key: {"authorization": f"Bearer {key}"}, openai_batch, transport)
+
+    @staticmethod
+    def line(custom_id: str, body: dict[str, Any]) -> bytes:
+        """A request's line of an input file."""
+        return openai_line(custom_id, body)
+
+    async def submit(self, lines: Sequence[bytes], gather_id: str) -> Submitted:
+        """Upload ``lines`` as an input file and create its batch, ``gather_id`` in its metadata (found again by
+        :func:`find_created` after a crash)."""
+        file_id = await self.upload(b"\n".join(lines) + b"\n", f"{gather_id}.jsonl")
+        view = await self.create(file_id, CHAT_COMPLETIONS.url, {GATHER_METADATA_KEY: gather_id})
+        return Submitted(view, file_id)
 
     async def upload(self, content: bytes, filename: str = "batch.jsonl") -> str:
         """Upload a JSONL input file (purpose ``batch``); its file id."""
@@ -157,13 +195,13 @@ class OpenAIBatches:
                                 "completion_window": COMPLETION_WINDOW}
         if metadata is not None:
             body["metadata"] = dict(metadata)
-        return await self._batch("POST", ("batches",), "create a batch", json=body, headers=headers)
+        return await self._http.batch("POST", ("batches",), "create a batch", json=body, headers=headers)
 
     async def retrieve(self, batch_id: str) -> ProviderBatchView:
-        return await self._batch("GET", ("batches", batch_id), f"retrieve batch {batch_id}")
+        return await self._http.batch("GET", ("batches", batch_id), f"retrieve batch {batch_id}")
 
     async def cancel(self, batch_id: str) -> ProviderBatchView:
-        return await self._batch("POST", ("batches", batch_id, "cancel"), f"cancel batch {batch_id}")
+        return await self._http.batch("POST", ("batches", batch_id, "cancel"), f"cancel batch {batch_id}")
 
     async def page(self, after: str | None = None, limit: int = 100) -> BatchPage:
         """One page of the account's batches, newest first."""
@@ -185,11 +223,6 @@ class OpenAIBatches:
                 async for line in self.file_lines(file_id):
                     yield line
 
-    async def _batch(self, method: str, parts: tuple[str, ...], what: str, **kwargs: Any) -> ProviderBatchView:
-        doc = await self._http.json(method, self._http.url(*parts), what, **kwargs)
-        view: ProviderBatchView = self._http.parsed(what, openai_batch, doc)
-        return view
-
     async def aclose(self) -> None:
         await self._http.aclose()
 
@@ -197,22 +230,35 @@ class OpenAIBatches:
 class AnthropicBatches:
     """Anthropic's Message Batches; ``transport`` (tests) replaces the network."""
 
+    provider: Final = "anthropic"
+    limits: Final = ANTHROPIC_LIMITS
+
     def __init__(self, endpoint: LLMEndpoint, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._http = _BatchHttp(endpoint, lambda key: {"x-api-key": key}, transport)
+        self._http = _BatchHttp(endpoint, lambda key: {"x-api-key": key}, anthropic_batch, transport)
         self._version = {"anthropic-version": ANTHROPIC_VERSION}
+
+    @staticmethod
+    def line(custom_id: str, body: dict[str, Any]) -> bytes:
+        """A request of the create call's body; :class:`NotConvertible` says what the Messages API cannot carry."""
+        return anthropic_request(custom_id, body)
+
+    async def submit(self, lines: Sequence[bytes], gather_id: str) -> Submitted:
+        """Create the batch of ``lines`` (its requests carry no metadata: :func:`find_created` matches it by count and
+        time after a crash)."""
+        return Submitted(await self.create(anthropic_body(lines)), None)
 
     async def create(self, requests: bytes, headers: Mapping[str, str] | None = None) -> ProviderBatchView:
         """Create a batch of ``requests``: the body ``{"requests": [{"custom_id", "params"}, ...]}`` as bytes (the
         gatherer sized it)."""
-        return await self._batch("POST", ("messages", "batches"), "create a message batch", content=requests,
+        return await self._http.batch("POST", ("messages", "batches"), "create a message batch", content=requests,
                                  headers={**self._version, "content-type": "application/json", **(headers or {})})
 
     async def retrieve(self, batch_id: str) -> ProviderBatchView:
-        return await self._batch("GET", ("messages", "batches", batch_id), f"retrieve message batch {batch_id}",
+        return await self._http.batch("GET", ("messages", "batches", batch_id), f"retrieve message batch {batch_id}",
                                  headers=self._version)
 
     async def cancel(self, batch_id: str) -> ProviderBatchView:
-        return await self._batch("POST", ("messages", "batches", batch_id, "cancel"),
+        return await self._http.batch("POST", ("messages", "batches", batch_id, "cancel"),
                                  f"cancel message batch {batch_id}", headers=self._version)
 
     async def page(self, after_id: str | None = None, limit: int = 100) -> BatchPage:
@@ -234,16 +280,14 @@ class AnthropicBatches:
         """Every results line of an ended batch."""
         return self.result_lines(view.batch_id)
 
-    async def _batch(self, method: str, parts: tuple[str, ...], what: str, **kwargs: Any) -> ProviderBatchView:
-        doc = await self._http.json(method, self._http.url(*parts), what, **kwargs)
-        view: ProviderBatchView = self._http.parsed(what, anthropic_batch, doc)
-        return view
-
     async def aclose(self) -> None:
         await self._http.aclose()
 
 
-async def find_created(api: OpenAIBatches | AnthropicBatches, record: ProviderBatchRecord, taken: Collection[str],
+ProviderBatches = OpenAIBatches | AnthropicBatches  # the route's client, chosen by STREAMPROC_PROVIDER_BATCH_API
+
+
+async def find_created(api: ProviderBatches, record: ProviderBatchRecord, taken: Collection[str],
                        max_pages: int = 10) -> ProviderBatchView | None:
     """The batch a ``creating`` record's create call made, if the provider has it
     (:func:`streamproc.core.provider_batch_takeover.adoptable`): the provider's batches, newest first, are read

@@ -146,3 +146,10 @@ def test_model_routes_name_the_provider_batch_models_and_halve_their_prices() ->
                         model_prices={"a": (1.0, 2.0), "b": (1.0, 2.0)})
     assert settings.provider_batches.routed_models == {"a"}
     assert settings.prices == {"a": (0.5, 1.0), "b": (1.0, 2.0)}
+
+
+def test_provider_batch_api_chooses_openai_unless_anthropic_is_named() -> None:
+    assert Settings().provider_batches.api == "openai"
+    assert Settings(provider_batch_api="anthropic").provider_batches.api == "anthropic"
+    with pytest.raises(ValidationError):
+        Settings(provider_batch_api="gemini")
