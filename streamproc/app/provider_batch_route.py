@@ -37,6 +37,7 @@ from streamproc.core.provider_batch_gatherer import (
     PendingLine,
     SealedBatch,
 )
+from streamproc.core.provider_batch_lines import PROVIDER_BATCH_CANCELLED as BATCH_CANCELLED
 from streamproc.core.provider_batch_lines import AnsweredLine, LineOutcome
 from streamproc.core.provider_batch_polling import PollPolicy
 from streamproc.core.provider_batch_requests import NotConvertible
@@ -60,6 +61,11 @@ LINE_TOO_LARGE: Final = "provider_batch_line_too_large"  # a request no provider
 NOT_CONVERTIBLE: Final = "provider_batch_not_convertible"  # a request Anthropic's Messages API cannot carry (business)
 TAKEOVER_FAILED: Final = "provider_batch_takeover_failed"  # a partition's records unread: retried (service)
 _TICK_S: Final = 0.2
+_CANCEL_CHECK_S: Final = 1.0  # how often the followed batches are checked against the cancelled batches
+
+
+def _never_closed(batch_id: str | None) -> str | None:
+    return None
 
 
 def _now_ms() -> int:
@@ -73,6 +79,7 @@ class _Waiter:
     body: dict[str, Any]
     since_ms: int
     answer: asyncio.Future[CallResult]
+    batch_id: str | None  # the user's batch it belongs to, whose cancel may cancel its provider batch
 
 
 @dataclass
@@ -81,6 +88,7 @@ class _Following:
 
     record: ProviderBatchRecord
     task: asyncio.Task[None] | None = None
+    cancel_sent: bool = False  # the provider was asked to cancel it
     unwritten: set[str] = field(default_factory=set)
     all_written: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -94,12 +102,14 @@ class ProviderBatchRoute:
     """Gathers, creates, follows and takes over the provider batches of a worker's partitions."""
 
     def __init__(self, settings: ProviderBatchSettings, api: ProviderBatches, batch_log: ProviderBatchLog,
-                 open_reader: Callable[[], TopicReader], clock_ms: Callable[[], int] = _now_ms) -> None:
+                 open_reader: Callable[[], TopicReader], clock_ms: Callable[[], int] = _now_ms,
+                 closed: Callable[[str | None], str | None] = _never_closed) -> None:
         self._settings = settings
         self._api = api
         self._log = batch_log
         self._open_reader = open_reader
         self._clock_ms = clock_ms
+        self._closed = closed  # why a user's batch no longer has its requests called (cancelled...), or None
         self._limits = replace(api.limits, max_requests=min(settings.max_requests, api.limits.max_requests),
                                max_age_ms=settings.max_age_ms)
         self._policy = PollPolicy(first_s=settings.first_poll_s, max_s=settings.max_poll_s)
@@ -112,6 +122,7 @@ class ProviderBatchRoute:
         self._following: dict[str, _Following] = {}  # gather id -> the batch followed
         self._taken_over: dict[int, asyncio.Task[None]] = {}
         self._ticker: asyncio.Task[None] | None = None
+        self._cancel_watch: asyncio.Task[None] | None = None
 
     def routes(self, model: object) -> bool:
         return isinstance(model, str) and model in self._settings.routed_models
@@ -128,7 +139,7 @@ class ProviderBatchRoute:
         request_id = request.request_id
         now = self._clock_ms()
         answer: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(body, now, answer)
+        waiter = _Waiter(body, now, answer, request.batch_id)
         if (line := self._unclaimed.pop(request_id, None)) is not None:
             return await self._result(waiter, line)
         self._waiters[request_id] = waiter
@@ -180,8 +191,9 @@ class ProviderBatchRoute:
                 self._cancel_waiters(following.record.members)
 
     async def aclose(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
+        for task in (self._ticker, self._cancel_watch):
+            if task is not None:
+                task.cancel()
         for following in list(self._following.values()):
             if following.task is not None:
                 following.task.cancel()
@@ -202,7 +214,9 @@ class ProviderBatchRoute:
 
     def _start(self, partition: int, sealed: SealedBatch) -> None:
         now = self._clock_ms()
-        members = tuple(line.custom_id for line in sealed.lines)
+        members = tuple(line.custom_id for line in sealed.lines if not self._ended_by_close(line.custom_id))
+        if not members:
+            return
         record = ProviderBatchRecord(uuid.uuid4().hex, self._api.provider, sealed.model, partition, members,
                                      RecordState.CREATING, now, now)
         following = self._follow(record)
@@ -232,13 +246,58 @@ class ProviderBatchRoute:
                  len(record.members), record.model)
         await self._poll_and_answer(following)
 
+    def _ended_by_close(self, request_id: str) -> bool:
+        """A gathered request whose user batch was closed (cancelled, expired) before its provider batch was sent:
+        it ends as the close says, as a request not called yet does, and goes in no provider batch."""
+        waiter = self._waiters.get(request_id)
+        why = None if waiter is None else self._closed(waiter.batch_id)
+        if waiter is None or why is None:
+            return False
+        self._gathered.pop(request_id, None)
+        del self._waiters[request_id]
+        if not waiter.answer.done():
+            waiter.answer.set_result(CallResult(Failure(FailureLayer.BUSINESS, why, f"its batch closed ({why}) "
+                                                        "before its provider batch was sent"), b"", 0, {},
+                                                str(waiter.body.get("model", ""))))
+        return True
+
     # -- following -----------------------------------------------------------------------------------------
     def _follow(self, record: ProviderBatchRecord) -> _Following:
         following = _Following(record)
         self._following[record.gather_id] = following
         for member in record.members:
             self._member_of[member] = following
+        if self._cancel_watch is None or self._cancel_watch.done():
+            self._cancel_watch = asyncio.create_task(self._cancel_when_closed(), name="provider-batch-cancels")
         return following
+
+    async def _cancel_when_closed(self) -> None:
+        """Cancel at the provider every followed batch whose awaited members all belong to cancelled batches: its
+        lines not run come back ``batch_cancelled``, as the cancel ends a request not called yet. A batch that also
+        holds live requests runs on (cancelling it would fail them): its cancelled members finish, as calls in
+        flight do."""
+        while self._following:
+            await asyncio.sleep(_CANCEL_CHECK_S)
+            for following in list(self._following.values()):
+                batch_id = following.record.provider_batch_id
+                if following.cancel_sent or batch_id is None or not self._all_cancelled(following):
+                    continue
+                following.cancel_sent = True
+                try:
+                    await self._api.cancel(batch_id)
+                    log.info("provider batch %s (%s): its requests' batches are cancelled; cancelled it",
+                             following.record.gather_id, batch_id)
+                except BatchCallFailed as exc:  # tried again at the next check
+                    following.cancel_sent = False
+                    log.warning("provider batch %s (%s): cancel failed: %s", following.record.gather_id, batch_id,
+                                exc)
+
+    def _all_cancelled(self, following: _Following) -> bool:
+        """Whether every member still awaiting its line is known, waiting, and of a cancelled batch (a member of
+        a batch taken over whose record has not come back is not known: the batch runs on)."""
+        awaited = [m for m in following.record.members if self._member_of.get(m) is following]
+        waiters = [self._waiters.get(m) for m in awaited]
+        return bool(awaited) and all(w is not None and self._closed(w.batch_id) == BATCH_CANCELLED for w in waiters)
 
     async def _poll_and_answer(self, following: _Following) -> None:
         """Write the ``open`` record, poll until the batch ends, answer every member, then end the record once the

@@ -321,7 +321,8 @@ class WorkerRuntime:
         batch_log = ProviderBatchLog(_FaustSender(self.app), self.topology.provider_batches)
         api = (AnthropicBatches if routing.api == "anthropic" else OpenAIBatches)(settings.llm_endpoint)
         return ProviderBatchRoute(routing, api, batch_log,
-                                  lambda: TopicReader(kafka, [self.topology.provider_batches]))
+                                  lambda: TopicReader(kafka, [self.topology.provider_batches]),
+                                  closed=self.batch_sizes.closed)
 
     def _membership(self) -> tuple[bool, int]:
         """Whether the group holds this worker's records (a rebalance, or no input partition yet), and the group

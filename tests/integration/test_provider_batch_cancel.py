@@ -1,0 +1,76 @@
+"""``streamproc cancel`` of a batch whose requests wait in open provider batches (issue 31, design §8): the worker
+that follows those provider batches cancels them at the provider, and every member the provider had not run ends
+``batch_cancelled`` long before the provider batch would have ended."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from streamproc.core.provider_batch_takeover import RecordState
+from streamproc.settings import Settings
+from tests.integration.pipeline import WorkerProcess, start_mock, worker_env
+from tests.integration.test_operations import cli, wait_converged
+from tests.integration.test_provider_batch_route import ROUTED, batch_records
+
+pytestmark = pytest.mark.integration
+
+BATCH_SECONDS = 90  # how long the mock takes to run a provider batch: the cancel must not wait for it
+
+
+def routed_batch_file(path: Path, count: int) -> Path:
+    with open(path, "w") as out:
+        for i in range(count):
+            out.write(json.dumps({"custom_id": f"doomed-{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+                "model": "mock-small", "max_tokens": 100, "messages": [{"role": "user", "content": f"Q{i}?"}]}}) + "\n")
+    return path
+
+
+def test_cancel_cancels_the_open_provider_batches_holding_the_batch(settings: Settings, tmp_path: Path) -> None:
+    count = 60
+    submitted = cli(settings, "submit", str(routed_batch_file(tmp_path / "in.jsonl", count)), "--batch-id", "doomed")
+    assert submitted.returncode == 0, submitted.stderr
+    mock = start_mock("clean", 5, "--batch-seconds", str(BATCH_SECONDS))
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **ROUTED), tmp_path / "worker.log")
+    worker.start()
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # every request is a member of an open provider batch
+            records = asyncio.run(batch_records(settings))
+            if sum(len(r.members) for r in records.values() if r.state is RecordState.OPEN) == count:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the batches were not all open in time: {worker.log_tail()}")
+        started = time.monotonic()
+        cancelled = cli(settings, "cancel", "--batch-id", "doomed")
+        assert cancelled.returncode == 0, cancelled.stderr
+        final = wait_converged(settings, "doomed", BATCH_SECONDS / 2, worker)[-1]
+        took_s = time.monotonic() - started
+        stats = mock.stats(detail=True)
+        exported = cli(settings, "results", "--batch-id", "doomed", "--output", str(tmp_path / "out.jsonl"),
+                       "--errors", str(tmp_path / "errors.jsonl"))
+        time.sleep(1)
+        left = asyncio.run(batch_records(settings))
+    finally:
+        worker.stop()
+        mock.stop()
+    assert final["converged"] and final["cancelled_at"] is not None, (final, worker.log_tail())
+    assert took_s < BATCH_SECONDS / 2  # ended by the provider's cancel, not by the batch running to its end
+    # the lines the provider ran before the cancel are results (billed, as calls in flight finish); the rest end
+    # batch_cancelled: most of them, as the cancel came early in the provider's run
+    assert final["succeeded"] + final["failed"]["business"] == count, final
+    assert final["failed"]["business"] >= count // 2, final
+    batches = stats["batches"]["openai"]
+    assert batches["created"] == len(records) >= 1
+    assert set(batches["by_phase"]) <= {"cancelling", "cancelled"}, batches  # each one cancelled at the provider
+    assert stats["calls"] == batches["lines_answered"] == final["succeeded"]  # no request called on its own
+    assert "cancelled it" in worker.log_path.read_text()
+    assert exported.returncode == 0, exported.stderr
+    errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert len(errors) == count and {e["error"]["code"] for e in errors} == {"batch_cancelled"}, errors[:2]
+    assert left == {}
