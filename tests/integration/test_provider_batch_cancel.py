@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from streamproc.core.identity import request_id_for
 from streamproc.core.provider_batch_takeover import RecordState
 from streamproc.settings import Settings
 from tests.integration.pipeline import WorkerProcess, start_mock, worker_env
@@ -22,11 +23,12 @@ pytestmark = pytest.mark.integration
 BATCH_SECONDS = 90  # how long the mock takes to run a provider batch: the cancel must not wait for it
 
 
-def routed_batch_file(path: Path, count: int) -> Path:
+def routed_batch_file(path: Path, count: int, prefix: str = "doomed") -> Path:
     with open(path, "w") as out:
         for i in range(count):
-            out.write(json.dumps({"custom_id": f"doomed-{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
-                "model": "mock-small", "max_tokens": 100, "messages": [{"role": "user", "content": f"Q{i}?"}]}}) + "\n")
+            body = {"model": "mock-small", "max_tokens": 100, "messages": [{"role": "user", "content": f"Q{i}?"}]}
+            out.write(json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/chat/completions",
+                                  "body": body}) + "\n")
     return path
 
 
@@ -74,3 +76,45 @@ def test_cancel_cancels_the_open_provider_batches_holding_the_batch(settings: Se
     errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert len(errors) == count and {e["error"]["code"] for e in errors} == {"batch_cancelled"}, errors[:2]
     assert left == {}
+
+
+def test_a_provider_batch_holding_a_live_batch_too_runs_on(settings: Settings, tmp_path: Path) -> None:
+    """Both batches' requests share the provider batches of each partition: cancelling them would fail the live
+    batch's requests; they run on, and the cancelled batch's members finish as calls in flight do."""
+    count = 30
+    for name in ("doomed", "kept"):
+        sent = cli(settings, "submit", str(routed_batch_file(tmp_path / f"{name}.jsonl", count, name)),
+                   "--batch-id", name)
+        assert sent.returncode == 0, sent.stderr
+    mock = start_mock("clean", 5, "--batch-seconds", "20")
+    worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **ROUTED), tmp_path / "worker.log")
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            records = asyncio.run(batch_records(settings))
+            if sum(len(r.members) for r in records.values() if r.state is RecordState.OPEN) == 2 * count:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the batches were not all open in time: {worker.log_tail()}")
+        assert cli(settings, "cancel", "--batch-id", "doomed").returncode == 0
+        kept = wait_converged(settings, "kept", 90, worker)[-1]
+        doomed = wait_converged(settings, "doomed", 30, worker)[-1]
+        stats = mock.stats(detail=True)
+    finally:
+        worker.stop()
+        mock.stop()
+    batch_of = {request_id_for(name, f"{name}-{i}"): name for name in ("doomed", "kept") for i in range(count)}
+    holds = {gather_id: {batch_of[m] for m in r.members} for gather_id, r in records.items()}
+    mixed = [g for g, names in holds.items() if names == {"doomed", "kept"}]
+    only_doomed = [g for g, names in holds.items() if names == {"doomed"}]
+    assert mixed, "the test needs a provider batch holding both batches' requests"
+    assert kept["converged"] and kept["succeeded"] == count, kept
+    assert doomed["converged"] and doomed["cancelled_at"] is not None, doomed
+    phases = stats["batches"]["openai"]["by_phase"]  # only the batches holding no live request were cancelled
+    assert phases.get("completed", 0) == len(records) - len(only_doomed), (phases, holds)
+    assert phases.get("cancelled", 0) + phases.get("cancelling", 0) == len(only_doomed), (phases, holds)
+    doomed_in_mixed = sum(1 for g in mixed for m in records[g].members if batch_of[m] == "doomed")
+    assert doomed["succeeded"] >= doomed_in_mixed  # its members in a batch that ran on finished, as calls in flight
+    assert worker.log_path.read_text().count("cancelled it") == len(only_doomed)
