@@ -475,6 +475,9 @@ def status(batch_id: str | None, stream: bool, hours: int, verify: bool, as_json
 def cancel(batch_id: str, as_json: bool) -> None:
     """Cancel a batch: its requests not called yet end as batch_cancelled failures; calls in flight finish.
 
+    Provider batches (STREAMPROC_MODEL_ROUTES) that hold only its requests are cancelled at the provider by the
+    worker following them; their lines not run end as batch_cancelled.
+
     The batch then converges (status shows cancelling, then cancelled in `streamproc batches`), and
     `results` writes the cancelled requests to the errors file, like OpenAI's cancelled batches.
 
