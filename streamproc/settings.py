@@ -61,8 +61,8 @@ class RateLimitSettings(SettingsValue):
 
 
 class ProviderBatchSettings(SettingsValue):
-    """The provider-batch route (design §8, issue 31): which models go by OpenAI's Batch API instead of one call
-    each, how their requests are gathered and how an open batch is polled."""
+    """The provider-batch route (design §8, issue 31): which models go by a provider's batch API instead of one call
+    each, whose API it is, how their requests are gathered and how an open batch is polled."""
 
     routed_models: frozenset[str]
     api: BatchApi  # whose batch API answers them: the provider behind STREAMPROC_LLM_BASE_URL
@@ -396,8 +396,8 @@ class Settings(BaseSettings):
         "cap.")
     model_routes: dict[str, ModelRoute] = Field(
         default_factory=dict, description='JSON: how each model\'s requests are sent, e.g. {"gpt-4o-mini": '
-        '"provider-batch"}: "provider-batch" gathers them into OpenAI Batch API batches (half the price, answers '
-        'within 24 h), "call" (any model not listed) calls once per request.')
+        '"provider-batch"}: "provider-batch" gathers them into provider batches (STREAMPROC_PROVIDER_BATCH_API; half '
+        'the price, answers within 24 h), "call" (any model not listed) calls once per request.')
     provider_batch_api: BatchApi = Field(
         default="openai", description='Whose batch API the provider-batch route uses at STREAMPROC_LLM_BASE_URL: '
         '"openai" (Files and Batches) or "anthropic" (Message Batches; a request the Messages API cannot carry fails '
