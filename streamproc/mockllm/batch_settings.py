@@ -3,7 +3,8 @@ two failures a test forces (expiry after a fraction of the lines, a validation f
 
 The profile's ``batches`` key sets them for every batch; the ``x-mock-batch`` header of one create call
 (``expire=0.5``, ``invalid``, ``seconds=3``, comma-separated) changes them for that batch alone, as
-``x-mock-fault`` does for one call.
+``x-mock-fault`` does for one call. A client that sends no such header (the pipeline's route) is given the same
+per batch by number: ``by_number`` maps the Nth OpenAI batch created to those parts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ class BatchSettings:
     openai_max_bytes: int = 200 * MB
     anthropic_max_requests: int = 100_000
     anthropic_max_bytes: int = 256 * MB
+    by_number: tuple[tuple[int, str], ...] = ()  # (N, x-mock-batch parts): the Nth OpenAI batch, 1-based
+
+    def for_number(self, number: int, header: str | None) -> BatchSettings:
+        """The settings of the ``number``th OpenAI batch (1-based), its create call's header applied last. (Not
+        Anthropic's: a create it refuses makes no batch, so its retry would have the same number and be refused
+        again.)"""
+        settings = self
+        for n, parts in self.by_number:
+            if n == number:
+                settings = apply_batch_header(settings, parts)
+        return apply_batch_header(settings, header)
 
 
 _SECONDS = ("validating_seconds", "in_progress_seconds", "finalizing_seconds", "cancelling_seconds")
@@ -55,6 +67,8 @@ def batch_settings_from_mapping(value: Any, base: BatchSettings = BatchSettings(
             if isinstance(given, bool) or not isinstance(given, int) or given <= 0:
                 raise BatchSettingsError(f"batches.{key}: a positive integer expected, got {given!r}")
             changes[key] = given
+        elif key == "by_number":
+            changes[key] = batch_faults_by_number(given)
         elif key == "expire_after":
             changes[key] = None if given is None else _fraction(given, "batches.expire_after")
         else:  # fail_validation
@@ -62,6 +76,21 @@ def batch_settings_from_mapping(value: Any, base: BatchSettings = BatchSettings(
                 raise BatchSettingsError(f"batches.{key}: true or false expected, got {given!r}")
             changes[key] = given
     return replace(base, **changes)
+
+
+def batch_faults_by_number(value: Any) -> tuple[tuple[int, str], ...]:
+    """``{3: "expire=0.5", 5: "invalid"}`` (profile key ``batches.by_number``, or ``--batch-fault N:PARTS``)
+    checked: positive batch numbers, each mapped to ``x-mock-batch`` parts."""
+    if not isinstance(value, Mapping):
+        raise BatchSettingsError("batches.by_number: a mapping of batch number to x-mock-batch parts expected")
+    checked: list[tuple[int, str]] = []
+    for number, parts in value.items():
+        if isinstance(number, bool) or not isinstance(number, int) or number <= 0 or not isinstance(parts, str):
+            raise BatchSettingsError(f"batches.by_number: a batch number >= 1 and its parts expected, "
+                                     f"got {number!r}: {parts!r}")
+        apply_batch_header(BatchSettings(), parts)  # a mistake shows at start, not at the Nth create
+        checked.append((number, parts))
+    return tuple(sorted(checked))
 
 
 def apply_batch_header(settings: BatchSettings, header: str | None) -> BatchSettings:

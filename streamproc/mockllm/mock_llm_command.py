@@ -52,6 +52,17 @@ def _faults(values: tuple[str, ...]) -> dict[FaultKind, float]:
     return faults
 
 
+def _batch_faults(values: tuple[str, ...]) -> dict[int, str]:
+    """``--batch-fault 3:expire=0.5``: batch number -> x-mock-batch parts (the parts are checked by the profile)."""
+    faults: dict[int, str] = {}
+    for value in values:
+        number, sep, parts = value.partition(":")
+        if not sep or not number.strip().isdigit():
+            raise click.BadParameter(f"{value}: N:PARTS expected, e.g. 3:expire=0.5", param_hint="--batch-fault")
+        faults[int(number)] = parts
+    return faults
+
+
 def _latency(spec: str | None) -> Latency | None:
     if spec is None:
         return None
@@ -137,6 +148,14 @@ def _latency(spec: str | None) -> Latency | None:
     metavar="SECONDS",
     help="How long a provider batch (OpenAI Batch, Anthropic Message Batches) stays in_progress (default 1).",
 )
+@click.option(
+    "--batch-fault",
+    "batch_faults",
+    multiple=True,
+    metavar="N:PARTS",
+    help="Give the Nth OpenAI provider batch created the x-mock-batch parts PARTS, e.g. 3:expire=0.5 or 5:invalid "
+    "(for clients that send no header). Repeatable.",
+)
 @click.option("--access-log", is_flag=True, help="Log every request to stderr (slows the server down).")
 def mock_llm(
     host: str,
@@ -154,6 +173,7 @@ def mock_llm(
     hang_seconds: float | None,
     slots: int | None,
     batch_seconds: float | None,
+    batch_faults: tuple[str, ...],
     access_log: bool,
 ) -> None:
     """Serve a fault-injecting OpenAI-compatible LLM API for rehearsing a batch's failure handling.
@@ -178,6 +198,7 @@ def mock_llm(
         hang_seconds=hang_seconds,
         slots=slots,
         batch_seconds=batch_seconds,
+        batch_faults=_batch_faults(batch_faults),
     )
     try:
         profile = customize(load_profile(profile_name), overrides)

@@ -17,7 +17,7 @@ from aiohttp import BodyPartReader, web
 
 from streamproc.mockllm import error_bodies as errors
 from streamproc.mockllm.batch_lines import LineAnswerer
-from streamproc.mockllm.batch_settings import BATCH_HEADER, BatchSettingsError, apply_batch_header
+from streamproc.mockllm.batch_settings import BATCH_HEADER, BatchSettingsError
 from streamproc.mockllm.batch_store import (
     BatchLine,
     BatchStore,
@@ -158,7 +158,8 @@ class OpenAIBatches:
             return _reply(errors.invalid_value("input_file_id", f"File {stored.id} has purpose '{stored.purpose}', "
                                                                 "not 'batch'."))
         try:
-            settings = apply_batch_header(self.engine.profile.batches, request.headers.get(BATCH_HEADER))
+            number = sum(1 for batch_id in self.store.batches if batch_id.startswith(BATCH_PREFIX)) + 1
+            settings = self.engine.profile.batches.for_number(number, request.headers.get(BATCH_HEADER))
         except BatchSettingsError as exc:
             return _reply(errors.invalid_value(BATCH_HEADER, str(exc)))
         lines, problems, model = read_input(stored.content, endpoint, settings.openai_max_requests,

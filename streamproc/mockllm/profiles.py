@@ -19,7 +19,12 @@ from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 
-from streamproc.mockllm.batch_settings import BatchSettings, BatchSettingsError, batch_settings_from_mapping
+from streamproc.mockllm.batch_settings import (
+    BatchSettings,
+    BatchSettingsError,
+    batch_faults_by_number,
+    batch_settings_from_mapping,
+)
 from streamproc.mockllm.injected_faults import FaultKind, FaultRatesError, FaultTable
 from streamproc.mockllm.latency import (
     NO_LATENCY,
@@ -426,6 +431,7 @@ class Overrides:
     hang_seconds: float | None = None  # inf: hangs last until the client gives up
     slots: int | None = None
     batch_seconds: float | None = None  # how long a provider batch stays in_progress
+    batch_faults: Mapping[int, str] = field(default_factory=dict)  # the Nth OpenAI batch -> x-mock-batch parts
 
 
 def customize(profile: Profile, overrides: Overrides) -> Profile:
@@ -464,4 +470,10 @@ def customize(profile: Profile, overrides: Overrides) -> Profile:
         profile = replace(profile, slots=overrides.slots)
     if overrides.batch_seconds is not None:
         profile = replace(profile, batches=replace(profile.batches, in_progress_seconds=overrides.batch_seconds))
+    if overrides.batch_faults:
+        try:
+            by_number = dict(profile.batches.by_number) | dict(batch_faults_by_number(overrides.batch_faults))
+        except BatchSettingsError as exc:
+            raise ProfileError(str(exc)) from None
+        profile = replace(profile, batches=replace(profile.batches, by_number=tuple(sorted(by_number.items()))))
     return profile
