@@ -106,6 +106,19 @@ def test_batch_seconds_override() -> None:
     assert customize(load_profile("clean"), Overrides(batch_seconds=0.2)).batches.in_progress_seconds == 0.2
 
 
+def test_batch_faults_by_number_change_only_that_batch() -> None:
+    settings = customize(load_profile("clean"), Overrides(batch_faults={3: "invalid", 2: "expire=0.5"})).batches
+    assert settings.by_number == ((2, "expire=0.5"), (3, "invalid"))
+    assert settings.for_number(1, None) == settings and settings.for_number(4, None) == settings
+    assert settings.for_number(2, None).expire_after == 0.5 and not settings.for_number(2, None).fail_validation
+    assert settings.for_number(3, None).fail_validation and settings.for_number(3, None).expire_after is None
+    assert settings.for_number(1, "seconds=3").in_progress_seconds == 3  # the header still applies, on top
+    with pytest.raises(ProfileError, match="unknown part 'fast'"):
+        customize(load_profile("clean"), Overrides(batch_faults={2: "fast"}))
+    with pytest.raises(ProfileError, match=r"batches\.by_number"):
+        profile_from_mapping({"batches": {"by_number": {0: "invalid"}}})
+
+
 LINE_PARTS = st.sampled_from([
     b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}',
     b'{"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "n"}}',
