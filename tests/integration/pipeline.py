@@ -177,9 +177,20 @@ class OutcomeReader:
                 break
             if workers and not any(w.alive() for w in workers):
                 break
-        for _ in range(5):  # a last look for late duplicates
-            await self.poll()
+        await self.read_to_end()  # the failures written before the last results, and late duplicates
         return self.outcomes
+
+    async def read_to_end(self, timeout_s: float = 30) -> None:
+        """Poll until every partition read is at the end offset it had on entry: an outcome is only seen once its
+        partition is caught up (a busy results partition can keep a failure partition's backlog unread)."""
+        await self.poll()
+        ends = await self._consumer.end_offsets(list(self._consumer.assignment()))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and await self._behind(ends):
+            await self.poll()
+
+    async def _behind(self, ends: dict[TopicPartition, int]) -> bool:
+        return any([await self._consumer.position(tp) < end for tp, end in ends.items()])
 
 
 async def trace_requests(bootstrap: str, settings: Settings, request_ids: Iterable[str]) -> list[str]:

@@ -14,7 +14,7 @@ from streamproc.settings import Settings
 from tests.integration.pipeline import WorkerProcess, start_mock, worker_env
 from tests.integration.test_operations import batch_file, cli, status_of, wait_converged
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 IN_FLIGHT = 4
 LATENCY_S = 0.5

@@ -18,7 +18,7 @@ from streamproc.devstack.chaos.chaos_run import run_chaos
 from streamproc.devstack.chaos.config import ChaosConfig
 from streamproc.devstack.chaos.tally import format_table
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 CONFIG = ChaosConfig(requests=500, workers=2, kills=2, kill_pause_s=3.0, broker_restarts=1, broker_down_s=3.0,
                      outage_s=10.0, poison_per_kind=1, mock_rpm=1200, in_flight=64, retry_tiers="1s,2s,4s,10s",

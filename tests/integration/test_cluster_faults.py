@@ -26,7 +26,7 @@ from streamproc.devstack.cluster import LocalCluster
 from streamproc.settings import Settings
 from tests.integration.pipeline import OutcomeReader, WorkerProcess, start_mock, worker_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.serial]
 
 REQUESTS = 300
 BATCH = "ha"

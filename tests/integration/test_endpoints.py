@@ -27,7 +27,7 @@ from tests.integration.pipeline import (
     worker_env,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 REQUESTS = 300
 

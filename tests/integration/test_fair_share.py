@@ -18,7 +18,7 @@ from streamproc.settings import Settings
 from tests.integration.pipeline import OutcomeReader, WorkerProcess, start_mock, worker_env
 from tests.integration.test_operations import cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 SERVER_SLOTS = 4
 IN_FLIGHT = 4  # of all workers together, fixed (floor = start = ceiling): the test is about the shares, not the

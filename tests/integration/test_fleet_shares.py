@@ -24,7 +24,7 @@ from streamproc.devstack.broker import free_port
 from streamproc.settings import Settings
 from tests.integration import pipeline
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 RPM = 2400  # the account's limit: 40 calls a second
 NOISE = 0.005  # calls refused with a 429 whatever the rate, saying only "retry-after: 1" (the server's own)

@@ -42,7 +42,7 @@ from tests.integration.pipeline import (
     worker_env,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 PARTITIONS = 3
 PER_PARTITION = 20

@@ -20,7 +20,7 @@ from tests.integration.pipeline import (
     worker_env,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 SERVER_SLOTS = 8
 IN_FLIGHT = 16  # fixed (floor = start = ceiling): the test is about the pool, not the adaptive limit

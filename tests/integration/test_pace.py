@@ -24,7 +24,7 @@ from tests.integration.pipeline import (
     worker_env,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 RPM = 1200  # 20 calls/s, a one-second burst
 NOISE = 0.03  # of all calls: a 429 of the server's own (three times the strict profile's)

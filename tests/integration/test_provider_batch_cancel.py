@@ -18,7 +18,7 @@ from tests.integration.pipeline import WorkerProcess, start_mock, worker_env
 from tests.integration.test_operations import cli, wait_converged
 from tests.integration.test_provider_batch_route import ROUTED, batch_records
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 BATCH_SECONDS = 90  # how long the mock takes to run a provider batch: the cancel must not wait for it
 

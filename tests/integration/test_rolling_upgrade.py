@@ -29,7 +29,7 @@ from streamproc.settings import Settings
 from tests.integration.pipeline import MockServer, OutcomeReader, WorkerProcess, start_mock, worker_env
 from tests.integration.test_pipeline_faults import wait_for_assignment
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = 600

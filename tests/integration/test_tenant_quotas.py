@@ -25,7 +25,7 @@ from tests.integration.test_spend_caps import (
     wait_held_at_cap,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 SERVER_SLOTS = 8
 IN_FLIGHT = 8

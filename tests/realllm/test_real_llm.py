@@ -31,7 +31,7 @@ from tests.integration.pipeline import (
     worker_env,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.real_llm]
+pytestmark = [pytest.mark.integration, pytest.mark.real_llm, pytest.mark.serial]
 
 SCHEMA = {"type": "object", "required": ["label"], "properties": {"label": {"enum": ["spam", "ham"]}}}
 TEXTS = ["WIN A FREE CRUISE, reply now!!!", "Lunch at noon tomorrow?", "Your invoice #2231 is attached.",
@@ -84,7 +84,7 @@ def batch(mix: Mix) -> list[InferenceRequest]:
     return requests
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("mix", list(MIXES))
 async def test_a_realistic_batch_against_a_real_server_ends_without_transport_failures(
         settings: Settings, real_llm: str, tmp_path: Path, mix: str) -> None:
@@ -102,7 +102,7 @@ async def test_a_realistic_batch_against_a_real_server_ends_without_transport_fa
         manifest = BatchManifest("real", len(requests), int(time.time() * 1000), "test_real_llm.py")
         await produce(settings.kafka_bootstrap, settings.topology().batches, [(b"real", encode_manifest(manifest))])
         async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
-            deadline = time.monotonic() + 900
+            deadline = time.monotonic() + 1500  # 424 to 700 s here on 2 cores; its speed is not the point
             while reader.outcomes.unfinished(ids) and time.monotonic() < deadline and worker.alive():
                 await reader.poll()
                 limit = scrape_gauge(metrics_port, "streamproc_adaptive_in_flight_limit")
