@@ -67,7 +67,7 @@ def test_the_index_answers_the_first_called_answer_reads_on_a_miss_and_resumes(s
         index.close()
 
         again = ResultIndex(tmp_path / "index", KafkaConnection(bootstrap=bootstrap), topic)
-        assert again.get("h3") is not None  # kept on disk
+        assert await again.get("h3") is not None  # kept on disk
         await send(bootstrap, topic, result("a/c-5", "h5", "after the restart"))
         after = await again.find("h5")
         assert after is not None and after.content == "after the restart"
