@@ -37,6 +37,7 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
 CONTEXT_TOKENS = 2048
 START_TIMEOUT_S = 120.0
+WHEEL_PATTERN = "llama_cpp_python-*.whl"  # what `pip wheel` writes for LLAMA_CPP_PYTHON
 # On x86-64, a portable AVX2 build rather than llama.cpp's default native one: a VM may advertise AMX without
 # enabling its tile state (this machine's Firecracker does), and the native build's first decode then segfaults.
 X86_64_BUILD = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
@@ -89,14 +90,13 @@ class RealLLM:
 
     def _wheel(self, python: Path) -> Path:
         """The llama-cpp-python wheel of our build, compiled into the cache dir the first time."""
-        built = sorted(self._wheels.glob("llama_cpp_python-*.whl"))
-        if built:
-            return built[-1]
-        print(f"compiling {LLAMA_CPP_PYTHON} (the first time only: ~15 min on 2 cores)", file=sys.stderr, flush=True)
-        _run([str(python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps", "--no-cache-dir",
-              "-w", str(self._wheels), LLAMA_CPP_PYTHON], f"compile {LLAMA_CPP_PYTHON}",
-             env={**os.environ, "CMAKE_ARGS": self._build_flags})
-        return next(self._wheels.glob("llama_cpp_python-*.whl"))
+        if not any(self._wheels.glob(WHEEL_PATTERN)):
+            print(f"compiling {LLAMA_CPP_PYTHON} (the first time only: ~15 min on 2 cores)", file=sys.stderr,
+                  flush=True)
+            _run([str(python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+                  "--no-cache-dir", "-w", str(self._wheels), LLAMA_CPP_PYTHON], f"compile {LLAMA_CPP_PYTHON}",
+                 env={**os.environ, "CMAKE_ARGS": self._build_flags})
+        return max(self._wheels.glob(WHEEL_PATTERN))
 
     def _fetch_model(self, python: Path) -> None:
         with tempfile.TemporaryDirectory() as scratch:
