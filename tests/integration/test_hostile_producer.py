@@ -358,6 +358,5 @@ async def _outcomes(settings: Settings, written: list[Written], worker: WorkerPr
             await reader.poll()
             if all(_ends(w, topic, reader.outcomes) for w in written):
                 break
-        for _ in range(10):  # a last look for late duplicates
-            await reader.poll()
+        await reader.read_to_end()  # late duplicates
         return reader.outcomes
