@@ -299,7 +299,12 @@ class Handler:
                             charge: Charge | None, batched: RouteCall | None = None) -> CallResult | Deferred:
         """The guarded call (or ``batched``: the provider batch's line, outside the guards, which pace calls), its
         spend settled against its caps from what the provider counted."""
-        call = self._guards.call(request, body, attempt) if batched is None else batched(request, body)
+        call: Awaitable[CallResult | Deferred]
+        if batched is None:
+            call = self._guards.call(request, body, attempt)
+        else:
+            self._guards.on_batched(request, attempt)
+            call = batched(request, body)
         if charge is None or self._spend is None:
             return await call
         try:

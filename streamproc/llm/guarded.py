@@ -169,6 +169,12 @@ class Guards:
             return await self._caller.call(request, body)
         return await self._stack.call(request, body, attempt == 1)
 
+    def on_batched(self, request: InferenceRequest, attempt: int) -> None:
+        """A provider batch's line is sent outside the stack, so its first attempt is counted here, as the stack's
+        bottom counts a call's: without it a routed batch's retry budget was a ratio of nothing."""
+        if attempt == 1 and self.budget is not None:
+            self.budget.on_first_attempt(request.batch_id or "")
+
     # -- after the call ------------------------------------------------------------------------------------
     def budget_stop(self, batch_id: str | None) -> Stop:
         """The batch's retry budget, as the stop condition the retry decision asks last."""

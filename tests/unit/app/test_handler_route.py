@@ -9,13 +9,16 @@ from typing import Any
 from streamproc.app.handler import Disposition, Handler, HandlerOptions
 from streamproc.core.decision import Retries
 from streamproc.core.events import InferenceRequest
+from streamproc.core.guards.budget import RetryBudget
 from streamproc.core.outcome import ConfigurationProblem
 from streamproc.core.retry_policy import RetryPolicy
 from streamproc.core.vocabulary import RequestStatus
 from streamproc.llm.client import CallResult
+from streamproc.llm.guarded import Guards
 from tests.unit.app.test_handler import (
     BODY,
     PARTITION,
+    UNAVAILABLE,
     Clock,
     DictStore,
     RecordingSink,
@@ -46,12 +49,13 @@ class ScriptedRoute:
         self.log.append(f"written {request_id}")
 
 
-def routed_rig(replies: list[Reply]) -> tuple[Handler, list[str], RecordingSink, DictStore, ScriptedCaller]:
+def routed_rig(replies: list[Reply], budget: RetryBudget | None = None,
+               ) -> tuple[Handler, list[str], RecordingSink, DictStore, ScriptedCaller]:
     log: list[str] = []
     sink, store, caller = RecordingSink(log), DictStore(log), ScriptedCaller([])
     problems: list[ConfigurationProblem] = []
-    handler = Handler(caller, sink, store, Retries(RetryPolicy(), random.Random(7)), problems.append,
-                      HandlerOptions(clock_ms=Clock(), route=ScriptedRoute(log, replies)))
+    handler = Handler(Guards(caller, budget=budget), sink, store, Retries(RetryPolicy(), random.Random(7)),
+                      problems.append, HandlerOptions(clock_ms=Clock(), route=ScriptedRoute(log, replies)))
     return handler, log, sink, store, caller
 
 
@@ -79,3 +83,13 @@ async def test_a_model_not_routed_is_called() -> None:
     await handler.handle(submission(other))
     assert len(caller.calls) == 1 and not any(entry.startswith(("batched", "written")) for entry in log)
     assert sink.results[0].content == "ham"
+
+
+async def test_a_routed_first_attempt_counts_for_the_retry_budget() -> None:
+    """A line is no call through the guards, yet it is a first attempt: a budget of one retry per first attempt
+    lets its failure be retried (it was terminal, ``retry_budget_exhausted``, when only calls counted)."""
+    handler, log, _, store, _ = routed_rig([UNAVAILABLE], RetryBudget(ratio=1.0, minimum=0))
+    await handler.handle(submission(make_request()))
+    assert "failure service terminal=False" in log
+    state = store.get("req-1")
+    assert state is not None and state.status is RequestStatus.RETRYING
