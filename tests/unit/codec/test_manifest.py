@@ -45,3 +45,9 @@ def test_a_forgotten_manifest_round_trips_with_its_counts_and_an_old_one_is_not_
         except ValueError:
             continue
         raise AssertionError(f"{broken!r} was accepted")
+
+
+def test_a_deadline_round_trips_and_an_old_manifest_has_none() -> None:
+    with_deadline = BatchManifest("b", 10, 5, "in.jsonl", expires_ms=86_400_005, deadline_ms=3_600_005)
+    assert decode_manifest(encode_manifest(with_deadline)) == with_deadline
+    assert decode_manifest(b'{"batch_id":"b","submitted":10,"created_ms":5}').deadline_ms is None
