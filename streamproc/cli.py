@@ -468,7 +468,7 @@ def status(batch_id: str | None, stream: bool, hours: int, verify: bool, as_json
     connection, topology = resolve_connection(settings), settings.topology()
     report = (_run(read_stream_status(connection, topology, hours=hours, verify=verify)) if batch_id is None else
               _run(read_status(connection, topology, batch_id, stall_after_s=settings.stall_after_s,
-                               prices=settings.prices, verify=verify)))
+                               prices=settings.model_prices, verify=verify)))
     if as_json:
         _echo_json(report.as_json())
         return
@@ -601,7 +601,7 @@ def batches(limit: int, as_json: bool, verify: bool) -> None:
     from streamproc.ops.batches import format_batches, list_batches
 
     settings = _settings()
-    entries = _run(list_batches(resolve_connection(settings), settings.topology(), settings.prices, verify))
+    entries = _run(list_batches(resolve_connection(settings), settings.topology(), settings.model_prices, verify))
     shown = entries[:limit] if limit else entries
     if as_json:
         _echo_json({"object": "list", "data": [entry.as_json() for entry in shown],
@@ -646,7 +646,7 @@ def results(batch_id: str, output: Path, errors: Path | None, format_name: str, 
                             reader_lookup(settings.schema_registry))
     if summary is not None:
         batch = _run(batch_object(kafka, topology, batch_id, stall_after_s=settings.stall_after_s,
-                                  prices=settings.prices))
+                                  prices=settings.model_prices))
         summary.write_text(json.dumps(batch, indent=2) + "\n", encoding="utf-8")
     if as_json:
         _echo_json({"batch_id": batch_id, "format": format_name, **report.as_json(),

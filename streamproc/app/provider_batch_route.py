@@ -165,6 +165,16 @@ class ProviderBatchRoute:
         finally:
             self._waiters.pop(request_id, None)
 
+    async def held(self, request_id: str, partition: int) -> bool:
+        """Whether a provider batch already holds the request (a member of a batch taken over, or its line kept): its
+        line is awaited even past its batch's deadline, as a call beside it would be paid twice. A partition whose
+        records cannot be read counts as holding it: :meth:`call` then fails it as the takeover's failure (retried)."""
+        try:
+            await self._take_over(partition)
+        except Exception:
+            return True
+        return request_id in self._member_of or request_id in self._unclaimed
+
     def written(self, request_id: str) -> None:
         """The handler has written the outcome of a member (or given the record up): its batch may end."""
         following = self._answered_by.pop(request_id, None)
