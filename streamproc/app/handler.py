@@ -298,6 +298,7 @@ class Handler:
                       route: BatchRoute | None = None) -> Disposition:
         """The call (or the provider batch's line), decided and carried out."""
         request = attempt.request
+        way = Way.CALL if route is None else Way.PROVIDER_BATCH
         called = await self._charged_call(request, body, attempt.hop.attempt, charge,
                                           None if route is None else functools.partial(route.call,
                                                                                        partition=record.partition))
@@ -308,8 +309,8 @@ class Handler:
             return await self._carry_out(record, attempt, after_call(attempt, parked, self._retries, budget))
         self._observer.on_llm_call(LlmCall(called.model, outcome_label(called.outcome), called.latency_ms / 1000,
                                            *billed_tokens(called.outcome, called.response_body), called.deployment,
-                                           Way.CALL if route is None else Way.PROVIDER_BATCH))
-        end = self._call_end(attempt, called)
+                                           way))
+        end = self._call_end(attempt, called, way)
         completion = self._completion(request, body) if isinstance(end, Failure) else None  # only a failure escalates
         return await self._carry_out(record, attempt, after_call(attempt, end, self._retries, budget, completion),
                                      called)
@@ -353,7 +354,7 @@ class Handler:
                 if isinstance(model, str) else None)
         return CompletionBudget(completion_budget(request_body(request)), completion_budget(sent), room)
 
-    def _call_end(self, attempt: Attempt, called: CallResult) -> CallEnd:
+    def _call_end(self, attempt: Attempt, called: CallResult, way: Way) -> CallEnd:
         """The call's outcome, a success with the result event it makes (and whether that event can be sent)."""
         outcome = called.outcome
         if not isinstance(outcome, Success):
@@ -370,7 +371,7 @@ class Handler:
                                        result_record_bytes(result, self._encode_result), outcome)
         if too_large is not None:  # the producer would refuse the result: keep what a failure event can
             log.warning("request %s: %s", request.request_id, too_large.message)
-        return Answered(outcome, result, too_large)
+        return Answered(outcome, result, too_large, way)
 
     async def _schedule_retry(self, retry: ScheduleRetry, made: CallResult | None) -> RecordRef | None:
         """Send the retry record, with the repair turns from the call's answer when it is a repair request."""

@@ -65,5 +65,8 @@ def _forgotten(value: Any) -> Forgotten | None:
     return Forgotten(at_ms=int(value["at_ms"]), finished_ms=int(value["finished_ms"]),
                      succeeded=int(value["succeeded"]),
                      failed={str(layer): int(count) for layer, count in value.get("failed", {}).items()},
-                     usage={str(model): (int(prompt), int(completion))
-                            for model, (prompt, completion) in value.get("usage", {}).items()})
+                     usage=_usage(value.get("usage", {})), batched_usage=_usage(value.get("batched_usage", {})))
+
+
+def _usage(value: Any) -> dict[str, tuple[int, int]]:
+    return {str(model): (int(prompt), int(completion)) for model, (prompt, completion) in value.items()}

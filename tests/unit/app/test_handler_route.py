@@ -115,12 +115,14 @@ class CallsSeen(NullObserver):
 
 async def test_before_the_deadline_a_routed_request_goes_into_a_provider_batch_at_half_the_price() -> None:
     gate, seen = SpendGate({"batch-1": Cap(max_cost_usd=1e9)}.get, PRICES, TokenEstimator()), CallsSeen()
-    handler, log, _, _, caller, _ = deadline_rig([answer("spam")], deadline_ms=NOW + 1, spend=gate,
-                                                  observer=seen)
+    handler, log, _, store, caller, _ = deadline_rig([answer("spam")], deadline_ms=NOW + 1, spend=gate,
+                                                      observer=seen)
     await handler.handle(submission(make_request()))
     assert caller.calls == [] and f"batched p{PARTITION}" in log
     assert gate.ledger.spent(batch_scope("batch-1")) == Spend(ANSWERED_USD / 2, 12)
     assert [call.way for call in seen.calls] == [Way.PROVIDER_BATCH]
+    state = store.get("req-1")  # status prices its usage at the discount
+    assert state is not None and state.provider_batch and state.prompt_tokens == 9
 
 
 async def test_past_the_deadline_a_routed_request_is_called_at_the_full_price() -> None:
@@ -132,8 +134,9 @@ async def test_past_the_deadline_a_routed_request_is_called_at_the_full_price() 
     assert sink.results[0].content == "ham"
     assert gate.ledger.spent(batch_scope("batch-1")) == Spend(ANSWERED_USD, 12)
     assert [call.way for call in seen.calls] == [Way.CALL]
-    state = store.get("req-1")
-    assert state is not None and state.status is RequestStatus.SUCCEEDED
+    state = store.get("req-1")  # status prices its usage at the full price
+    assert state is not None and state.status is RequestStatus.SUCCEEDED and not state.provider_batch
+    assert state.prompt_tokens == 9
 
 
 async def test_a_line_retried_after_the_deadline_is_called() -> None:
