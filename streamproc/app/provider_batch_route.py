@@ -1,7 +1,7 @@
 """The provider-batch route (issue 31, design §8): requests of a routed model are answered by OpenAI's Batch API or
 Anthropic's Message Batches (``STREAMPROC_PROVIDER_BATCH_API``) instead of one call each, and each comes back to the
 handler as the :class:`CallResult` a synchronous call gives. A request Anthropic's Messages API cannot carry fails
-as a business failure (``provider_batch_not_convertible``): the user routed the model, and its price is halved.
+as a business failure (``provider_batch_not_convertible``): the user routed the model for the discount.
 
 The handler admits a request as for a call (its state ``in_flight``, its record unacked) and awaits
 :meth:`ProviderBatchRoute.call`. The route gathers the request into its partition's open batch of its model
