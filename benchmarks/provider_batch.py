@@ -38,7 +38,8 @@ from benchmarks.pipeline import (
     worker_env,
 )
 from streamproc.app.topics import ensure_topics
-from streamproc.core.spend_cap import batch_discounted
+from streamproc.core.provider_batch_deadline import Way
+from streamproc.core.spend_cap import way_price
 from streamproc.kafka.connection import KafkaConnection
 
 MODEL = "mock-small"
@@ -131,7 +132,7 @@ async def one_way(bench: Bench, args: argparse.Namespace, way: str) -> WayRun:
                     "STREAMPROC_PROVIDER_BATCH_MAX_REQUESTS": str(args.gather),
                     "STREAMPROC_PROVIDER_BATCH_MAX_AGE_S": "2",
                     "STREAMPROC_PROVIDER_BATCH_POLL_S": "0.5"})
-        charged = batch_discounted({MODEL: charged}, {MODEL})[MODEL]
+        charged = way_price(charged, Way.PROVIDER_BATCH)
     name = f"worker-{way}"
     workers: list[subprocess.Popen[bytes]] = []
 

@@ -320,7 +320,7 @@ class IsoDateTime(click.ParamType):
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    """A --completion-window such as 24h, 90m, 1h30m or bare seconds, as seconds."""
+    """A --completion-window or --deadline such as 24h, 90m, 1h30m or bare seconds, as seconds."""
     if value is None:
         return None
     ms = parse_duration_ms(value)
@@ -370,6 +370,10 @@ _REUSE_HELP = ("Answer a request whose model and body got an answer before (any 
 @click.option("--skip-invalid", is_flag=True, help="Send the valid lines even when some are invalid.")
 @click.option("--completion-window", "window", callback=_duration, metavar="DURATION",
               help="e.g. 24h (OpenAI's), 90m: requests not called by then end as batch_expired. Default: none.")
+@click.option("--deadline", callback=_duration, metavar="DURATION",
+              help="For a model of the provider-batch route: what is not answered by then (from the submission) is "
+              "called synchronously, at the full price, instead of going into a new provider batch. Shorter than "
+              "--completion-window. Default: none.")
 @click.option("--reuse-results", is_flag=True, help=_REUSE_HELP)
 @click.option("--max-cost-usd", type=click.FloatRange(min=0), metavar="USD",
               help="Spend cap of the batch in US dollars, at STREAMPROC_MODEL_PRICES, for all workers: at the cap "
@@ -382,9 +386,9 @@ _REUSE_HELP = ("Answer a request whose model and body got an answer before (any 
 @click.option("--priority", type=click.Choice(PRIORITIES), help="How urgent the batch is; a line's own "
               "\"priority\" field wins. Default: normal.")
 @json_option("batch_id, submitted, skipped_invalid and seconds")
-def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, reuse_results: bool,
-           max_cost_usd: float | None, max_tokens: int | None, tenant: str | None, priority: str | None,
-           as_json: bool) -> None:
+def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, deadline: float | None,
+           reuse_results: bool, max_cost_usd: float | None, max_tokens: int | None, tenant: str | None,
+           priority: str | None, as_json: bool) -> None:
     """Validate FILE (OpenAI Batch JSONL, or {"id", "prompt", ...} lines) and send its requests.
 
     The whole file is checked first; an invalid line (with its number and reason) means nothing is sent,
@@ -395,12 +399,15 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
       streamproc submit requests.jsonl --batch-id labels-2026-11 --completion-window 24h
     """
     from streamproc.app.bootstrap import resolve_connection
+    from streamproc.core.provider_batch_deadline import deadline_problem
     from streamproc.core.spend_cap import Cap
     from streamproc.core.tenancy import InvalidTenancy, tenancy_of
     from streamproc.kafka.schema_registry import request_encoder
     from streamproc.ops.progress import Progress
     from streamproc.ops.submit import submit_file
 
+    if deadline is not None and (problem := deadline_problem(deadline, window)) is not None:
+        raise click.BadParameter(problem, param_hint="--deadline")
     settings = _settings()
     cap = Cap(max_cost_usd, max_tokens) if max_cost_usd is not None or max_tokens is not None else None
     try:
@@ -411,8 +418,8 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
     with Progress(f"sending {file.name}") as bar:
         report = _run(submit_file(lambda: resolve_connection(settings), settings.topology(), settings.durability,
                                   settings.input_limits, file, batch_id, skip_invalid=skip_invalid, progress=bar,
-                                  completion_window_s=window, reuse_results=reuse_results, cap=cap,
-                                  tenancy=tenancy, encode_request=encode_request))
+                                  completion_window_s=window, deadline_s=deadline, reuse_results=reuse_results,
+                                  cap=cap, tenancy=tenancy, encode_request=encode_request))
     if as_json:
         _echo_json(report.as_json())
         return
@@ -461,7 +468,7 @@ def status(batch_id: str | None, stream: bool, hours: int, verify: bool, as_json
     connection, topology = resolve_connection(settings), settings.topology()
     report = (_run(read_stream_status(connection, topology, hours=hours, verify=verify)) if batch_id is None else
               _run(read_status(connection, topology, batch_id, stall_after_s=settings.stall_after_s,
-                               prices=settings.prices, verify=verify)))
+                               prices=settings.model_prices, verify=verify)))
     if as_json:
         _echo_json(report.as_json())
         return
@@ -594,7 +601,7 @@ def batches(limit: int, as_json: bool, verify: bool) -> None:
     from streamproc.ops.batches import format_batches, list_batches
 
     settings = _settings()
-    entries = _run(list_batches(resolve_connection(settings), settings.topology(), settings.prices, verify))
+    entries = _run(list_batches(resolve_connection(settings), settings.topology(), settings.model_prices, verify))
     shown = entries[:limit] if limit else entries
     if as_json:
         _echo_json({"object": "list", "data": [entry.as_json() for entry in shown],
@@ -639,7 +646,7 @@ def results(batch_id: str, output: Path, errors: Path | None, format_name: str, 
                             reader_lookup(settings.schema_registry))
     if summary is not None:
         batch = _run(batch_object(kafka, topology, batch_id, stall_after_s=settings.stall_after_s,
-                                  prices=settings.prices))
+                                  prices=settings.model_prices))
         summary.write_text(json.dumps(batch, indent=2) + "\n", encoding="utf-8")
     if as_json:
         _echo_json({"batch_id": batch_id, "format": format_name, **report.as_json(),

@@ -18,7 +18,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from streamproc.core.replication import ReplicationRequest
 from streamproc.core.retention import outcomes_retention_ms, parse_retention_ms
 from streamproc.core.retry_policy import RetryPolicy
-from streamproc.core.spend_cap import batch_discounted
 from streamproc.core.tenancy import tenant_problem
 from streamproc.core.topology import DEFAULT_PREFIX, Topology, default_app_id, parse_tiers
 
@@ -481,12 +480,6 @@ class Settings(BaseSettings):
                                  model_fallbacks=self.model_fallbacks),
             hedge_ratio=self.llm_hedge_ratio,
         )
-
-    @property
-    def prices(self) -> dict[str, tuple[float, float]]:
-        """What requests are charged per model: STREAMPROC_MODEL_PRICES, halved for a model of the provider-batch
-        route (the providers' batch discount)."""
-        return batch_discounted(self.model_prices, self.provider_batches.routed_models)
 
     @property
     def provider_batches(self) -> ProviderBatchSettings:

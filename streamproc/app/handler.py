@@ -51,6 +51,7 @@ from streamproc.core.decision import (
 )
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
+from streamproc.core.provider_batch_deadline import Way, past_deadline, way_of
 from streamproc.core.record_size import CARRIED_BYTES, response_too_large, result_record_bytes
 from streamproc.core.request_line import LineLimits
 from streamproc.core.request_state import RecordRef, Skip, on_terminal_failure, superseded
@@ -130,6 +131,7 @@ class BatchRoute(Protocol):
     """The provider-batch route (``app.provider_batch_route``): answers a routed model's requests by batches."""
 
     def routes(self, model: object) -> bool: ...
+    async def held(self, request_id: str, partition: int) -> bool: ...
     async def call(self, request: InferenceRequest, body: dict[str, Any], partition: int) -> CallResult: ...
     def written(self, request_id: str) -> None:
         """The outcome of a request it answered is written (or its record given up)."""
@@ -156,6 +158,10 @@ def _never(batch_id: str | None) -> str | None:
     return None
 
 
+def _no_deadline(batch_id: str | None) -> int | None:
+    return None
+
+
 @dataclass(frozen=True)
 class HandlerOptions:
     """What a handler may be given besides its seams, each with a default: the clock, the metrics, why a batch no
@@ -173,6 +179,7 @@ class HandlerOptions:
     encode_result: Callable[[InferenceResult], bytes] = codec.encode  # how the sink writes a result: its size
     schemas: SchemaReader = NO_REGISTRY  # the registry's, for Confluent-framed requests
     route: BatchRoute | None = None  # the provider-batch route of the models it names (design §8)
+    deadline: Callable[[str | None], int | None] = _no_deadline  # batch id -> when ``submit --deadline`` passes
 
 
 class Handler:
@@ -197,6 +204,7 @@ class Handler:
         self._schemas = options.schemas
         self._encode_result = options.encode_result
         self._route = options.route
+        self._deadline = options.deadline
 
     async def handle(self, record: Record) -> Disposition:
         """Handle one record; never raises (an unexpected error becomes a terminal failure event)."""
@@ -265,21 +273,32 @@ class Handler:
         body = self._precheck(attempt)
         if isinstance(body, Failure):  # malformed, or over the model's context window: no call
             return await self._carry_out(record, attempt, terminal_failure(attempt, body))
-        charge = None if self._spend is None else self._spend.begin(request, body, record.headers, attempt.now_ms)
+        way = await self._way(request, body, record.partition)
+        charge = (None if self._spend is None
+                  else self._spend.begin(request, body, record.headers, attempt.now_ms, way))
         if isinstance(charge, HeldByCap):  # at its batch's or the day's spend cap: it waits, parked like a breaker's
             held = Parked(charge.delay_ms, charge.reason)
             return await self._carry_out(record, attempt, after_call(attempt, held, self._retries))
-        if self._route is None or not self._route.routes(body.get("model")):
+        if self._route is None or way is Way.CALL:
             return await self._called(record, attempt, body, charge)
         try:  # by the provider-batch route: its batch ends once the outcome of each member is written
             return await self._called(record, attempt, body, charge, self._route)
         finally:
             self._route.written(request.request_id)
 
+    async def _way(self, request: InferenceRequest, body: dict[str, Any], partition: int) -> Way:
+        """A call, or the provider-batch route: a routed model's request is called once its batch's deadline passed,
+        unless a provider batch already holds it (core.provider_batch_deadline)."""
+        if self._route is None or not self._route.routes(body.get("model")):
+            return Way.CALL
+        past = past_deadline(self._deadline(request.batch_id), self._clock_ms())
+        return way_of(True, past, past and await self._route.held(request.request_id, partition))
+
     async def _called(self, record: Record, attempt: Attempt, body: dict[str, Any], charge: Charge | None,
                       route: BatchRoute | None = None) -> Disposition:
         """The call (or the provider batch's line), decided and carried out."""
         request = attempt.request
+        way = Way.CALL if route is None else Way.PROVIDER_BATCH
         called = await self._charged_call(request, body, attempt.hop.attempt, charge,
                                           None if route is None else functools.partial(route.call,
                                                                                        partition=record.partition))
@@ -289,8 +308,9 @@ class Handler:
             parked = Parked(round(called.delay_s * 1000), Failure(FailureLayer.SERVICE, called.code, called.reason))
             return await self._carry_out(record, attempt, after_call(attempt, parked, self._retries, budget))
         self._observer.on_llm_call(LlmCall(called.model, outcome_label(called.outcome), called.latency_ms / 1000,
-                                           *billed_tokens(called.outcome, called.response_body), called.deployment))
-        end = self._call_end(attempt, called)
+                                           *billed_tokens(called.outcome, called.response_body), called.deployment,
+                                           way))
+        end = self._call_end(attempt, called, way)
         completion = self._completion(request, body) if isinstance(end, Failure) else None  # only a failure escalates
         return await self._carry_out(record, attempt, after_call(attempt, end, self._retries, budget, completion),
                                      called)
@@ -316,7 +336,8 @@ class Handler:
             self._spend.release(charge)
         else:
             model = called.model or str(body.get("model", ""))  # the model routed to, which prices the call
-            self._spend.settle(charge, model, *billed_tokens(called.outcome, called.response_body))
+            self._spend.settle(charge, model, *billed_tokens(called.outcome, called.response_body),
+                               Way.CALL if batched is None else Way.PROVIDER_BATCH)
         return called
 
     def _precheck(self, attempt: Attempt) -> dict[str, Any] | Failure:
@@ -338,7 +359,7 @@ class Handler:
                 if isinstance(model, str) else None)
         return CompletionBudget(completion_budget(request_body(request)), completion_budget(sent), room)
 
-    def _call_end(self, attempt: Attempt, called: CallResult) -> CallEnd:
+    def _call_end(self, attempt: Attempt, called: CallResult, way: Way) -> CallEnd:
         """The call's outcome, a success with the result event it makes (and whether that event can be sent)."""
         outcome = called.outcome
         if not isinstance(outcome, Success):
@@ -355,7 +376,7 @@ class Handler:
                                        result_record_bytes(result, self._encode_result), outcome)
         if too_large is not None:  # the producer would refuse the result: keep what a failure event can
             log.warning("request %s: %s", request.request_id, too_large.message)
-        return Answered(outcome, result, too_large)
+        return Answered(outcome, result, too_large, way)
 
     async def _schedule_retry(self, retry: ScheduleRetry, made: CallResult | None) -> RecordRef | None:
         """Send the retry record, with the repair turns from the call's answer when it is a repair request."""

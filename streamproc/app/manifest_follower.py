@@ -40,6 +40,7 @@ class BatchSizes:
         self._sizes: dict[str, int] = {}
         self._cancelled: set[str] = set()
         self._expires: dict[str, int] = {}
+        self._deadlines: dict[str, int] = {}
         self._reusing: set[str] = set()
         self._caps: dict[str, Cap] = {}
         self._forgotten: set[str] = set()
@@ -63,6 +64,11 @@ class BatchSizes:
     def cap(self, batch_id: str) -> Cap | None:
         """The batch's spend cap as last written (``submit``, ``raise-cap``); None: none read."""
         return self._caps.get(batch_id)
+
+    def deadline(self, batch_id: str | None) -> int | None:
+        """When the batch's ``submit --deadline`` passes (None: none read): then a routed model's request goes by a
+        call instead of a provider batch."""
+        return None if batch_id is None else self._deadlines.get(batch_id)
 
     def closed(self, batch_id: str | None) -> str | None:
         """Why a request of the batch must not be called any more: ``batch_forgotten`` once it was forgotten, then
@@ -98,6 +104,8 @@ class BatchSizes:
             self._cancelled.add(manifest.batch_id)
         if manifest.expires_ms is not None:
             self._expires[manifest.batch_id] = manifest.expires_ms
+        if manifest.deadline_ms is not None:
+            self._deadlines[manifest.batch_id] = manifest.deadline_ms
         if manifest.reuse_results:
             self._reusing.add(manifest.batch_id)
         if manifest.forgotten is not None:

@@ -14,8 +14,9 @@ are in seconds, a state is a label):
   ``llm_tokens_total{model,type}``: tokens the provider counted (``type`` ``input`` or ``output``, as
   OpenTelemetry's ``gen_ai.token.type``), refused and cut-off answers included;
   ``estimated_cost_usd_total{model}``: those tokens at the prices of ``STREAMPROC_MODEL_PRICES`` (models
-  listed there only); ``deployment_calls_total{deployment,outcome}``: the same calls by the deployment of the
-  model list that answered (``STREAMPROC_MODELS_FILE``; its deployments are configured labels);
+  listed there only; a provider batch's line at the batch discount); ``deployment_calls_total{deployment,outcome}``:
+  the same calls by the deployment of the model list that answered (``STREAMPROC_MODELS_FILE``; its deployments
+  are configured labels);
 * ``results_total``; ``failures_total{layer,code,terminal}`` (dead letters count as
   ``business``/``unreadable_record``); ``retries_total{tier}``; ``skipped_total{reason}``;
   ``deferred_total{tier}`` (parked by an open breaker); ``requests_redriven_total{why}`` (stranded requests
@@ -74,7 +75,7 @@ from streamproc.core.guards.breaker import BreakerState
 from streamproc.core.guards.rate_limits import NO_LIMITS
 from streamproc.core.lag import PartitionLag
 from streamproc.core.model_labels import OTHER, ModelLabels
-from streamproc.core.spend_cap import BATCH, DAY, TENANT_DAY
+from streamproc.core.spend_cap import BATCH, DAY, TENANT_DAY, way_price
 from streamproc.core.stalls import StallWatch
 from streamproc.core.tenancy import TenantLabels
 from streamproc.kafka.connection import KafkaConnection
@@ -155,6 +156,7 @@ class WorkerMetrics:
             self.tokens.labels(model, "output").inc(call.output_tokens)
         price = self._prices.get(call.model)
         if price is not None:
+            price = way_price(price, call.way)
             self.cost.labels(model).inc((call.input_tokens * price[0] + call.output_tokens * price[1]) / 1e6)
 
     def on_result(self) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from streamproc.core.outcome import ConfigurationProblem, Outcome, Success
+from streamproc.core.provider_batch_deadline import Way
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ class LlmCall:
     input_tokens: int  # as the provider counted them (0 without an answer)
     output_tokens: int
     deployment: str = ""  # the deployment of the model list that answered ("" without a model list)
+    way: Way = Way.CALL  # a call, or a provider batch's line (charged at the batch discount)
 
 
 def outcome_label(outcome: Outcome) -> str:

@@ -1,7 +1,7 @@
 """The provider-batch route (issue 31, design §8): requests of a routed model are answered by OpenAI's Batch API or
 Anthropic's Message Batches (``STREAMPROC_PROVIDER_BATCH_API``) instead of one call each, and each comes back to the
 handler as the :class:`CallResult` a synchronous call gives. A request Anthropic's Messages API cannot carry fails
-as a business failure (``provider_batch_not_convertible``): the user routed the model, and its price is halved.
+as a business failure (``provider_batch_not_convertible``): the user routed the model for the discount.
 
 The handler admits a request as for a call (its state ``in_flight``, its record unacked) and awaits
 :meth:`ProviderBatchRoute.call`. The route gathers the request into its partition's open batch of its model
@@ -164,6 +164,16 @@ class ProviderBatchRoute:
             return await answer
         finally:
             self._waiters.pop(request_id, None)
+
+    async def held(self, request_id: str, partition: int) -> bool:
+        """Whether a provider batch already holds the request (a member of a batch taken over, or its line kept): its
+        line is awaited even past its batch's deadline, as a call beside it would be paid twice. A partition whose
+        records cannot be read counts as holding it: :meth:`call` then fails it as the takeover's failure (retried)."""
+        try:
+            await self._take_over(partition)
+        except Exception:
+            return True
+        return request_id in self._member_of or request_id in self._unclaimed
 
     def written(self, request_id: str) -> None:
         """The handler has written the outcome of a member (or given the record up): its batch may end."""

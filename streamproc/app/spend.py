@@ -21,6 +21,7 @@ from streamproc.codec.batch_cap import SPEND_CAP_HEADER, decode_cap
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.outcome import Failure
+from streamproc.core.provider_batch_deadline import Way
 from streamproc.core.request_state import BUDGET_EXHAUSTED
 from streamproc.core.spend_cap import (
     BATCH,
@@ -38,6 +39,7 @@ from streamproc.core.spend_cap import (
     batch_scope,
     day_scope,
     tenant_day_scope,
+    way_price,
 )
 from streamproc.core.vocabulary import FailureLayer
 
@@ -64,7 +66,7 @@ class SpendGate:
                  tenant_caps: Mapping[str, Cap] | None = None) -> None:
         self.ledger = ledger or SpendLedger()
         self._caps = caps
-        self._prices = {model: Price(*price) for model, price in prices.items()}
+        self._prices = dict(prices)
         self._estimator = estimator
         self._day_cap = day_cap
         self._tenant_caps = dict(tenant_caps or {})
@@ -74,13 +76,14 @@ class SpendGate:
         self._unpriced: set[str] = set()
 
     def begin(self, request: InferenceRequest, body: Mapping[str, Any], record_headers: Mapping[str, bytes],
-              now_ms: int) -> Charge | HeldByCap | None:
-        """Hold the call's estimate against its caps (None: no cap applies), or say why it may not start."""
+              now_ms: int, way: Way = Way.CALL) -> Charge | HeldByCap | None:
+        """Hold the call's estimate against its caps (None: no cap applies), or say why it may not start; ``way``:
+        how it is asked for, which prices it (a provider batch's line at the discount)."""
         caps = self._applying(request, record_headers, now_ms)
         if not caps:
             return None
         model = body.get("model")
-        price = self._price(model if isinstance(model, str) else "")
+        price = self._price(model if isinstance(model, str) else "", way)
         estimate = price.spend(self._estimator.prompt_tokens(body), self._estimator.max_tokens(body))
         charged = self.ledger.begin(caps, estimate)
         if isinstance(charged, Exhausted):
@@ -88,9 +91,10 @@ class SpendGate:
             return HeldByCap(RECHECK_MS, Failure(FailureLayer.BUSINESS, BUDGET_EXHAUSTED, _explain(charged)))
         return charged
 
-    def settle(self, charge: Charge, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+    def settle(self, charge: Charge, model: str, prompt_tokens: int, completion_tokens: int,
+               way: Way = Way.CALL) -> None:
         """The call ended: what the provider counted (nothing when it did not answer) replaces its estimate."""
-        self.ledger.settle(charge, self._price(model).spend(prompt_tokens, completion_tokens))
+        self.ledger.settle(charge, self._price(model, way).spend(prompt_tokens, completion_tokens))
 
     def release(self, charge: Charge) -> None:
         """The call was not made after all (the guards parked it)."""
@@ -147,7 +151,7 @@ class SpendGate:
         """The batch's cap: its latest record (a raise), else the one its requests were submitted with."""
         return self._caps(batch_id) or self._submitted_caps.get(batch_id)
 
-    def _price(self, model: str) -> Price:
+    def _price(self, model: str, way: Way) -> Price:
         price = self._prices.get(model)
         if price is None:
             if model not in self._unpriced:
@@ -155,7 +159,7 @@ class SpendGate:
                 log.warning("model %r has no price in STREAMPROC_MODEL_PRICES: a spend cap counts its tokens only, "
                             "not its cost", model)
             return FREE
-        return price
+        return Price(*way_price(price, way))
 
 
 def _explain(exhausted: Exhausted) -> str:

@@ -302,7 +302,7 @@ class WorkerRuntime:
         day_cap = None if settings.max_cost_usd_per_day is None else Cap(settings.max_cost_usd_per_day)
         tenant_caps = {tenant: Cap(quota.max_cost_usd_per_day) for tenant, quota in tenants.quotas.items()
                        if quota.max_cost_usd_per_day is not None}
-        self.spend = SpendGate(self.batch_sizes.cap, settings.prices, self.guards.estimator, day_cap, spend,
+        self.spend = SpendGate(self.batch_sizes.cap, settings.model_prices, self.guards.estimator, day_cap, spend,
                                tenant_caps)
         self.provider_batches = self._provider_batch_route(settings, kafka)
         self.handler = Handler(self.guards, self.sink, store, Retries(settings.retry_policy()),
@@ -310,7 +310,8 @@ class WorkerRuntime:
                                    observer=observer, closed=self.batch_sizes.closed,
                                    reuse=ResultReuse(self.result_index, self.batch_sizes.reuses), spend=self.spend,
                                    json_limits=LineLimits(settings.max_body_bytes, settings.default_model),
-                                   encode_result=encode_outcome, schemas=schemas, route=self.provider_batches))
+                                   encode_result=encode_outcome, schemas=schemas, route=self.provider_batches,
+                                   deadline=self.batch_sizes.deadline))
         self._register_agents()
 
     def _provider_batch_route(self, settings: Settings, kafka: KafkaConnection) -> ProviderBatchRoute | None:
@@ -667,7 +668,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> int:
                  ", ".join(f"{record_type.__name__} {schema_id}" for record_type, schema_id in registered.ids.items()))
     try:  # before anything else, so that a taken port fails fast
         metrics = (serve_worker_metrics(settings.worker_metrics_port, settings.worker_metrics_host,
-                                        settings.prices, [settings.default_model, *models.models(),
+                                        settings.model_prices, [settings.default_model, *models.models(),
                                                                 *models.keys()],
                                         settings.metrics_tenants or sorted(tenants.named))
                    if settings.worker_metrics_port else None)

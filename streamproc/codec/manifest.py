@@ -29,6 +29,7 @@ class BatchManifest:
     forgotten: Forgotten | None = None  # ``streamproc forget``: its states are gone, a request of it is refused
     tenant: str = DEFAULT_TENANT  # ``submit --tenant``: of every line that names none (status counts its pending)
     priority: str = DEFAULT_PRIORITY  # ``submit --priority``
+    deadline_ms: int | None = None  # ``submit --deadline``: past it a routed model's request goes by a call
 
 
 def encode_manifest(manifest: BatchManifest) -> bytes:
@@ -49,7 +50,7 @@ def decode_manifest(data: bytes) -> BatchManifest:
                              expires_ms=_optional_int(fields.get("expires_ms")),
                              reuse_results=fields.get("reuse_results") is True,
                              forgotten=_forgotten(fields.get("forgotten")), tenant=tenancy.tenant,
-                             priority=tenancy.priority)
+                             priority=tenancy.priority, deadline_ms=_optional_int(fields.get("deadline_ms")))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"not a batch manifest: {exc}") from None
 
@@ -64,5 +65,8 @@ def _forgotten(value: Any) -> Forgotten | None:
     return Forgotten(at_ms=int(value["at_ms"]), finished_ms=int(value["finished_ms"]),
                      succeeded=int(value["succeeded"]),
                      failed={str(layer): int(count) for layer, count in value.get("failed", {}).items()},
-                     usage={str(model): (int(prompt), int(completion))
-                            for model, (prompt, completion) in value.get("usage", {}).items()})
+                     usage=_usage(value.get("usage", {})), batched_usage=_usage(value.get("batched_usage", {})))
+
+
+def _usage(value: Any) -> dict[str, tuple[int, int]]:
+    return {str(model): (int(prompt), int(completion)) for model, (prompt, completion) in value.items()}

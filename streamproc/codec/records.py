@@ -156,6 +156,7 @@ def _state_to_avro(state: RequestState) -> AvroRecord:
         "replay_offset": state.replay_offset,
         "tenant": state.tenant,
         "priority": state.priority,
+        "provider_batch": state.provider_batch,
     }
 
 
@@ -185,6 +186,7 @@ def _state_from_avro(datum: AvroRecord) -> RequestState:
         replay_offset=datum["replay_offset"],
         tenant=datum["tenant"],
         priority=datum["priority"],
+        provider_batch=datum["provider_batch"],
     )
 
 

@@ -50,8 +50,9 @@ def encode_summary(counts: BatchCounts, at_ms: int) -> bytes:
                           ("failed_in", counts.failed_in)):
         if positive := {str(hour): count for hour, count in sorted(by_hour.items()) if count}:
             fields[name] = positive
-    if counts.usage:
-        fields["usage"] = {model: list(tokens) for model, tokens in counts.usage.items()}
+    for name, usage in (("usage", counts.usage), ("batched_usage", counts.batched_usage)):
+        if usage:
+            fields[name] = {model: list(tokens) for model, tokens in usage.items()}
     for name, value in (("reused", counts.reused), ("first_created_ms", counts.first_created_ms),
                         ("last_ended_ms", counts.last_ended_ms)):
         if value:
@@ -72,7 +73,7 @@ def decode_summary(raw: bytes) -> tuple[BatchCounts, int]:
             parked=Counter({str(k): int(v) for k, v in fields.get("parked", {}).items()}),
             tenants=Counter({str(k): int(v) for k, v in fields.get("tenants", {}).items()}),
             priorities=Counter({str(k): int(v) for k, v in fields.get("priorities", {}).items()}),
-            usage={str(model): (int(tokens[0]), int(tokens[1])) for model, tokens in fields.get("usage", {}).items()},
+            usage=_usage(fields.get("usage", {})), batched_usage=_usage(fields.get("batched_usage", {})),
             reused=int(fields.get("reused", 0)), first_created_ms=int(fields.get("first_created_ms", 0)),
             last_ended_ms=int(fields.get("last_ended_ms", 0)),
             codes=Counter({str(k): int(v) for k, v in fields.get("codes", {}).items()}),
@@ -81,6 +82,10 @@ def decode_summary(raw: bytes) -> tuple[BatchCounts, int]:
         return counts, int(fields["at_ms"])
     except (KeyError, TypeError, AttributeError, IndexError, UnicodeDecodeError) as exc:
         raise ValueError(f"not a batch summary: {exc!r}") from exc
+
+
+def _usage(field: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    return {str(model): (int(tokens[0]), int(tokens[1])) for model, tokens in field.items()}
 
 
 def _by_hour(field: dict[str, Any]) -> Counter[int]:

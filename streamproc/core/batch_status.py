@@ -34,6 +34,8 @@ class BatchStatus:
     usage: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per model, (prompt, completion) tokens of the answers that became results (a reused answer spent none),
     and of answers paid for but too large for a result (``response_too_large``)."""
+    batched_usage: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """The part of ``usage`` answered by provider batches' lines (priced at their discount; the rest by calls)."""
     reused: int = 0
     """Of ``succeeded``, the requests answered from an earlier result without a call (``--reuse-results``)."""
     first_started_ms: int = 0
@@ -140,6 +142,7 @@ def counted_status(batch_id: str, counts: BatchCounts, submitted: int, started_m
         last_progress_ms=max(started_ms or counts.first_created_ms, counts.last_ended_ms),
         usage={model: tokens for model, tokens in counts.usage.items() if tokens != (0, 0)},  # no tokens: nothing
         # to price (a reused answer), and a count that moved out leaves its model at zero
+        batched_usage={model: tokens for model, tokens in counts.batched_usage.items() if tokens != (0, 0)},
         reused=counts.reused, first_started_ms=counts.first_created_ms,
         tenants={name: n for name, n in counts.tenants.items() if n},
         priorities={name: n for name, n in counts.priorities.items() if n})

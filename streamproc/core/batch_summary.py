@@ -38,12 +38,13 @@ class LatestState(NamedTuple):
     reused: bool
     tenant: str
     priority: str
+    provider_batch: bool = False  # its usage is of a provider batch's line (priced at the discount)
 
     @classmethod
     def of(cls, state: RequestState) -> LatestState:
         return cls(state.status, state.last_layer, state.last_error_code, state.created_ms, state.updated_ms,
                    state.model, state.prompt_tokens, state.completion_tokens, state.reused, sys.intern(state.tenant),
-                   sys.intern(state.priority))
+                   sys.intern(state.priority), state.provider_batch)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class BatchCounts:
     failed: Counter[str] = field(default_factory=Counter)  # FailureLayer value -> terminal failures
     parked: Counter[str] = field(default_factory=Counter)  # deferral code -> retrying requests parked by a guard
     usage: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (prompt, completion) tokens
+    batched_usage: dict[str, tuple[int, int]] = field(default_factory=dict)  # the part of usage of provider batches
     tenants: Counter[str] = field(default_factory=Counter)  # tenant -> requests a worker has seen
     priorities: Counter[str] = field(default_factory=Counter)  # priority -> requests a worker has seen
     reused: int = 0
@@ -91,9 +93,10 @@ class BatchCounts:
         ended = entry.status in _ENDED
         self.reused += sign * (entry.status is RequestStatus.SUCCEEDED and entry.reused)
         if ended and entry.model is not None:  # a result, or an answer paid for but too large for one
-            prompt, completion = self.usage.get(entry.model, (0, 0))
-            self.usage[entry.model] = (prompt + sign * entry.prompt_tokens,
-                                       completion + sign * entry.completion_tokens)
+            tokens = (sign * entry.prompt_tokens, sign * entry.completion_tokens)
+            _add_tokens(self.usage, entry.model, tokens)
+            if entry.provider_batch:
+                _add_tokens(self.batched_usage, entry.model, tokens)
         if entry.status is RequestStatus.FAILED:
             self.failed[(entry.layer or FailureLayer.BUSINESS).value] += sign
         elif entry.status is RequestStatus.RETRYING and entry.code is not None and entry.code in DEFERRAL_CODES:
@@ -111,9 +114,9 @@ class BatchCounts:
         self.parked.update(other.parked)
         self.tenants.update(other.tenants)
         self.priorities.update(other.priorities)
-        for model, (prompt, completion) in other.usage.items():
-            mine = self.usage.get(model, (0, 0))
-            self.usage[model] = (mine[0] + prompt, mine[1] + completion)
+        for mine, theirs in ((self.usage, other.usage), (self.batched_usage, other.batched_usage)):
+            for model, tokens in theirs.items():
+                _add_tokens(mine, model, tokens)
         self.reused += other.reused
         self.codes.update(other.codes)
         for by_hour, other_by_hour in ((self.arrived, other.arrived), (self.succeeded_in, other.succeeded_in),
@@ -133,6 +136,11 @@ class BatchCounts:
         for by_hour in (self.arrived, self.succeeded_in, self.failed_in):
             for hour in [hour for hour in by_hour if hour < first_ms]:
                 del by_hour[hour]
+
+
+def _add_tokens(usage: dict[str, tuple[int, int]], model: str, tokens: tuple[int, int]) -> None:
+    prompt, completion = usage.get(model, (0, 0))
+    usage[model] = (prompt + tokens[0], completion + tokens[1])
 
 
 def hour_of(ms: int) -> int:

@@ -20,6 +20,7 @@ from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResu
 from streamproc.core.guards.pauses import MODEL_SCOPED_PROBLEMS
 from streamproc.core.headers import Headers, Hop
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
+from streamproc.core.provider_batch_deadline import Way
 from streamproc.core.record_size import (
     CARRIED_BYTES,
     REQUEST_TOO_LARGE,
@@ -172,6 +173,7 @@ class Answered:
     answer: Success
     result: InferenceResult
     too_large: Failure | None = None
+    way: Way = Way.CALL  # how the answer was asked for: it prices the usage the state keeps
 
 
 @dataclass(frozen=True)
@@ -246,8 +248,8 @@ def after_call(attempt: Attempt, end: CallEnd, retries: Retries, budget: Stop | 
     state = attempt.started
     if isinstance(end, Answered):
         if end.too_large is not None:  # the answer was paid for: its usage counts although it cannot be sent
-            return terminal_failure(attempt, end.too_large, paid=end.answer)
-        return [EmitResult(end.result), WriteState(on_success(state, attempt.now_ms, end.answer))]
+            return terminal_failure(attempt, end.too_large, paid=end.answer, way=end.way)
+        return [EmitResult(end.result), WriteState(on_success(state, attempt.now_ms, end.answer, end.way))]
     if isinstance(end, Parked):
         return _parked(attempt, end, retries)
     if isinstance(end, ConfigurationProblem) and end.code in MODEL_SCOPED_PROBLEMS:
@@ -259,7 +261,8 @@ def after_call(attempt: Attempt, end: CallEnd, retries: Retries, budget: Stop | 
     return _after_failure(attempt, end, retries, budget, completion)
 
 
-def terminal_failure(attempt: Attempt, failure: Failure, paid: Success | None = None) -> list[Action]:
+def terminal_failure(attempt: Attempt, failure: Failure, paid: Success | None = None,
+                     way: Way = Way.CALL) -> list[Action]:
     """The attempt ends the request: its terminal failure event, then the state ``failed`` (only a replay starts
     it again; ``paid``: the answer it ended with although it was paid for). A record rejected before admission has
     no state of its own: ``failed`` is written only for an id the table does not know."""
@@ -270,7 +273,7 @@ def terminal_failure(attempt: Attempt, failure: Failure, paid: Success | None = 
             request.request_id, RequestStatus.FAILED, input_hash(request), attempts=attempt.hop.attempt,
             batch_id=request.batch_id, last_layer=failure.layer, last_error_code=failure.code, created_ms=now,
             updated_ms=now, tenant=request.tenant, priority=request.priority))]
-    ended = on_terminal_failure(attempt.state, failure.layer, failure.code, attempt.now_ms, paid)
+    ended = on_terminal_failure(attempt.state, failure.layer, failure.code, attempt.now_ms, paid, way)
     return [emission, EndAttempt(attempt.state, ended)]
 
 

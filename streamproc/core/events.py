@@ -111,3 +111,4 @@ class RequestState:
     replay_offset: int | None = None
     tenant: str = DEFAULT_TENANT  # the request's (core.tenancy): status and the scheduler group by it
     priority: str = DEFAULT_PRIORITY
+    provider_batch: bool = False  # the usage kept is of a provider batch's line (the discount), not of a call

@@ -41,6 +41,7 @@ from enum import StrEnum
 
 from streamproc.core.events import InferenceRequest, RequestState
 from streamproc.core.outcome import Failure, Success
+from streamproc.core.provider_batch_deadline import Way
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 CIRCUIT_OPEN = "circuit_open"
@@ -272,16 +273,17 @@ def first_attempt_made(state: RequestState) -> bool:
     return not (state.status is RequestStatus.RETRYING and state.last_error_code in DEFERRAL_CODES)
 
 
-def on_success(state: RequestState, now_ms: int, answer: Success | None = None) -> RequestState:
+def on_success(state: RequestState, now_ms: int, answer: Success | None = None,
+               way: Way = Way.CALL) -> RequestState:
     """The result was sent (result first, then state: design §4); ``answer``'s model and usage are kept for the
-    batch's token counts."""
+    batch's token counts, with the ``way`` it was asked for, which prices them."""
     done = replace(state, status=RequestStatus.SUCCEEDED, updated_ms=now_ms, source_topic=None, source_offset=None)
-    return done if answer is None else _with_usage(done, answer)
+    return done if answer is None else _with_usage(done, answer, way)
 
 
-def _with_usage(state: RequestState, answer: Success) -> RequestState:
+def _with_usage(state: RequestState, answer: Success, way: Way) -> RequestState:
     return replace(state, model=answer.model, prompt_tokens=max(0, answer.prompt_tokens),
-                   completion_tokens=max(0, answer.completion_tokens))
+                   completion_tokens=max(0, answer.completion_tokens), provider_batch=way is Way.PROVIDER_BATCH)
 
 
 def on_retry_scheduled(state: RequestState, layer: FailureLayer, code: str, now_ms: int,
@@ -300,11 +302,11 @@ def on_deferred(state: RequestState, now_ms: int, code: str = CIRCUIT_OPEN,
 
 
 def on_terminal_failure(state: RequestState, layer: FailureLayer, code: str, now_ms: int,
-                        paid: Success | None = None) -> RequestState:
+                        paid: Success | None = None, way: Way = Way.CALL) -> RequestState:
     """The terminal failure was sent; only a replay starts the request again. ``paid``: the answer it ended with
     although it was paid for (``response_too_large``): its model and usage count in the batch's tokens."""
     failed = _after_failure(state, RequestStatus.FAILED, layer, code, now_ms, None)
-    return failed if paid is None else _with_usage(failed, paid)
+    return failed if paid is None else _with_usage(failed, paid, way)
 
 
 def _after_failure(state: RequestState, status: RequestStatus, layer: FailureLayer, code: str, now_ms: int,

@@ -36,19 +36,22 @@ class Forgotten:
     succeeded: int
     failed: Mapping[str, int] = field(default_factory=dict)  # terminal failures by layer
     usage: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # per model: prompt, completion tokens
+    batched_usage: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # of usage, provider batches' lines
 
     def status(self, batch_id: str) -> BatchStatus:
         """The batch's counts and usage as they were when it was forgotten: nothing waits any more."""
         failed = dict(self.failed)
         return BatchStatus(batch_id=batch_id, submitted=self.succeeded + sum(failed.values()),
                            succeeded=self.succeeded, failed=failed, retrying=0, in_flight=0, pending=0,
-                           last_progress_ms=self.finished_ms, usage=dict(self.usage))
+                           last_progress_ms=self.finished_ms, usage=dict(self.usage),
+                           batched_usage=dict(self.batched_usage))
 
 
 def forgotten_at(status: BatchStatus, now_ms: int) -> Forgotten:
     """The summary a batch's manifest keeps once it is forgotten at ``now_ms``."""
     return Forgotten(now_ms, status.last_progress_ms, status.succeeded,
-                     {layer: count for layer, count in status.failed.items() if count}, dict(status.usage))
+                     {layer: count for layer, count in status.failed.items() if count}, dict(status.usage),
+                     dict(status.batched_usage))
 
 
 def refusal(status: BatchStatus, force: bool) -> str | None:

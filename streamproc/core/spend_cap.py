@@ -19,10 +19,12 @@ that costs more than its estimate (a prompt longer than estimated) adds its diff
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, NamedTuple
+
+from streamproc.core.provider_batch_deadline import Way
 
 BATCH: Final = "batch"
 DAY: Final = "day"
@@ -86,21 +88,25 @@ FREE: Final = Price(0.0, 0.0)  # a model without a price counts its tokens only
 PROVIDER_BATCH_DISCOUNT: Final = 0.5  # OpenAI's Batch API and Anthropic's Message Batches: half the price
 
 
-def batch_discounted(prices: Mapping[str, tuple[float, float]],
-                     routed: Collection[str]) -> dict[str, tuple[float, float]]:
-    """The prices requests are charged at: a model of the provider-batch route (design §8) at the providers'
-    batch discount, every other at its price."""
-    return {model: (prompt * PROVIDER_BATCH_DISCOUNT, completion * PROVIDER_BATCH_DISCOUNT) if model in routed
-            else (prompt, completion) for model, (prompt, completion) in prices.items()}
+def way_price(price: tuple[float, float], way: Way) -> tuple[float, float]:
+    """What a model priced ``price`` charges an answer asked for ``way``: a provider batch's line at the providers'
+    batch discount (design §8), a call at the full price."""
+    if way is Way.PROVIDER_BATCH:
+        return price[0] * PROVIDER_BATCH_DISCOUNT, price[1] * PROVIDER_BATCH_DISCOUNT
+    return price
 
 
-def spend_of(usage: Mapping[str, tuple[int, int]], prices: Mapping[str, tuple[float, float]]) -> Spend:
+def spend_of(usage: Mapping[str, tuple[int, int]], prices: Mapping[str, tuple[float, float]],
+             batched: Mapping[str, tuple[int, int]] | None = None) -> Spend:
     """What ``usage`` (per model: prompt and completion tokens) cost at ``prices`` (per model: US dollars per
-    million prompt and completion tokens)."""
+    million prompt and completion tokens); ``batched``: the part of ``usage`` answered by provider batches' lines,
+    charged at their discount."""
     total = NOTHING
     for model, (prompt, completion) in usage.items():
         price = prices.get(model)
-        total += (FREE if price is None else Price(*price)).spend(prompt, completion)
+        lines = (batched or {}).get(model, (0, 0))
+        for way, tokens in ((Way.CALL, (prompt - lines[0], completion - lines[1])), (Way.PROVIDER_BATCH, lines)):
+            total += (FREE if price is None else Price(*way_price(price, way))).spend(*tokens)
     return total
 
 

@@ -88,7 +88,7 @@ async def list_batches(kafka: KafkaConnection, topology: Topology,
             status = status_of(manifest, functools.partial(counted_status, batch_id, counts))
             first_ms = counts.first_created_ms
         created_ms = first_ms if manifest is None else manifest.created_ms
-        spend = spend_json(spend_of(status.usage, prices or {}), caps.get(batch_id))
+        spend = spend_json(spend_of(status.usage, prices or {}, status.batched_usage), caps.get(batch_id))
         entries.append(BatchEntry(status, created_ms, manifest, spend))
     return sorted(entries, key=lambda entry: (entry.created_ms, entry.status.batch_id), reverse=True)
 
@@ -97,7 +97,7 @@ async def batch_object(kafka: KafkaConnection, topology: Topology, batch_id: str
                        prices: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     """One batch's object as ``batches --json`` lists it: the summary ``results --summary`` writes."""
     report = await read_status(kafka, topology, batch_id, stall_after_s=stall_after_s, prices=prices)
-    spend = spend_json(spend_of(report.status.usage, report.prices), report.cap)
+    spend = spend_json(report.spent, report.cap)
     return BatchEntry(report.status, report.lifecycle.created_ms, report.manifest, spend).as_json()
 
 

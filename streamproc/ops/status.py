@@ -31,7 +31,7 @@ from streamproc.core.batch_status import BatchStatus, StatusFold, counted_status
 from streamproc.core.batch_summary import SummaryView
 from streamproc.core.deployments_out import DeploymentOut, FleetOutView, concerning
 from streamproc.core.events import RequestState
-from streamproc.core.spend_cap import Cap, spend_json, spend_of
+from streamproc.core.spend_cap import Cap, Spend, spend_json, spend_of
 from streamproc.core.stream_status import StreamFold, StreamStatus, stream_status
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
@@ -64,12 +64,17 @@ class StatusReport:
     def lifecycle(self) -> Lifecycle:
         return lifecycle_of(self.status, self.manifest)
 
+    @property
+    def spent(self) -> Spend:
+        """What the batch's results cost: a provider batch's line at the batch discount, a call at the full price."""
+        return spend_of(self.status.usage, self.prices, self.status.batched_usage)
+
     def as_json(self) -> dict[str, Any]:
         """``status --json``: the counts' keys, ``spend`` (what its results cost, and its cap), ``stalled`` (null
         while the batch moves or ended), and OpenAI's batch ``status`` with its ``*_at`` times (Unix seconds, null
         until reached; core.batch_lifecycle), and ``deployments_out`` (each deployment out of rotation at the live
         workers: its key, why, and at how many workers)."""
-        return {**self.status.as_json(), "spend": spend_json(spend_of(self.status.usage, self.prices), self.cap),
+        return {**self.status.as_json(), "spend": spend_json(self.spent, self.cap),
                 "stalled": None if self.stall is None else self.stall.as_json(), **self.lifecycle.as_json(),
                 "deployments_out": [out.as_json() for out in self.out],
                 "counted_from": "changelog" if self.summary_at_ms is None else "summaries",
@@ -78,7 +83,7 @@ class StatusReport:
     def format(self) -> str:
         text = format_status(self.status)
         if self.cap is not None:
-            spent = spend_of(self.status.usage, self.prices)
+            spent = self.spent
             text += f"\n{'spend':<10} ${spent.cost_usd:.4f}, {spent.tokens:,} tokens (cap {self.cap.describe()})"
         steps = self.lifecycle
         if steps.cancelling_ms is not None:

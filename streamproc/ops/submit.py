@@ -85,6 +85,7 @@ def _headers(reuse_results: bool, cap: Cap | None) -> tuple[tuple[str, bytes], .
 async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology, durability: Durability,
                       input_limits: InputLimits, path: Path, batch_id: str, *, skip_invalid: bool = False,
                       progress: Progress | None = None, completion_window_s: float | None = None,
+                      deadline_s: float | None = None,
                       reuse_results: bool = False, cap: Cap | None = None,
                       tenancy: Tenancy = DEFAULT_TENANCY,
                       encode_request: Callable[[InferenceRequest], bytes] = codec.encode) -> SubmitReport:
@@ -94,6 +95,9 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
 
     ``reuse_results``: a request whose input already got an answer is answered with it, without a call; each
     record says so (the manifest does too, but comes last; core.reuse).
+
+    ``deadline_s``: past it (from the submission), a request of a provider-batch-routed model goes by a synchronous
+    call instead of a new provider batch; shorter than the completion window.
 
     ``cap``: the batch's spend cap (design §5.9), written before its first request and carried by each.
 
@@ -140,7 +144,9 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
                 sent += await _confirm(pending, progress)
         sent += await _confirm(pending, progress)
         expires_ms = None if completion_window_s is None else submitted_ms + round(completion_window_s * 1000)
+        deadline_ms = None if deadline_s is None else submitted_ms + round(deadline_s * 1000)
         manifest = BatchManifest(batch_id, sent, submitted_ms, str(path), report.error_count, expires_ms=expires_ms,
+                                 deadline_ms=deadline_ms,
                                  reuse_results=reuse_results, tenant=tenancy.tenant, priority=tenancy.priority)
         await producer.send_and_wait(topology.batches, key=batch_id.encode(), value=encode_manifest(manifest))
     finally:

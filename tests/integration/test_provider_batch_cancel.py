@@ -12,24 +12,14 @@ from pathlib import Path
 import pytest
 
 from streamproc.core.identity import request_id_for
-from streamproc.core.provider_batch_takeover import RecordState
 from streamproc.settings import Settings
 from tests.integration.pipeline import WorkerProcess, start_mock, worker_env
+from tests.integration.provider_batch_rig import ROUTED, batch_records, routed_batch_file, wait_all_open
 from tests.integration.test_operations import cli, wait_converged
-from tests.integration.test_provider_batch_route import ROUTED, batch_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 BATCH_SECONDS = 90  # how long the mock takes to run a provider batch: the cancel must not wait for it
-
-
-def routed_batch_file(path: Path, count: int, prefix: str = "doomed") -> Path:
-    with open(path, "w") as out:
-        for i in range(count):
-            body = {"model": "mock-small", "max_tokens": 100, "messages": [{"role": "user", "content": f"Q{i}?"}]}
-            out.write(json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/chat/completions",
-                                  "body": body}) + "\n")
-    return path
 
 
 def test_cancel_cancels_the_open_provider_batches_holding_the_batch(settings: Settings, tmp_path: Path) -> None:
@@ -40,14 +30,7 @@ def test_cancel_cancels_the_open_provider_batches_holding_the_batch(settings: Se
     worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **ROUTED), tmp_path / "worker.log")
     worker.start()
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:  # every request is a member of an open provider batch
-            records = asyncio.run(batch_records(settings))
-            if sum(len(r.members) for r in records.values() if r.state is RecordState.OPEN) == count:
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"the batches were not all open in time: {worker.log_tail()}")
+        records = asyncio.run(wait_all_open(settings, count, worker))  # all in open provider batches
         started = time.monotonic()
         cancelled = cli(settings, "cancel", "--batch-id", "doomed")
         assert cancelled.returncode == 0, cancelled.stderr
@@ -90,14 +73,7 @@ def test_a_provider_batch_holding_a_live_batch_too_runs_on(settings: Settings, t
     worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **ROUTED), tmp_path / "worker.log")
     worker.start()
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            records = asyncio.run(batch_records(settings))
-            if sum(len(r.members) for r in records.values() if r.state is RecordState.OPEN) == 2 * count:
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"the batches were not all open in time: {worker.log_tail()}")
+        records = asyncio.run(wait_all_open(settings, 2 * count, worker, timeout_s=60))
         assert cli(settings, "cancel", "--batch-id", "doomed").returncode == 0
         kept = wait_converged(settings, "kept", 90, worker)[-1]
         doomed = wait_converged(settings, "doomed", 30, worker)[-1]

@@ -31,7 +31,7 @@ from tests.integration.pipeline import (
     start_mock,
     worker_env,
 )
-from tests.integration.test_provider_batch_route import batch_records, ended_once, synchronous_calls
+from tests.integration.provider_batch_rig import batch_records, ended_once, synchronous_calls
 
 pytestmark = pytest.mark.integration
 

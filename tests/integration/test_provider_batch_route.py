@@ -6,50 +6,28 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from streamproc.app.provider_batch_log import owned_records
-from streamproc.app.topic_reader import TopicReader
-from streamproc.core.provider_batch_takeover import ProviderBatchRecord, RecordState
-from streamproc.kafka.connection import KafkaConnection
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
     OutcomeReader,
-    Outcomes,
     WorkerProcess,
     chat_request,
     produce_requests,
     start_mock,
     worker_env,
 )
+from tests.integration.provider_batch_rig import (
+    ROUTED,
+    batch_records,
+    ended_once,
+    synchronous_calls,
+    wait_all_open,
+)
 
 pytestmark = pytest.mark.integration
-
-ROUTED = {"model_routes": '{"mock-small": "provider-batch"}', "provider_batch_max_age_s": "2",
-          "provider_batch_poll_s": "0.5", "in_flight": "200"}
-
-
-def ended_once(outcomes: Outcomes, ids: list[str]) -> list[str]:
-    """The ids that did not end in exactly one place (one result, or one terminal failure, never both)."""
-    return [i for i in ids if len(outcomes.results.get(i, [])) + len(outcomes.terminal(i)) != 1]
-
-
-async def batch_records(settings: Settings) -> dict[str, ProviderBatchRecord]:
-    assert settings.kafka_bootstrap is not None
-    async with TopicReader(KafkaConnection(bootstrap=settings.kafka_bootstrap),
-                           [settings.topology().provider_batches]) as reader:
-        return await owned_records(reader, range(settings.partitions), lambda why: None)
-
-
-def synchronous_calls(stats: dict[str, Any]) -> int:
-    """The mock's answers that were no line of a provider batch (it counts both as calls)."""
-    calls: int = stats["calls"] - stats["batches"]["openai"]["lines_answered"]
-    return calls
-
 
 async def test_routed_requests_end_once_through_provider_batches(settings: Settings, tmp_path: Path) -> None:
     mock = start_mock("realistic", 11)
@@ -93,14 +71,7 @@ async def test_a_killed_workers_open_batches_are_taken_over_not_created_again(se
     try:
         assert settings.kafka_bootstrap is not None
         await produce_requests(settings.kafka_bootstrap, settings, requests)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:  # every request is a member of an open provider batch
-            records = await batch_records(settings)
-            if sum(len(r.members) for r in records.values() if r.state is RecordState.OPEN) == len(ids):
-                break
-            await asyncio.sleep(0.5)
-        else:
-            pytest.fail(f"the batches were not all open in time: {first.log_tail()}")
+        records = await wait_all_open(settings, len(ids), first)  # every request a member of an open batch
         created_before_kill = mock.stats()["batches"]["openai"]["created"]
         first.signal(signal.SIGKILL)
         first.process.wait(10)  # type: ignore[union-attr]

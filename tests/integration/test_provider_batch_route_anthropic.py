@@ -21,7 +21,7 @@ from tests.integration.pipeline import (
     start_mock,
     worker_env,
 )
-from tests.integration.test_provider_batch_route import batch_records, ended_once
+from tests.integration.provider_batch_rig import batch_records, ended_once
 
 pytestmark = pytest.mark.integration
 

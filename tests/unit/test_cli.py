@@ -166,3 +166,18 @@ def test_times_are_iso_8601_and_utc_without_a_zone(text: str, expected: datetime
 def test_a_time_that_is_not_iso_8601_is_a_usage_error() -> None:
     result = invoke("backfill", "--dry-run", "--since", "29/11/2026 08:00")
     assert result.exit_code == ExitCode.USAGE and "not an ISO 8601 time" in result.output
+
+
+@pytest.mark.parametrize(("window", "deadline"), [("1h", "1h"), ("90m", "2h")])
+def test_a_deadline_not_before_the_completion_window_is_refused_before_anything_is_sent(
+        tmp_path: Path, window: str, deadline: str) -> None:
+    result = invoke("submit", str(requests_file(tmp_path)), "--batch-id", "b", "--completion-window", window,
+                    "--deadline", deadline, "-b", NOTHING_LISTENS)
+    assert result.exit_code == ExitCode.USAGE
+    assert "--deadline" in result.output and "must be shorter than the completion window" in result.output
+
+
+def test_a_deadline_is_a_duration(tmp_path: Path) -> None:
+    result = invoke("submit", str(requests_file(tmp_path)), "--batch-id", "b", "--deadline", "soon",
+                    "-b", NOTHING_LISTENS)
+    assert result.exit_code == ExitCode.USAGE and "'soon' is not a duration" in result.output

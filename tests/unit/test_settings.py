@@ -141,11 +141,9 @@ def test_retention_of_finished_batches_is_off_unless_set_and_refuses_what_is_no_
             Settings()
 
 
-def test_model_routes_name_the_provider_batch_models_and_halve_their_prices() -> None:
-    settings = Settings(model_routes={"a": "provider-batch", "b": "call"},
-                        model_prices={"a": (1.0, 2.0), "b": (1.0, 2.0)})
+def test_model_routes_name_the_provider_batch_models() -> None:
+    settings = Settings(model_routes={"a": "provider-batch", "b": "call"})
     assert settings.provider_batches.routed_models == {"a"}
-    assert settings.prices == {"a": (0.5, 1.0), "b": (1.0, 2.0)}
 
 
 def test_provider_batch_api_chooses_openai_unless_anthropic_is_named() -> None:

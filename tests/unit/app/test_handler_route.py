@@ -7,16 +7,22 @@ import random
 from typing import Any
 
 from streamproc.app.handler import Disposition, Handler, HandlerOptions
+from streamproc.app.observe import LlmCall, NullObserver, Observer
+from streamproc.app.spend import SpendGate
 from streamproc.core.decision import Retries
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.budget import RetryBudget
+from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.outcome import ConfigurationProblem
+from streamproc.core.provider_batch_deadline import Way
 from streamproc.core.retry_policy import RetryPolicy
+from streamproc.core.spend_cap import Cap, Spend, batch_scope
 from streamproc.core.vocabulary import RequestStatus
 from streamproc.llm.client import CallResult
 from streamproc.llm.guarded import Guards
 from tests.unit.app.test_handler import (
     BODY,
+    NOW,
     PARTITION,
     UNAVAILABLE,
     Clock,
@@ -26,9 +32,11 @@ from tests.unit.app.test_handler import (
     ScriptedCaller,
     answer,
     make_request,
+    next_hop,
     rate_limited,
     submission,
 )
+from tests.unit.app.test_spend import ANSWERED_USD, PRICES
 
 
 class ScriptedRoute:
@@ -37,9 +45,13 @@ class ScriptedRoute:
     def __init__(self, log: list[str], replies: list[Reply]) -> None:
         self.log = log
         self.replies = replies
+        self.holding: set[str] = set()  # members of an open provider batch (taken over, awaiting their lines)
 
     def routes(self, model: object) -> bool:
         return model == "gpt-test"
+
+    async def held(self, request_id: str, partition: int) -> bool:
+        return request_id in self.holding
 
     async def call(self, request: InferenceRequest, body: dict[str, Any], partition: int) -> CallResult:
         self.log.append(f"batched p{partition}")
@@ -51,12 +63,23 @@ class ScriptedRoute:
 
 def routed_rig(replies: list[Reply], budget: RetryBudget | None = None,
                ) -> tuple[Handler, list[str], RecordingSink, DictStore, ScriptedCaller]:
+    handler, log, sink, store, caller, _ = deadline_rig(replies, budget=budget)
+    return handler, log, sink, store, caller
+
+
+def deadline_rig(replies: list[Reply], deadline_ms: int | None = None, spend: SpendGate | None = None,
+                 observer: Observer | None = None, budget: RetryBudget | None = None,
+                 ) -> tuple[Handler, list[str], RecordingSink, DictStore, ScriptedCaller, ScriptedRoute]:
+    """The routed rig whose batch ``batch-1`` has ``submit --deadline`` passing at ``deadline_ms``."""
     log: list[str] = []
     sink, store, caller = RecordingSink(log), DictStore(log), ScriptedCaller([])
+    route = ScriptedRoute(log, replies)
     problems: list[ConfigurationProblem] = []
     handler = Handler(Guards(caller, budget=budget), sink, store, Retries(RetryPolicy(), random.Random(7)),
-                      problems.append, HandlerOptions(clock_ms=Clock(), route=ScriptedRoute(log, replies)))
-    return handler, log, sink, store, caller
+                      problems.append,
+                      HandlerOptions(clock_ms=Clock(), route=route, spend=spend, observer=observer,
+                                     deadline=lambda batch_id: deadline_ms if batch_id == "batch-1" else None))
+    return handler, log, sink, store, caller, route
 
 
 async def test_a_routed_request_is_answered_by_its_batch_and_the_route_hears_once_it_is_written() -> None:
@@ -93,3 +116,63 @@ async def test_a_routed_first_attempt_counts_for_the_retry_budget() -> None:
     assert "failure service terminal=False" in log
     state = store.get("req-1")
     assert state is not None and state.status is RequestStatus.RETRYING
+
+
+class CallsSeen(NullObserver):
+    """An observer that keeps the calls it hears of."""
+
+    def __init__(self) -> None:
+        self.calls: list[LlmCall] = []
+
+    def on_llm_call(self, call: LlmCall) -> None:
+        self.calls.append(call)
+
+
+async def test_before_the_deadline_a_routed_request_goes_into_a_provider_batch_at_half_the_price() -> None:
+    gate, seen = SpendGate({"batch-1": Cap(max_cost_usd=1e9)}.get, PRICES, TokenEstimator()), CallsSeen()
+    handler, log, _, store, caller, _ = deadline_rig([answer("spam")], deadline_ms=NOW + 1, spend=gate,
+                                                      observer=seen)
+    await handler.handle(submission(make_request()))
+    assert caller.calls == [] and f"batched p{PARTITION}" in log
+    assert gate.ledger.spent(batch_scope("batch-1")) == Spend(ANSWERED_USD / 2, 12)
+    assert [call.way for call in seen.calls] == [Way.PROVIDER_BATCH]
+    state = store.get("req-1")  # status prices its usage at the discount
+    assert state is not None and state.provider_batch and state.prompt_tokens == 9
+
+
+async def test_past_the_deadline_a_routed_request_is_called_at_the_full_price() -> None:
+    gate, seen = SpendGate({"batch-1": Cap(max_cost_usd=1e9)}.get, PRICES, TokenEstimator()), CallsSeen()
+    handler, log, sink, store, caller, _ = deadline_rig([], deadline_ms=NOW, spend=gate, observer=seen)
+    caller.replies.append(answer("ham"))
+    await handler.handle(submission(make_request()))  # a first attempt read after the deadline
+    assert len(caller.calls) == 1 and not any(entry.startswith(("batched", "written")) for entry in log)
+    assert sink.results[0].content == "ham"
+    assert gate.ledger.spent(batch_scope("batch-1")) == Spend(ANSWERED_USD, 12)
+    assert [call.way for call in seen.calls] == [Way.CALL]
+    state = store.get("req-1")  # status prices its usage at the full price
+    assert state is not None and state.status is RequestStatus.SUCCEEDED and not state.provider_batch
+    assert state.prompt_tokens == 9
+
+
+async def test_a_line_retried_after_the_deadline_is_called() -> None:
+    handler, log, sink, _, caller, _ = deadline_rig([rate_limited(2_000)], deadline_ms=NOW)
+    caller.replies.append(answer("ham"))
+    handler_before, _, before_sink, _, _, _ = deadline_rig([rate_limited(2_000)], deadline_ms=NOW + 1)
+    await handler_before.handle(submission(make_request()))  # its provider batch's line failed before the deadline
+    retried = before_sink.retries[0]
+    assert await handler.handle(next_hop(retried, offset=1)) is Disposition.ACK
+    assert len(caller.calls) == 1 and not any(entry.startswith("batched") for entry in log)
+    assert sink.results[0].content == "ham" and sink.results[0].attempts == 2
+
+
+async def test_a_request_a_provider_batch_holds_waits_for_its_line_past_the_deadline() -> None:
+    handler, log, sink, _, caller, route = deadline_rig([answer("spam")], deadline_ms=NOW)
+    route.holding.add("req-1")  # redelivered while its provider batch, taken over, is open
+    await handler.handle(submission(make_request()))
+    assert caller.calls == [] and f"batched p{PARTITION}" in log and sink.results[0].content == "spam"
+
+
+async def test_a_batch_without_a_deadline_is_never_called() -> None:
+    handler, log, _, _, caller, _ = deadline_rig([answer("spam")])
+    await handler.handle(submission(make_request()))
+    assert caller.calls == [] and f"batched p{PARTITION}" in log

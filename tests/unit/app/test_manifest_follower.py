@@ -63,3 +63,10 @@ def test_a_forgotten_manifest_closes_its_batch_before_anything_else() -> None:
     assert (sizes.closed("b"), sizes.closed("kept")) == ("batch_forgotten", None)
     assert sizes.forgotten("b") and not sizes.forgotten("kept") and not sizes.forgotten(None)
     assert sizes.forgotten_batches == frozenset({"b"})
+
+
+def test_a_manifest_gives_its_batch_s_deadline_and_an_old_one_none() -> None:
+    sizes = BatchSizes()
+    sizes.apply(encode_manifest(BatchManifest("soon", 10, 5, "in.jsonl", deadline_ms=60_005)))
+    sizes.apply(encode_manifest(BatchManifest("whenever", 10, 5, "in.jsonl")))
+    assert (sizes.deadline("soon"), sizes.deadline("whenever"), sizes.deadline(None)) == (60_005, None, None)

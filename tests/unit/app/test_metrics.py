@@ -20,6 +20,7 @@ from streamproc.core.guards.breaker import BreakerState, CircuitBreaker
 from streamproc.core.guards.token_estimate import TokenEstimator
 from streamproc.core.lag import PartitionLag
 from streamproc.core.outcome import Failure, Success
+from streamproc.core.provider_batch_deadline import Way
 from streamproc.core.retry_policy import RetryPolicy
 from streamproc.core.spend_cap import Cap, Exhausted, Spend, batch_scope, day_scope
 from streamproc.core.vocabulary import FailureLayer
@@ -97,6 +98,16 @@ def test_cost_is_estimated_from_the_price_table(registry: CollectorRegistry) -> 
     assert value(registry, "streamproc_estimated_cost_usd_total", model="gpt-a") == pytest.approx(
         (2000 * 2.5 + 700 * 10.0) / 1e6)
     assert registry.get_sample_value("streamproc_estimated_cost_usd_total", {"model": "gpt-b"}) is None
+
+
+def test_a_provider_batch_line_costs_half_a_call(registry: CollectorRegistry) -> None:
+    metrics = WorkerMetrics(registry, prices={"gpt-a": (2.5, 10.0)})
+    metrics.on_llm_call(LlmCall("gpt-a", "success", 1.0, 1000, 200, way=Way.PROVIDER_BATCH))
+    assert value(registry, "streamproc_estimated_cost_usd_total", model="gpt-a") == pytest.approx(
+        (1000 * 2.5 + 200 * 10.0) / 2 / 1e6)
+    metrics.on_llm_call(LlmCall("gpt-a", "success", 1.0, 1000, 200))  # the same model called: the full price
+    assert value(registry, "streamproc_estimated_cost_usd_total", model="gpt-a") == pytest.approx(
+        (1000 * 2.5 + 200 * 10.0) * 1.5 / 1e6)
 
 
 def test_in_flight_is_read_at_scrape_time(metrics: WorkerMetrics, registry: CollectorRegistry) -> None:

@@ -35,7 +35,8 @@ def test_a_forgotten_manifest_round_trips_with_its_counts_and_an_old_one_is_not_
     from streamproc.core.retention import Forgotten
 
     forgotten = BatchManifest("b", 10, 5, "in.jsonl", forgotten=Forgotten(900, 800, 7, {"service": 2, "business": 1},
-                                                                         {"gpt-4o-mini": (120, 30)}))
+                                                                         {"gpt-4o-mini": (120, 30)},
+                                                                         {"gpt-4o-mini": (100, 20)}))
     assert decode_manifest(encode_manifest(forgotten)) == forgotten
     assert decode_manifest(b'{"batch_id":"b","submitted":10,"created_ms":5}').forgotten is None
     for broken in (b'{"batch_id":"b","submitted":1,"created_ms":5,"forgotten":{"at_ms":1}}',
@@ -45,3 +46,9 @@ def test_a_forgotten_manifest_round_trips_with_its_counts_and_an_old_one_is_not_
         except ValueError:
             continue
         raise AssertionError(f"{broken!r} was accepted")
+
+
+def test_a_deadline_round_trips_and_an_old_manifest_has_none() -> None:
+    with_deadline = BatchManifest("b", 10, 5, "in.jsonl", expires_ms=86_400_005, deadline_ms=3_600_005)
+    assert decode_manifest(encode_manifest(with_deadline)) == with_deadline
+    assert decode_manifest(b'{"batch_id":"b","submitted":10,"created_ms":5}').deadline_ms is None

@@ -23,7 +23,8 @@ def test_a_key_keeps_a_batch_id_with_colons_and_slashes() -> None:
 
 def test_counts_round_trip() -> None:
     counts = BatchCounts(by_status=Counter({"succeeded": 3, "retrying": 2}), failed=Counter({"semantic": 1}),
-                         parked=Counter({"circuit_open": 2}), usage={"m": (10, 20)}, reused=1,
+                         parked=Counter({"circuit_open": 2}), usage={"m": (10, 20)}, batched_usage={"m": (4, 8)},
+                         reused=1,
                          first_created_ms=5, last_ended_ms=9)
     assert decode_summary(encode_summary(counts, 1234)) == (counts, 1234)
     assert decode_summary(encode_summary(BatchCounts(), 7)) == (BatchCounts(), 7)

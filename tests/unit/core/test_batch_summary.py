@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -11,6 +12,7 @@ from streamproc.core.batch_status import StatusFold, counted_status
 from streamproc.core.batch_summary import BatchCounts, LatestState, SummaryKey, SummaryView
 from streamproc.core.events import RequestState
 from streamproc.core.request_state import CIRCUIT_OPEN
+from streamproc.core.spend_cap import spend_of
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 ENDED = (RequestStatus.SUCCEEDED, RequestStatus.FAILED)
@@ -26,12 +28,14 @@ class Write:
     model: str | None
     tokens: int
     reused: bool
+    provider_batch: bool = False
 
 
 writes = st.lists(st.builds(
     Write, request=st.integers(0, 11), status=st.sampled_from(RequestStatus),
     layer=st.sampled_from([None, *FailureLayer]), code=st.sampled_from([None, CIRCUIT_OPEN, "rate_limited"]),
-    model=st.sampled_from([None, "m1", "m2"]), tokens=st.integers(0, 50), reused=st.booleans()), max_size=60)
+    model=st.sampled_from([None, "m1", "m2"]), tokens=st.integers(0, 50), reused=st.booleans(),
+    provider_batch=st.booleans()), max_size=60)
 
 
 def batch_of(request: int) -> str:
@@ -51,7 +55,8 @@ def states_of(history: list[Write]) -> list[RequestState]:
             f"{batch_of(write.request)}/{write.request}", status, "h", batch_id=batch_of(write.request),
             last_layer=write.layer, last_error_code=write.code, created_ms=1000 + write.request,
             updated_ms=2000 + index,
-            model=write.model, prompt_tokens=write.tokens, completion_tokens=2 * write.tokens, reused=write.reused))
+            model=write.model, prompt_tokens=write.tokens, completion_tokens=2 * write.tokens, reused=write.reused,
+            provider_batch=write.provider_batch))
     return states
 
 
@@ -97,3 +102,17 @@ def test_a_tombstone_takes_a_partitions_counts_out_and_the_newest_time_is_said()
     view.put(SummaryKey("a", 0), None)
     assert view.batches() == {}
     assert view.batch("a") == (BatchCounts(), 0)
+
+
+def test_the_usage_of_provider_batches_lines_is_counted_apart_and_priced_at_the_discount() -> None:
+    def ended(request_id: str, tokens: int, provider_batch: bool) -> RequestState:
+        return RequestState(request_id, RequestStatus.SUCCEEDED, "h", batch_id="a", model="m",
+                            prompt_tokens=tokens, completion_tokens=tokens, provider_batch=provider_batch)
+
+    first, second = BatchCounts.of([LatestState.of(ended("a/1", 100, True))]), BatchCounts()
+    second.add(LatestState.of(ended("a/2", 10, False)))
+    first.merge(second)
+    status = counted_status("a", first, 2)
+    assert (status.usage, status.batched_usage) == ({"m": (110, 110)}, {"m": (100, 100)})
+    prices = {"m": (1e6, 1e6)}  # a dollar a token
+    assert spend_of(status.usage, prices, status.batched_usage).cost_usd == pytest.approx(100 + 20)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamproc.core.provider_batch_deadline import Way
 from streamproc.core.spend_cap import (
     Cap,
     Charge,
@@ -14,12 +16,12 @@ from streamproc.core.spend_cap import (
     Scope,
     Spend,
     SpendLedger,
-    batch_discounted,
     batch_scope,
     day_scope,
     spend_json,
     spend_of,
     tenant_day_scope,
+    way_price,
 )
 
 BATCH_B = batch_scope("b")
@@ -143,8 +145,12 @@ def test_days_before_a_given_one_are_forgotten_by_this_worker_and_of_the_others(
     assert ledger.spent(old) == Spend() and ledger.spent(BATCH_B) == Spend(0.3, 3)
 
 
-def test_a_model_of_the_provider_batch_route_is_charged_half_its_price() -> None:
+def test_a_provider_batch_line_is_charged_half_the_price_and_a_call_the_full_price() -> None:
+    assert way_price((0.15, 0.6), Way.PROVIDER_BATCH) == (0.075, 0.3)
+    assert way_price((0.15, 0.6), Way.CALL) == (0.15, 0.6)
     prices = {"gpt-4o-mini": (0.15, 0.6), "gpt-4o": (2.5, 10.0)}
-    charged = batch_discounted(prices, {"gpt-4o-mini", "unpriced"})
-    assert charged == {"gpt-4o-mini": (0.075, 0.3), "gpt-4o": (2.5, 10.0)}
-    assert spend_of({"gpt-4o-mini": (1_000_000, 1_000_000)}, charged).cost_usd == 0.375
+    usage = {"gpt-4o-mini": (3_000_000, 3_000_000), "gpt-4o": (1_000_000, 0), "unpriced": (5, 5)}
+    assert spend_of(usage, prices).cost_usd == pytest.approx(2.25 + 2.5)  # every answer by a call
+    # of gpt-4o-mini's, 2M/2M tokens came from provider batches' lines (half price), 1M/1M from calls
+    spent = spend_of(usage, prices, batched={"gpt-4o-mini": (2_000_000, 2_000_000), "unpriced": (5, 5)})
+    assert spent.cost_usd == pytest.approx(0.75 + 0.75 + 2.5) and spent.tokens == 7_000_010
