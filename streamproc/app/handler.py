@@ -54,7 +54,8 @@ from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.provider_batch_deadline import Way, past_deadline, way_of
 from streamproc.core.record_size import CARRIED_BYTES, response_too_large, result_record_bytes
 from streamproc.core.request_line import LineLimits
-from streamproc.core.request_state import RecordRef, Skip, on_terminal_failure, superseded
+from streamproc.core.request_state import RecordRef, Skip, input_hash, on_terminal_failure, superseded
+from streamproc.core.reservation import parked_at, reservation
 from streamproc.core.retry_policy import CompletionBudget, Tier
 from streamproc.core.spend_cap import Charge
 from streamproc.core.tenancy import InvalidTenancy, Tenancy, with_headers
@@ -217,6 +218,38 @@ class Handler:
         except Exception as exc:
             log.exception("unexpected error handling %s[%d]@%d", record.topic, record.partition, record.offset)
             return await self._internal_error(record, exc)
+
+    async def reserve(self, record: Record) -> str | None:
+        """Hold the id of a record about to wait or be parked before admission (core.reservation): its ``pending``
+        state, unless the id has a state already. Returns the request's input hash, which names the parked copy
+        (:meth:`name_parked`); None when the record holds no request of its key (its handling ends it as it must).
+        Raises :class:`StateWriteFailed` only: anything else is logged, and the record goes on unreserved."""
+        try:
+            request = await self._read(record)
+            if not isinstance(request, InferenceRequest) or _text(record.key) != request.request_id:
+                return None
+            reserved = reservation(self._store.get(request.request_id), request, self._clock_ms(),
+                                   self._closed(request.batch_id))
+            if reserved is not None:
+                await self._store.put(reserved)
+            return input_hash(request)
+        except StateWriteFailed:
+            raise
+        except Exception:
+            log.exception("could not reserve the id of %s[%d]@%d; it waits without a reservation", record.topic,
+                          record.partition, record.offset)
+            return None
+
+    async def name_parked(self, request_id: str, digest: str, parked: RecordRef) -> None:
+        """Name the backlog copy of a reserved request in its reservation, for the reconciler (core.reservation.
+        parked_at); never raises: the copy is on the backlog already, and the name is only the reconciler's clue."""
+        try:
+            named = parked_at(self._store.get(request_id), digest, parked)
+            if named is not None:
+                await self._store.put(named)
+        except Exception:
+            log.exception("request %s: parked at %s@%d, but its reservation does not name the copy", request_id,
+                          parked.topic, parked.offset)
 
     async def _handle(self, record: Record) -> Disposition:
         hop = headers.read_hop(record.headers, here=_place(record))

@@ -232,7 +232,7 @@ class Reconciler:
                       "replay it with backfill", state.request_id, redrive.why, state.status, state.updated_ms,
                       source.topic, partition, source.offset)
             return False
-        topic = source.topic if source.topic in self._tier_topics else self._topology.retry(self._topology.tiers[0])
+        topic = self._redrive_topic(redrive)
         copy = redrive_headers(headers.as_mapping(record.headers), redrive, partition)
         await self._resend(topic, record.key, record.value, copy)
         log.warning("reconciler: re-drove request %s (%s; state %s, attempt %d, unchanged for %.0f s): record "
@@ -242,6 +242,14 @@ class Reconciler:
         if self._on_redriven is not None:
             self._on_redriven(redrive.why.value)
         return True
+
+    def _redrive_topic(self, redrive: Redrive) -> str:
+        """A tier record goes back to its tier; a parked copy (the same attempt, not made) to the backlog, where it
+        keeps its tenant's share; any other record (a submission in flight) to the first tier."""
+        topic = redrive.record.topic
+        if topic in self._tier_topics or (topic == self._topology.backlog and redrive.attempt is None):
+            return topic
+        return self._topology.retry(self._topology.tiers[0])
 
     async def close(self, *args: Any, **kwargs: Any) -> None:
         """Close the record reader (also a faust ``on_before_shutdown`` receiver, hence the arguments)."""

@@ -140,10 +140,10 @@ class FaustSink:
     async def rekey(self, record: Record, request_id: str, hdrs: headers.Headers) -> None:
         await self._send(record.topic, request_id.encode(), record.value, hdrs)
 
-    async def resend(self, topic: str, key: bytes | None, value: bytes | None, hdrs: headers.Headers) -> None:
+    async def resend(self, topic: str, key: bytes | None, value: bytes | None, hdrs: headers.Headers) -> RecordRef:
         """Send a record again: a stranded request's (the reconciler), a sleeping tier record put back, a request
-        parked on the backlog."""
-        await self._send(topic, key, value, hdrs)
+        parked on the backlog; returns where it went."""
+        return await self._send(topic, key, value, hdrs)
 
 
 class TableStore:
@@ -425,8 +425,9 @@ class WorkerRuntime:
             await submit(lane, record, ack, message.timestamp)
 
     async def _submit_request(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
-        """A new request: handled if its tenant is under its quota of the hand, else parked on the backlog (design
-        §5.11), so the records behind it, another tenant's among them, are read on."""
+        """A new request: handled if its tenant is under its quota of the hand, else its id is reserved and it waits
+        in memory or is parked on the backlog (design §5.11), so the records behind it, another tenant's among them,
+        are read on, and none of them takes its id."""
         if record.key is None:  # the handler first writes it again under its id; that copy is the one scheduled
             await self.dispatcher.submit(lane, record.offset, functools.partial(self.handler.handle, record), ack)
             return
@@ -434,25 +435,43 @@ class WorkerRuntime:
         if self.tenant_hand.may_take(lane_of_hand):
             await self.dispatcher.submit(lane, record.offset,
                                          functools.partial(self._handle_held, lane_of_hand, record), ack)
-        elif self.tenant_hand.may_wait(lane_of_hand):
-            await self._submit_to_wait(lane, record, ack, lane_of_hand, None)
+            return
+        try:
+            digest = await self.handler.reserve(record)
+        except StateWriteFailed as exc:
+            await self._hold(lane, record, ack, exc)
+            return
+        if self.tenant_hand.may_wait(lane_of_hand):
+            await self._submit_to_wait(lane, record, ack, lane_of_hand, None, digest)
         else:
-            await self.dispatcher.submit(lane, record.offset, functools.partial(self._requeue, record,
-                                                                                self.topology.backlog), ack, call=False)
+            await self.dispatcher.submit(lane, record.offset, functools.partial(self._park, record, digest), ack,
+                                         call=False)
 
     async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
-        """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota."""
+        """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota. Its id is
+        reserved already, unless an older release parked it (reserving again writes nothing then)."""
+        try:
+            digest = await self.handler.reserve(record)
+        except StateWriteFailed as exc:
+            await self._hold(lane, record, ack, exc)
+            return
         await self._backlog_places.acquire()
         lane_of_hand = scheduled_lane(record.headers)
         self.tenant_hand.will_wait(lane_of_hand)
-        await self._submit_to_wait(lane, record, ack, lane_of_hand, self._backlog_places)
+        await self._submit_to_wait(lane, record, ack, lane_of_hand, self._backlog_places, digest)
+
+    async def _hold(self, lane: Any, record: Record, ack: Ack, why: StateWriteFailed) -> None:
+        """A record whose id could not be reserved is held unacked: the dispatcher stops the worker, and the record
+        is read again (it must not wait unreserved, or a later record of its id could take the id)."""
+        log.error("holding %s[%d]@%d: %s", record.topic, record.partition, record.offset, why)
+        await self.dispatcher.submit(lane, record.offset, _held, ack, call=False)
 
     async def _submit_to_wait(self, lane: Any, record: Record, ack: Ack, lane_of_hand: Lane,
-                              place: asyncio.Semaphore | None) -> None:
+                              place: asyncio.Semaphore | None, digest: str | None) -> None:
         """Wait in the waiting room (no slot) until ``lane_of_hand`` has room in the hand, then handle the record;
         woken by a rebalance or stop first, it is parked at the backlog's tail (the worker must not wait for it,
         design §5.7). The record counts as waiting already (``TenantHand.may_wait``/``will_wait``); ``place``:
-        released once the wait ends."""
+        released once the wait ends; ``digest``: its input hash, which names the parked copy in its reservation."""
         taken: list[bool] = []
 
         async def wait() -> None:
@@ -465,7 +484,7 @@ class WorkerRuntime:
         async def work() -> Disposition:
             if taken == [True]:
                 return await self._handle_held(lane_of_hand, record)
-            return await self._requeue(record, self.topology.backlog)
+            return await self._park(record, digest)
 
         try:
             await self.dispatcher.submit(lane, record.offset, work, ack, wait=wait)
@@ -497,13 +516,22 @@ class WorkerRuntime:
             self._open_lanes.discard(old)
         self._open_lanes.add(lane)
 
-    async def _requeue(self, record: Record, topic: str | None = None) -> Disposition:
+    async def _requeue(self, record: Record, topic: str | None = None) -> RecordRef:
         """Write the record, unchanged, at the tail of ``topic`` (default: its own): a sleeping tier record put
-        back, or a request parked on the backlog; a few tries, since the partition waits for it."""
+        back, or a request parked on the backlog; a few tries, since the partition waits for it. Returns where it
+        went."""
         async for attempt in AsyncRetrying(stop=stop_after_attempt(5), wait=wait_random_exponential(0.2, 5),
                                            reraise=True):
             with attempt:
-                await self.sink.resend(topic or record.topic, record.key, record.value, dict(record.headers))
+                return await self.sink.resend(topic or record.topic, record.key, record.value, dict(record.headers))
+        raise AssertionError("unreachable: the last try raises")
+
+    async def _park(self, record: Record, digest: str | None) -> Disposition:
+        """Park a request on the backlog; its reservation then names the copy (``digest``: its input hash; None: the
+        record holds no request to reserve), so the reconciler finds it if the copy is consumed unhandled."""
+        parked = await self._requeue(record, self.topology.backlog)
+        if digest is not None and record.key is not None:
+            await self.handler.name_parked(record.key.decode("utf-8", "replace"), digest, parked)
         return Disposition.ACK
 
     def _rebalancing_or_stopping(self) -> bool:
@@ -529,7 +557,8 @@ class WorkerRuntime:
         """Handle a tier record once due; woken early by a rebalance or stop, put it back at the tail of its
         topic instead (its ack still goes through the ordered lane like any other)."""
         if time.time() * 1000 < due_ms:
-            return await self._requeue(record)
+            await self._requeue(record)
+            return Disposition.ACK
         return await self.handler.handle(record)
 
     # -- configuration problems --------------------------------------------------------------------------
@@ -579,6 +608,11 @@ class WorkerRuntime:
             log.exception("while stopping")
         logging.shutdown()
         os._exit(exit_code)
+
+
+async def _held() -> Disposition:
+    """The work of a record held unacked: the dispatcher stops the worker, and the record is read again."""
+    return Disposition.HOLD
 
 
 def _store_options(settings: Settings) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Which waiting requests have nothing left to move them, and which record would (design §4, the reconciler).
 
 A request that waits (``retrying``) has one record that continues it: its retry or deferred record, whose
-place the state remembers (``next_topic``/``next_offset``). A request ``in_flight`` has the record that
+place the state remembers (``next_topic``/``next_offset``); so has a request parked on the backlog before
+admission (``pending``, its id reserved: core.reservation), its parked copy. A request ``in_flight`` has the record that
 started the attempt (``source_topic``/``source_offset``). Once the consumer group has committed past that
 record, it was handled, so the state should have moved on. If it did not (a table write lost in a crash, a
 record dropped by the consumer), nothing will ever move the request again: it is *stranded*.
@@ -26,11 +27,13 @@ from streamproc.core.events import RequestState
 from streamproc.core.request_state import RecordRef
 from streamproc.core.vocabulary import RequestStatus
 
+_WAITING = (RequestStatus.RETRYING, RequestStatus.PENDING)  # states a record of ``next_*`` continues
+
 
 class StrandedBy(StrEnum):
     """Why a request has nothing left to move it (the label of ``streamproc_requests_redriven_total``)."""
 
-    WAITING_RECORD_CONSUMED = "waiting_record_consumed"  # retrying, yet its retry/deferred record was handled
+    WAITING_RECORD_CONSUMED = "waiting_record_consumed"  # retrying (or parked), yet its waiting record was handled
     ATTEMPT_OUTCOME_LOST = "attempt_outcome_lost"  # in flight, yet the record of its attempt was handled
 
 
@@ -53,7 +56,7 @@ def stranded(state: RequestState, committed: Committed, now_ms: int, grace_ms: i
     """The re-drive a stranded request needs, or None when something will still move it (or it is done)."""
     if now_ms - state.updated_ms < grace_ms:
         return None
-    if (state.status is RequestStatus.RETRYING and state.next_topic is not None and state.next_offset is not None
+    if (state.status in _WAITING and state.next_topic is not None and state.next_offset is not None
             and _handled(committed(state.next_topic), state.next_offset)):
         return Redrive(state.request_id, RecordRef(state.next_topic, state.next_offset),
                        StrandedBy.WAITING_RECORD_CONSUMED, None, state.run)

@@ -70,6 +70,7 @@ class SkipReason(StrEnum):
     ALREADY_FAILED = "already_failed"
     EARLIER_RUN = "earlier_run"  # written before a replay started the request again
     ALREADY_REPLAYED = "already_replayed"  # a backfill replay record read again after its run ended
+    RESERVED = "reserved"  # a replay of another body: the id is reserved by a record waiting to be handled
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,10 @@ def admit(
     ``x-run`` (0 when it has none: a submission, a backfill replay, or a record written before runs existed).
     In order: no state → start; a record of an earlier run → skip; in flight and ``source`` is the record that
     started it → start again (crash redelivery); the deferred record of a parked attempt → start; a replay
-    (backfill) starts a ``failed`` or ``pending`` request, even with a fixed, different body, and is skipped
-    otherwise, never a conflict (a replay's own deferred copy starts only a run the table has lost); another
-    body → conflict; then by status: ``pending`` starts, ``succeeded`` / ``failed`` / ``in_flight`` skip,
-    ``retrying`` starts only a retry record newer than the latest attempt started.
+    (backfill) starts a ``failed`` request, even with a fixed, different body, and a ``pending`` one (a
+    reservation) with its own body, and is skipped otherwise, never a conflict (a replay's own deferred copy starts
+    only a run the table has lost); another body → conflict; then by status: ``pending`` starts, ``succeeded`` /
+    ``failed`` / ``in_flight`` skip, ``retrying`` starts only a retry record newer than the latest attempt started.
     """
     if attempt < 1:
         raise ValueError(f"attempt numbers start at 1, got {attempt}")
@@ -152,6 +153,8 @@ def admit(
         return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))  # its parked attempt, at last
     if replay:
         match status:
+            case RequestStatus.PENDING if digest != current.input_hash:
+                return Skip(SkipReason.RESERVED)  # its owner waits parked (core.reservation): never taken from it
             case RequestStatus.FAILED | RequestStatus.PENDING if run == 0 and _replayed(current, source):
                 return Skip(SkipReason.ALREADY_REPLAYED)  # read again (a rebalance before its commit)
             case RequestStatus.FAILED | RequestStatus.PENDING if run == 0:  # a backfill replay: the next run

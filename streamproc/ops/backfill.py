@@ -100,6 +100,8 @@ def _decide(failure: FailureEvent, status: RequestStatus | None, selection: Back
         return "skip: succeeded since"
     if status in (RequestStatus.IN_FLIGHT, RequestStatus.RETRYING):
         return "skip: already being retried"
+    if status is RequestStatus.PENDING:  # a reservation: the record that owns the id waits to be handled (design §4)
+        return "skip: waiting to be handled"
     if failure.layer is FailureLayer.BUSINESS and not selection.include_business:
         return "skip: business (fix the input, then --include-business)"
     if not failure.request.body_json:

@@ -193,6 +193,22 @@ class OutcomeReader:
         return any([await self._consumer.position(tp) < end for tp, end in ends.items()])
 
 
+async def parked_records(settings: Settings) -> list[tuple[bytes | None, dict[str, bytes]]]:
+    """The key and headers of every record on the backlog topic: the requests the workers parked (design §5.11)."""
+    assert settings.kafka_bootstrap is not None
+    consumer = AIOKafkaConsumer(settings.topology().backlog, bootstrap_servers=settings.kafka_bootstrap,
+                                group_id=None, auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    parked: list[tuple[bytes | None, dict[str, bytes]]] = []
+    try:
+        for _ in range(5):
+            for messages in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
+                parked += [(message.key, dict(message.headers)) for message in messages]
+    finally:
+        await consumer.stop()
+    return parked
+
+
 async def trace_requests(bootstrap: str, settings: Settings, request_ids: Iterable[str]) -> list[str]:
     """Where the given ids appear on every topic, and the group's committed offsets there: for failure reports."""
     wanted = {request_id.encode() for request_id in request_ids}

@@ -11,11 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from streamproc.core.tenancy import TENANT_HEADER
 from streamproc.settings import Settings
-from tests.integration.pipeline import OutcomeReader, WorkerProcess, start_mock, worker_env
+from tests.integration.pipeline import OutcomeReader, WorkerProcess, parked_records, start_mock, worker_env
 from tests.integration.test_operations import cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
@@ -37,18 +36,7 @@ def _batch(path: Path, prefix: str, count: int) -> Path:
 
 async def _parked(settings: Settings) -> dict[str, int]:
     """Records on the backlog topic, by their x-tenant header."""
-    assert settings.kafka_bootstrap is not None
-    consumer = AIOKafkaConsumer(settings.topology().backlog, bootstrap_servers=settings.kafka_bootstrap,
-                                group_id=None, auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    parked: Counter[str] = Counter()
-    try:
-        for _ in range(5):
-            for messages in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
-                parked.update(dict(message.headers).get(TENANT_HEADER, b"").decode() for message in messages)
-    finally:
-        await consumer.stop()
-    return dict(parked)
+    return dict(Counter(hdrs.get(TENANT_HEADER, b"").decode() for _key, hdrs in await parked_records(settings)))
 
 
 async def _run(settings: Settings, tmp_path: Path, workers: int,

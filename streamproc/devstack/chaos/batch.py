@@ -32,10 +32,11 @@ def ticket_id(i: int) -> str:
     return f"ticket-{i}"
 
 
-def write_batch(path: Path, count: int, first: int = 0) -> list[str]:
-    """Write ``count`` tickets from ticket ``first`` on as batch JSONL; returns their custom_ids in file order."""
-    ids = [ticket_id(i) for i in range(first, first + count)]
+def write_batch(path: Path, count: int, first: int = 0) -> dict[str, str]:
+    """Write ``count`` tickets from ticket ``first`` on as batch JSONL; returns each custom_id's body as JSON, in file
+    order (the tally tells the batch's own records from a duplicate by it)."""
+    bodies = {ticket_id(i): ticket_body(i) for i in range(first, first + count)}
     with open(path, "w", encoding="utf-8") as out:
-        for i, custom_id in enumerate(ids, start=first):
-            out.write(batch_line(custom_id, ticket_body(i)) + "\n")
-    return ids
+        for custom_id, body in bodies.items():
+            out.write(batch_line(custom_id, body) + "\n")
+    return {custom_id: json.dumps(body) for custom_id, body in bodies.items()}

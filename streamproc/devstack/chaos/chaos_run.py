@@ -30,7 +30,7 @@ from streamproc.core.vocabulary import RequestStatus
 from streamproc.devstack.chaos.batch import write_batch
 from streamproc.devstack.chaos.chaos_stack import ChaosError, ChaosStack, WorkerSlot
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames, tenant_name
-from streamproc.devstack.chaos.facts import OutcomeReader, StateFollower, partition_of, trace_ids
+from streamproc.devstack.chaos.facts import OutcomeReader, StateFollower, body_digest, partition_of, trace_ids
 from streamproc.devstack.chaos.fault_schedule import Fault, FaultKind, FiredFault, due, plan_faults
 from streamproc.devstack.chaos.group_watch import GroupStallWatch
 from streamproc.devstack.chaos.poison import (
@@ -120,8 +120,10 @@ class ChaosRun:
         paths, first = [], 0
         for index, (batch, size) in enumerate(zip(self.batches, self.config.tenant_sizes(), strict=True)):
             paths.append(self.work_dir / (f"batch-{batch.tenant}.jsonl" if batch.tenant else "batch.jsonl"))
-            self.batches[index] = replace(batch, submitted=[request_id_for(batch.batch_id, custom_id)
-                                                            for custom_id in write_batch(paths[-1], size, first)])
+            bodies = {request_id_for(batch.batch_id, custom_id): body
+                      for custom_id, body in write_batch(paths[-1], size, first).items()}
+            self.batches[index] = replace(batch, submitted=list(bodies),
+                                          own_bodies={i: body_digest(body) for i, body in bodies.items()})
             first += size
         await self.stack.wait_for_topics([*self.topology.all_topics(), self.topology.state_changelog])
         await self.states.start()

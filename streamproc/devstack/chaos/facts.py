@@ -130,6 +130,12 @@ class IdOutcome:
     def ended(self) -> bool:
         return self.results > 0 or bool(self.terminal_codes)
 
+    @property
+    def ended_as_submitted(self) -> bool:
+        """Whether a submitted request ended: a result, or a terminal failure other than ``conflicting_duplicate``,
+        which refuses a record because another record holds its id, and so ends no request of the batch's own."""
+        return self.results > 0 or any(code != CONFLICTING_DUPLICATE for code in self.terminal_codes)
+
 
 @dataclass
 class Outcomes:

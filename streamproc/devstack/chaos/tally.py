@@ -43,6 +43,7 @@ class MeasuredBatch:
     status_json: Mapping[str, object] | None = None  # `streamproc status --json` at the end (the summaries)
     verified_json: Mapping[str, object] | None = None  # `streamproc status --json --verify` (the changelog fold)
     converged_after_s: float | None = None  # from its own submit: a small tenant's wait behind a flood
+    own_bodies: Mapping[str, str] = field(default_factory=dict)  # request id -> body_digest of its line in the file
 
     @property
     def label(self) -> str:
@@ -106,8 +107,16 @@ def counts_of(status: Mapping[str, object]) -> dict[str, object]:
 
 
 def lost_ids(batch_id: str, submitted: Sequence[str], outcomes: Outcomes) -> list[str]:
-    """Submitted ids of the batch with neither a result nor a terminal failure of that batch."""
-    return [i for i in submitted if not outcomes.get(batch_id, i).ended]
+    """Submitted ids of the batch with neither a result nor a terminal failure of that batch; a
+    ``conflicting_duplicate`` does not count (:attr:`IdOutcome.ended_as_submitted`)."""
+    return [i for i in submitted if not outcomes.get(batch_id, i).ended_as_submitted]
+
+
+def refused_own(batch: MeasuredBatch, outcomes: Outcomes) -> list[str]:
+    """Ids whose own record (the body the batch file holds) was refused as a ``conflicting_duplicate``: another
+    record took the id first, and the user's request was never handled."""
+    return [i for i in batch.submitted if (own := batch.own_bodies.get(i)) is not None
+            and own in outcomes.get(batch.batch_id, i).conflict_bodies]
 
 
 def duplicated_calls(batch_id: str, submitted: Sequence[str], outcomes: Outcomes,
@@ -239,6 +248,10 @@ def _requests(facts: ChaosFacts, sheet: _Sheet) -> None:
     sheet.rows.append(Row("lost", str(len(lost)), _fmt_ids(lost)))
     if lost:
         sheet.problems.append(f"{len(lost)} request(s) lost")
+    refused = [i for b in facts.batches for i in refused_own(b, facts.outcomes)]
+    if refused:
+        sheet.problems.append(f"{len(refused)} request(s) refused as conflicting_duplicate of their own body (another "
+                              f"record took the id): {_fmt_ids(refused)}")
     if facts.tenanted:
         sheet.rows += [_tenant_row(b, facts.outcomes) for b in facts.batches]
 
@@ -247,7 +260,7 @@ def _tenant_row(batch: MeasuredBatch, outcomes: Outcomes) -> Row:
     """One tenant's requests: each must end, and be exported on exactly one line."""
     ended = [outcomes.get(batch.batch_id, i) for i in batch.submitted]
     succeeded = sum(1 for o in ended if o.results)
-    failed = sum(1 for o in ended if o.terminal_codes and not o.results)
+    failed = sum(1 for o in ended if o.ended_as_submitted and not o.results)
     lost = len(batch.submitted) - succeeded - failed
     repeated = repeated_export_ids(batch.export_ids)
     converged = ("; not converged" if batch.converged_after_s is None

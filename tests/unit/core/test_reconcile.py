@@ -56,10 +56,20 @@ def test_nothing_is_redriven_within_the_grace_period() -> None:
     assert stranded(fresh, committed({"llm.retry.30s": 100}), NOW, GRACE) is None
 
 
-@pytest.mark.parametrize("status", [RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.PENDING])
+@pytest.mark.parametrize("status", [RequestStatus.SUCCEEDED, RequestStatus.FAILED])
 def test_finished_requests_are_never_redriven(status: RequestStatus) -> None:
     done = replace(RETRYING, status=status)
     assert stranded(done, committed({"llm.retry.30s": 100, "llm.retry.5s": 100}), NOW, GRACE) is None
+
+
+def test_a_reservation_is_redriven_only_through_the_parked_copy_it_names() -> None:
+    """A ``pending`` state reserves the id of a request parked before admission (core.reservation): it names no
+    attempt (never a stale in flight), only the backlog copy that continues it."""
+    reserved = RequestState("r1", RequestStatus.PENDING, "h", updated_ms=NOW - GRACE)
+    assert stranded(reserved, committed({"llm.retry.5s": 100, "llm.requests": 100}), NOW, GRACE) is None
+    parked = replace(reserved, next_topic="llm.backlog", next_offset=4)
+    assert stranded(parked, committed({"llm.backlog": 5}), NOW, GRACE) == Redrive(
+        "r1", RecordRef("llm.backlog", 4), StrandedBy.WAITING_RECORD_CONSUMED, None)
 
 
 def test_a_state_from_before_next_records_were_remembered_is_left_alone() -> None:

@@ -232,6 +232,13 @@ def test_pending_starts_and_keeps_its_creation_time() -> None:
     assert (new.status, new.attempts, new.created_ms, new.updated_ms) == (IN_FLIGHT, 1, 1_000, 9_000)
 
 
+def test_a_replay_of_another_body_never_takes_a_reserved_id_but_the_reserved_body_starts() -> None:
+    """``pending`` is a reservation (core.reservation): the record that owns the id waits parked."""
+    reserved = state(PENDING, attempts=0)
+    assert admit(reserved, OTHER_BODY, 1, 9_000, source=REPLAYED, replay=True) == Skip(SkipReason.RESERVED)
+    assert started(admit(reserved, REQUEST, 1, 9_000, source=REPLAYED, replay=True)).status is IN_FLIGHT
+
+
 def test_attempt_numbers_start_at_one() -> None:
     with pytest.raises(ValueError):
         admit(None, REQUEST, 0, 1, source=SUBMITTED)

@@ -279,7 +279,7 @@ def check_admission(before: RequestState | None, rec: Rec, admission: object) ->
         redelivery = before.status is RequestStatus.IN_FLIGHT and (before.source_topic, before.source_offset) == (
             rec.topic, rec.offset)  # the record that started the attempt: the same bytes again (rule 2)
         if other_body and not redelivery:
-            assert rec.replay and before.status in (RequestStatus.FAILED, RequestStatus.PENDING)
+            assert rec.replay and before.status is RequestStatus.FAILED
         assert not 0 < rec.run < before.run, f"a record of run {rec.run} started run {before.run} again"
         assert admission.state.status is RequestStatus.IN_FLIGHT and admission.state.attempts == rec.attempt
         assert (admission.state.source_topic, admission.state.source_offset) == (rec.topic, rec.offset)
@@ -400,7 +400,7 @@ def test_admission_of_any_record_against_any_state_follows_the_rules(before: Req
     check_admission(before, rec, admission)
     if isinstance(admission, Skip) and before is not None:  # a skip is one of the documented reasons
         assert before.status is not RequestStatus.PENDING or admission.reason in (
-            SkipReason.EARLIER_RUN, SkipReason.ALREADY_FAILED), admission.reason
+            SkipReason.EARLIER_RUN, SkipReason.ALREADY_FAILED, SkipReason.RESERVED), admission.reason
 
 
 # -- found by the properties above: bugs in request_state.py / handler.py, each fixed ---------------------

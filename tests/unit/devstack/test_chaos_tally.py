@@ -95,6 +95,26 @@ def test_lost_means_no_result_and_no_terminal_failure_of_the_batch() -> None:
     assert any("2 request(s) lost" in problem for problem in outcome.problems)
 
 
+def test_an_id_whose_own_record_was_refused_as_a_conflicting_duplicate_is_lost_not_ended() -> None:
+    """The chaos run's ticket-407: a hostile duplicate took the id, the user's own record (the body the batch file
+    holds) ended conflicting_duplicate in its batch; that request was never handled."""
+    own, hostile = '{"model":"m","messages":[]}', '{"model":"m","messages":[{"role":"user","content":"x"}]}'
+    refused = failure("b1/r2", 1, terminal=True, code="conflicting_duplicate", body=own)
+    outcomes = outcomes_of(result("b1/r0"), result("b1/r1"), refused, refused, refused,
+                           result("b1/r2", batch_id="poison"),  # the duplicate's answer, in its own batch
+                           failure("b1/r1", 1, terminal=True, code="conflicting_duplicate", batch_id="poison",
+                                   body=hostile))  # a duplicate refused as it must: r1 still ended
+    ids = ["b1/r0", "b1/r1", "b1/r2"]
+    assert lost_ids(BATCH, ids, outcomes) == ["b1/r2"]
+    bodies = {i: body_digest(own) for i in ids}
+    outcome = tally(facts(submitted=ids, outcomes=outcomes,
+                          batches=[MeasuredBatch(BATCH, None, ids, ("r0", "r1", "r2"), own_bodies=bodies)]))
+    rows = {row.label: row for row in outcome.rows}
+    assert rows["lost"].value == "1" and rows["lost"].detail == "b1/r2"
+    assert "1 request(s) lost" in outcome.problems
+    assert any("conflicting_duplicate of their own body" in p and "b1/r2" in p for p in outcome.problems)
+
+
 def test_duplicated_calls_are_calls_beyond_the_attempts_events_name() -> None:
     outcomes = outcomes_of(result("b1/a", attempts=2), failure("b1/a", 1, terminal=False),
                            failure("b1/b", 3, terminal=True), result("b1/c"))

@@ -32,6 +32,15 @@ def test_replays_retryable_layers_and_skips_with_reasons() -> None:
     assert plan.summary()["to_replay"] == 3 and plan.summary()["to_skip"] == 2
 
 
+def test_a_conflict_of_an_id_whose_owner_waits_parked_is_never_replayed_over_it() -> None:
+    """The id is reserved (``pending``) for the record read first, parked on the backlog: a replay of the later
+    record's conflicting_duplicate would start (rule 4) with the other body and take the id from it."""
+    conflict = failure("parked", FailureLayer.BUSINESS, "conflicting_duplicate")
+    plan = plan_backfill([conflict], {"parked": RequestStatus.PENDING}, BackfillFilter(include_business=True))
+    assert plan.replays == []
+    assert plan.counts[("business", "conflicting_duplicate", "skip: waiting to be handled")] == 1
+
+
 def test_business_only_on_request_and_filters_apply() -> None:
     failures = [failure("b", FailureLayer.BUSINESS, "invalid_request_error", at_ms=5_000),
                 failure("old", FailureLayer.TRANSPORT, "read_timeout", at_ms=10),
