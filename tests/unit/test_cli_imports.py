@@ -1,5 +1,6 @@
 """The command line loads what a command runs only when it runs: ``streamproc --help`` (and any one command)
-must not pay for the Kafka client, faust, the settings' pydantic, the mock server or the chaos harness."""
+must not pay for the Kafka client, faust, the settings' pydantic, the request events, the mock server or the chaos
+harness."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from streamproc.cli import cli
 
 HEAVY = ("aiokafka", "faust", "mode", "pydantic", "aiohttp", "httpx", "fastavro", "rocksdict", "yaml", "asyncio",
          "streamproc.settings", "streamproc.app", "streamproc.ops", "streamproc.sink", "streamproc.kafka",
+         "streamproc.core.events", "streamproc.core.batch_summary",
          "streamproc.mockllm.runner", "streamproc.mockllm.profiles", "streamproc.devstack.chaos.chaos_run",
          "streamproc.devstack.cluster")
 
