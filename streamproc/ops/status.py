@@ -197,7 +197,7 @@ class BatchStatusReader:
         if self._fold is not None:
             self._fold.apply(states)
             return status_of(self.manifest, self._fold.status)
-        read_summaries(records, self._topology, self._summaries)
+        read_summaries(records, self._topology, self._summaries, self._batch_id)
         counts = self._summaries.batch(self._batch_id)[0]
         return status_of(self.manifest, functools.partial(counted_status, self._batch_id, counts))
 
