@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from streamproc.core.durations import parse_duration_ms
-from streamproc.core.stream_status import MAX_HOURS
+from streamproc.core.durations import HOURS_KEPT, parse_duration_ms
 from streamproc.core.tenancy import PRIORITIES
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.errors import ExitCode, UserFacingError, exit_codes_help
@@ -432,7 +431,7 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
 @click.option("--batch-id", help="The batch to report.")
 @click.option("--stream", is_flag=True,
               help="Report the stream instead: the requests that name no batch (JSON requests without batch_id).")
-@click.option("--hours", default=24, show_default=True, type=click.IntRange(1, MAX_HOURS),
+@click.option("--hours", default=24, show_default=True, type=click.IntRange(1, HOURS_KEPT),
               help="With --stream: how many clock hours (UTC) of arrivals and ends to show, the current one last.")
 @click.option("--verify", is_flag=True,
               help="Count the batch (or the stream) from every request state on the changelog instead of the "

@@ -32,9 +32,10 @@ BatchApi = Literal["openai", "anthropic"]
 
 
 class SettingsValue(BaseModel):
-    """A small part of the settings, made by :class:`Settings` (which validated every field already)."""
+    """A small part of the settings, made by :class:`Settings` (which validated every field already); each is
+    built on first use (defer_build), so a command pays only for the parts it reads."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class LLMEndpoint(SettingsValue):

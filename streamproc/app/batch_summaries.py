@@ -23,7 +23,8 @@ from typing import Any
 
 from streamproc import codec
 from streamproc.codec.summary_record import encode_summary, encode_summary_key
-from streamproc.core.batch_summary import HOUR_MS, HOURS_KEPT, BatchCounts, LatestState, SummaryKey, hour_of
+from streamproc.core.batch_summary import BatchCounts, LatestState, SummaryKey, hour_of
+from streamproc.core.durations import HOUR_MS, HOURS_KEPT
 from streamproc.core.events import RequestState
 
 log = logging.getLogger(__name__)

@@ -12,16 +12,14 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
+from streamproc.core.durations import HOUR_MS
 from streamproc.core.events import RequestState
 from streamproc.core.request_state import DEFERRAL_CODES
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
 _ENDED = (RequestStatus.SUCCEEDED, RequestStatus.FAILED)
-HOUR_MS: Final = 3_600_000
-HOURS_KEPT: Final = 7 * 24
-"""The clock hours a count of arrivals and ends per hour keeps (``status --stream --hours`` shows at most these)."""
 
 
 class LatestState(NamedTuple):

@@ -7,6 +7,11 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
+HOUR_MS: Final = 3_600_000
+HOURS_KEPT: Final = 7 * 24
+"""The clock hours a count of arrivals and ends per hour keeps (``status --stream --hours`` shows at most these);
+here, not beside the counts in core.batch_summary, so that the CLI checks ``--hours`` without loading them."""
+
 GO_UNITS: Final = "ms|us|\u00b5s|ns|h|m|s"  # alternation order matters: "ms" before "m" and "s"
 _GO_DURATION: Final = re.compile(rf"(\d+(?:\.\d+)?)({GO_UNITS})")
 _UNIT_MS: Final[Mapping[str, float]] = {

@@ -33,10 +33,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
-from streamproc.core.guards.rate_limits import RateLimits
 from streamproc.core.spend_cap import Scope, Spend
+
+if TYPE_CHECKING:
+    from streamproc.core.guards.rate_limits import RateLimits
 
 BEAT_S: Final = 1.0  # how often a worker publishes its beat
 STALE_BEATS: Final = 3  # a worker not heard from for this many of its beats is gone
@@ -194,7 +196,10 @@ def shares(mine: Mapping[str, ModelDemand], others: Sequence[Beat],
 
 def told_limits(beats: Iterable[Beat]) -> dict[str, RateLimits]:
     """Per model, the account's limits the beats say were configured or advertised (the lowest any names): a
-    worker that has not met them yet paces by them from its first call, instead of finding them by its 429s."""
+    worker that has not met them yet paces by them from its first call, instead of finding them by its 429s.
+    (The pacing module is imported here: status decodes the beats and paces nothing.)"""
+    from streamproc.core.guards.rate_limits import RateLimits
+
     told: dict[str, list[ModelDemand]] = {}
     for beat in beats:
         for model, demand in beat.models.items():

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from streamproc.core.batch_summary import HOUR_MS, HOURS_KEPT, BatchCounts, LatestState
+from streamproc.core.batch_summary import BatchCounts, LatestState
+from streamproc.core.durations import HOUR_MS, HOURS_KEPT
 from streamproc.core.events import RequestState
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 

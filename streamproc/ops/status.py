@@ -19,7 +19,6 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord
 
 from streamproc import codec
-from streamproc.app.lag_reader import GroupNotFound, LagError, read_lag
 from streamproc.app.summary_reader import read_summaries
 from streamproc.app.topic_reader import TopicReader
 from streamproc.codec.batch_cap import decode_batch_cap
@@ -203,7 +202,7 @@ class BatchStatusReader:
         if self._fold is not None:
             self._fold.apply(states)
             return status_of(self.manifest, self._fold.status)
-        read_summaries(records, self._topology, self._summaries)
+        read_summaries(records, self._topology, self._summaries, self._batch_id)
         counts = self._summaries.batch(self._batch_id)[0]
         return status_of(self.manifest, functools.partial(counted_status, self._batch_id, counts))
 
@@ -274,7 +273,10 @@ def decode_caps(records: Iterable[ConsumerRecord[Any, Any]], topology: Topology)
 
 
 async def _group_view(kafka: KafkaConnection, topology: Topology) -> GroupView | None:
-    """The workers' group: its members and the lag of its inputs; None when the broker did not say."""
+    """The workers' group: its members and the lag of its inputs; None when the broker did not say (imported
+    here: only a batch that stalls needs it)."""
+    from streamproc.app.lag_reader import GroupNotFound, LagError, read_lag
+
     group = topology.app_id
     try:
         report = await read_lag(kafka, [group], {group: topology.inputs})

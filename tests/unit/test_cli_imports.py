@@ -1,5 +1,6 @@
 """The command line loads what a command runs only when it runs: ``streamproc --help`` (and any one command)
-must not pay for the Kafka client, faust, the settings' pydantic, the mock server or the chaos harness."""
+must not pay for the Kafka client, faust, the settings' pydantic, the request events, the mock server or the chaos
+harness."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from streamproc.cli import cli
 
 HEAVY = ("aiokafka", "faust", "mode", "pydantic", "aiohttp", "httpx", "fastavro", "rocksdict", "yaml", "asyncio",
          "streamproc.settings", "streamproc.app", "streamproc.ops", "streamproc.sink", "streamproc.kafka",
+         "streamproc.core.events", "streamproc.core.batch_summary",
          "streamproc.mockllm.runner", "streamproc.mockllm.profiles", "streamproc.devstack.chaos.chaos_run",
          "streamproc.devstack.cluster")
 
@@ -63,16 +65,18 @@ def test_the_mock_package_names_all_load() -> None:
     assert [name for name in streamproc.mockllm.__all__ if not hasattr(streamproc.mockllm, name)] == []
 
 
-def test_status_loads_no_avro_no_http_client_and_no_properties_parser() -> None:
+def test_status_loads_no_avro_no_http_client_no_properties_parser_and_no_worker_guards() -> None:
     """What ``status --batch-id`` imports (its start-up is most of its 2 s budget): neither the Avro side (it reads
     JSON summaries), nor httpx (only OAUTHBEARER tokens need it), nor javaproperties (only a client properties
-    file)."""
+    file), nor the workers' pacing (status decodes the fleet's beats and paces nothing), nor the lag reader (only
+    a batch that stalls needs the group's lag)."""
     script = ("import json, sys; import streamproc.cli, streamproc.app.bootstrap, streamproc.ops.status, "
               "streamproc.settings; print(json.dumps(sorted(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     modules = set(json.loads(done.stdout))
-    assert [name for name in ("fastavro", "httpx", "javaproperties", "faust", "streamproc.codec.framing")
-            if name in modules] == []
+    lazy = ("fastavro", "httpx", "javaproperties", "faust", "streamproc.codec.framing",
+            "streamproc.core.guards.rate_limits", "streamproc.app.lag_reader")
+    assert [name for name in lazy if name in modules] == []
 
 
 def test_the_codec_package_names_all_load() -> None:
