@@ -299,10 +299,22 @@ class ProviderBatchRoute:
         following = _Following(record, attempt_of=record.member_attempts())
         self._following[record.gather_id] = following
         for member in record.members:
-            self._member_of[member] = following
+            if not self._follows_later_attempt(member, following):
+                self._member_of[member] = following
         if self._cancel_watch is None or self._cancel_watch.done():
             self._cancel_watch = asyncio.create_task(self._cancel_when_closed(), name="provider-batch-cancels")
         return following
+
+    def _follows_later_attempt(self, request_id: str, following: _Following) -> bool:
+        """Whether the request's line already followed is for a later attempt than its line in ``following`` (two
+        records taken over holding one request: the earlier attempt's batch, not ended when the worker was killed,
+        and the batch its retry went into). The later attempt's line is the one awaited; the earlier one's is
+        dropped when it comes back to a call of the later attempt."""
+        current = self._member_of.get(request_id)
+        if current is None:
+            return False
+        held, new = current.attempt_of.get(request_id), following.attempt_of.get(request_id)
+        return held is not None and new is not None and held > new
 
     async def _cancel_when_closed(self) -> None:
         """Cancel at the provider every followed batch whose awaited members all belong to cancelled batches: its

@@ -25,6 +25,8 @@ from streamproc.settings import ProviderBatchSettings
 BODY = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
 REFUSED = Failure(FailureLayer.SERVICE, "invalid_json_line", "the batch was refused by validation")
 GATHERED_ANEW = Failure(FailureLayer.SERVICE, "second_batch", "the member went into a new batch")
+EXPIRED = Failure(FailureLayer.SERVICE, "batch_expired", "the provider batch expired before running the line")
+LINES = {"batch_1": REFUSED, "batch_2": EXPIRED}  # each provider batch's lines
 
 
 class FakeApi:
@@ -68,21 +70,21 @@ TAKEN_OVER = ProviderBatchRecord("g-1", "openai", "gpt-test", 0, ("r1", "r2"), R
 
 
 class Rig:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, record: ProviderBatchRecord) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *records: ProviderBatchRecord) -> None:
         self.lines_due = asyncio.Event()
         self.api, self.log = FakeApi(), FakeLog()
 
         async def owned(reader: object, owned: object, unreadable: object) -> dict[str, ProviderBatchRecord]:
-            return {record.gather_id: record}
+            return {record.gather_id: record for record in records}
 
         async def ended(api: object, batch_id: str, policy: object) -> ProviderBatchView:
             await self.lines_due.wait()
-            return ProviderBatchView("openai", batch_id, BatchPhase.FAILED, len(record.members), 0)
+            return ProviderBatchView("openai", batch_id, BatchPhase.FAILED, 2, 0)
 
-        async def outcomes(api: object, view: object, members: Iterable[str],
+        async def outcomes(api: object, view: ProviderBatchView, members: Iterable[str],
                            unusable: object) -> AsyncIterator[LineOutcome]:
             for custom_id in members:
-                yield LineOutcome(custom_id, REFUSED)
+                yield LineOutcome(custom_id, LINES[view.batch_id])
 
         @asynccontextmanager
         async def reader() -> AsyncIterator[object]:
@@ -163,6 +165,26 @@ async def test_a_record_written_without_attempts_matches_by_request_id(monkeypat
     rig.lines_due.set()
     await rig.ended_and_tombstoned("g-1")
     assert await rig.call("r1", 2) == REFUSED and rig.api.submitted == []
+    await rig.route.aclose()
+
+
+async def test_of_two_batches_taken_over_holding_a_request_its_later_attempts_line_answers_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker was killed after the refused batch's member went, retried, into a second batch, before the first
+    ended: the retry's line answers it, the refusal is dropped, and neither is gathered a third time."""
+    retried = ProviderBatchRecord("g-2", "openai", "gpt-test", 0, ("r1",), RecordState.OPEN, 2, 2,
+                                  provider_batch_id="batch_2", attempts=(2,))
+    rig = Rig(monkeypatch, retried, TAKEN_OVER)  # the earlier attempt's record followed last
+    assert await rig.route.held("r1", 2, 0) and not await rig.route.held("r1", 1, 0)
+    waiting = asyncio.create_task(rig.call("r1", 2))
+    await asyncio.sleep(0.05)
+    rig.lines_due.set()
+    assert await waiting == EXPIRED and rig.api.submitted == []
+    rig.route.written("r1")
+    await rig.ended_and_tombstoned("g-2")
+    await rig.ended_and_tombstoned("g-1")
+    assert not await rig.route.held("r1", 2, 0)  # the refusal answers no later attempt (kept for attempt 1 at most)
+    assert await rig.call("r1", 3) == GATHERED_ANEW
     await rig.route.aclose()
 
 
