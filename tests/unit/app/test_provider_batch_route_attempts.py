@@ -15,12 +15,11 @@ from streamproc.app import provider_batch_route as route_module
 from streamproc.app.provider_batch_route import ProviderBatchRoute
 from streamproc.core.events import InferenceRequest
 from streamproc.core.outcome import Failure
-from streamproc.core.provider_batch_gatherer import OPENAI_LIMITS
 from streamproc.core.provider_batch_lines import LineOutcome
 from streamproc.core.provider_batch_objects import BatchPhase, ProviderBatchView
 from streamproc.core.provider_batch_takeover import ProviderBatchRecord, RecordState, member_custom_id
 from streamproc.core.vocabulary import FailureLayer
-from streamproc.llm.provider_batches import BatchCallFailed
+from streamproc.llm.provider_batches import OPENAI_LIMITS, BatchCallFailed
 from streamproc.settings import ProviderBatchSettings
 
 BODY = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
