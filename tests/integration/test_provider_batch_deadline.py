@@ -28,6 +28,9 @@ from tests.integration.test_operations import cli, wait_converged
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 COUNT = 40
+# long enough for a worker on a loaded CI machine to read all COUNT first attempts before it (a first attempt read
+# after it is called synchronously, and the test would see fewer members open than COUNT)
+DEADLINE_S = 20
 WARM_UP = 2  # requests of a model not routed, called before the batch so that the worker reads it at once
 PRICES = {"mock-small": (1.0, 2.0), "mock-large": (1.0, 2.0)}  # USD per million prompt / completion tokens
 # the retry budget's ratio of 40 first attempts would end some of the ~20 expired lines retry_budget_exhausted
@@ -52,7 +55,8 @@ def cost_usd(outcomes: Outcomes, ids: list[str], discounted: set[str]) -> float:
 
 def test_lines_retried_past_the_deadline_are_called_at_the_full_price(settings: Settings, tmp_path: Path) -> None:
     expiring = [arg for n in range(1, settings.partitions + 1) for arg in ("--batch-fault", f"{n}:expire=0.5")]
-    mock = start_mock("clean", 5, "--batch-seconds", "8", *expiring)  # every provider batch expires half-done
+    # every provider batch expires half-done, and not before the deadline has passed
+    mock = start_mock("clean", 5, "--batch-seconds", str(DEADLINE_S), *expiring)
     worker = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **DEADLINE_ROUTED), tmp_path / "worker.log")
     ids = [request_id_for("soon", f"soon-{i}") for i in range(COUNT)]
     worker.start()
@@ -61,7 +65,7 @@ def test_lines_retried_past_the_deadline_are_called_at_the_full_price(settings: 
         assert cli(settings, "submit", str(warm), "--batch-id", "warm").returncode == 0
         wait_converged(settings, "warm", 120, worker)
         sent = cli(settings, "submit", str(routed_batch_file(tmp_path / "in.jsonl", COUNT, "soon")), "--batch-id",
-                   "soon", "--deadline", "5s", "--completion-window", "1h")
+                   "soon", "--deadline", f"{DEADLINE_S}s", "--completion-window", "1h")
         assert sent.returncode == 0, sent.stderr
         records = asyncio.run(wait_all_open(settings, COUNT, worker))  # gathered before the deadline
         outcomes = asyncio.run(outcomes_of(settings, ids, worker))
