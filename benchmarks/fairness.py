@@ -4,8 +4,9 @@ baselines measured in the same run.
 Starts a private Kafka broker; each run has its own topics, a fresh mock LLM (``--profile clean`` with
 ``--fairness-slots`` slots: ``mock-small`` answers in ``--fairness-latency`` seconds, ``mock-large`` (the long
 generations) in ``--long-latency``) and ``--fairness-workers`` workers (2) that share the slots' worth of in-flight
-calls, fixed. The workers warm up on a few requests; then the run's records are produced, with their
-``x-tenant``/``x-priority`` headers as ``submit`` sets them, and times run from their submission.
+calls, fixed. The workers warm up on a few requests; then the run's records are produced, on their priority's
+topic and with their ``x-tenant``/``x-priority`` headers as ``submit`` writes them, and times run from their
+submission.
 
 1. tenants: tenant A submits ``--flood`` requests (20,000 x ``--scale``); 10 s later tenant B (equal weight)
    ``--small`` (200 x ``--scale``). B's completion time (submission to last result) against
@@ -68,13 +69,14 @@ def request(batch_id: str, i: int, tenancy: Tenancy, long: bool = False) -> Infe
                             priority=tenancy.priority)
 
 
-async def produce(bootstrap: str, topic: str, requests: Sequence[InferenceRequest]) -> float:
-    """The records with the headers ``submit`` sets; the wall time they were all on the broker."""
+async def produce(bootstrap: str, topology: Topology, requests: Sequence[InferenceRequest]) -> float:
+    """The records on the topics and with the headers ``submit`` gives them (each priority's own topic); the wall
+    time they were all on the broker."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
     try:
         for r in requests:
-            await producer.send(topic, key=r.request_id.encode(), value=codec.encode(r),
+            await producer.send(topology.request_topic(r.priority), key=r.request_id.encode(), value=codec.encode(r),
                                 headers=list(tenancy_headers(Tenancy(r.tenant, r.priority))))
         await producer.flush()
     finally:
@@ -171,7 +173,7 @@ class FairnessRun:
         self.bench.stack.stop(self.mock.process)
 
     async def submit(self, batch: Batch) -> Batch:
-        batch.submitted = await produce(self.bench.bootstrap, self.topology.requests, batch.requests)
+        batch.submitted = await produce(self.bench.bootstrap, self.topology, batch.requests)
         return batch
 
     async def wait(self, batch: Batch) -> list[float]:

@@ -524,7 +524,7 @@ class Settings(BaseSettings):
     def topology(self) -> Topology:
         """Every topic name and size, derived from these settings in one place."""
         return Topology(self.topic_prefix, self.partitions, parse_tiers(self.retry_tiers), self.app_id,
-                        outcomes_retention_ms(self.retain_finished_ms))
+                        outcomes_retention_ms(self.retain_finished_ms), by_priority=self.upgrade_from is None)
 
     def retry_policy(self) -> RetryPolicy:
         """The retry policy the workers apply: the tiers and the backoff base."""

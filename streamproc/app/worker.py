@@ -377,7 +377,9 @@ class WorkerRuntime:
 
     # -- agents ------------------------------------------------------------------------------------------
     def _register_agents(self) -> None:
-        self.app.agent(self.sink.topic(self.topology.requests), name="dispatch-requests")(self._dispatch)
+        for topic in self.topology.request_topics:  # an agent per priority: none is read behind another's flood
+            name = "dispatch-requests" + topic.removeprefix(self.topology.requests).replace(".", "-")
+            self.app.agent(self.sink.topic(topic), name=name)(self._dispatch)
         self.app.agent(self.sink.topic(self.topology.backlog), name="dispatch-backlog")(self._dispatch_parked)
         for tier in self.topology.tiers:
             self.app.agent(self.sink.topic(self.topology.retry(tier)), name=f"dispatch-retry-{tier.name}")(

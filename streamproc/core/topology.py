@@ -7,6 +7,7 @@ from typing import Final
 
 from streamproc.core.durations import parse_duration_ms
 from streamproc.core.retry_policy import Tier
+from streamproc.core.tenancy import DEFAULT_PRIORITY, PRIORITIES
 from streamproc.core.vocabulary import FailureLayer
 
 DEFAULT_PREFIX: Final = "llm"
@@ -34,10 +35,32 @@ class Topology:
     app_id: str = LEGACY_APP_ID
     keep_outcomes_ms: int | None = None  # retention of the results and failure topics they are created with (None:
     # the broker's default); longer than automatic retention keeps a batch, so a batch is exported before it goes
+    by_priority: bool = True  # whether a request is written on its priority's topic (False during a rolling upgrade
+    # from a release whose workers read ``requests`` alone: :meth:`request_topic`)
 
     @property
     def requests(self) -> str:
         return f"{self.prefix}.requests"
+
+    def priority_requests(self, priority: str) -> str:
+        """The requests topic of ``priority``: ``<prefix>.requests`` for the default one, ``<prefix>.requests.<p>``
+        for the others (design §5.11, lanes). Each has its own agent, so a batch is never read behind a flood of
+        another priority; keyed by request id and co-partitioned like the others, so a request's state stays on its
+        partition."""
+        return self.requests if priority == DEFAULT_PRIORITY else f"{self.requests}.{priority}"
+
+    @property
+    def request_topics(self) -> list[str]:
+        """Every priority's requests topic, the most urgent first."""
+        return [self.priority_requests(priority) for priority in PRIORITIES]
+
+    def request_topic(self, priority: str) -> str:
+        """Where a new request of ``priority`` is written: its priority's topic, or ``<prefix>.requests`` while
+        :attr:`by_priority` is off (the older workers of a rolling upgrade read no other); an unknown priority goes
+        to ``<prefix>.requests`` (the handler refuses it there)."""
+        if not self.by_priority or priority not in PRIORITIES:
+            return self.requests
+        return self.priority_requests(priority)
 
     @property
     def results(self) -> str:
@@ -78,8 +101,8 @@ class Topology:
 
     @property
     def inputs(self) -> list[str]:
-        """The topics the workers' group consumes: new requests, the backlog and every retry tier."""
-        return [self.requests, self.backlog, *(self.retry(tier) for tier in self.tiers)]
+        """The topics the workers' group consumes: new requests (every priority's), the backlog and every retry tier."""
+        return [*self.request_topics, self.backlog, *(self.retry(tier) for tier in self.tiers)]
 
     @property
     def state_changelog(self) -> str:
@@ -99,7 +122,7 @@ class Topology:
 
     def all_topics(self) -> dict[str, int]:
         """Name -> partition count, for creation and the startup check."""
-        names = [self.requests, self.backlog, self.results, self.dead_letters]
+        names = [*self.request_topics, self.backlog, self.results, self.dead_letters]
         names += [self.failed(layer) for layer in FailureLayer]
         names += [self.retry(tier) for tier in self.tiers]
         return dict.fromkeys(names, self.partitions)

@@ -137,7 +137,9 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
         submitted_ms = int(time.time() * 1000)
         for request in iter_requests(path, limits, batch_id, submitted_ms, skip_invalid):
             scheduled_by = tenancy_headers(Tenancy(request.tenant, request.priority))
-            pending.append(await producer.send(topology.requests, key=request.request_id.encode(),
+            # a priority's own topic: a high batch is not read behind a low flood (design §5.11, lanes)
+            pending.append(await producer.send(topology.request_topic(request.priority),
+                                               key=request.request_id.encode(),
                                                value=encode_request(request),
                                                headers=[*record_headers, *scheduled_by] or None))
             if len(pending) >= _CONFIRM_EVERY:

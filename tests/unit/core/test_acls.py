@@ -61,7 +61,9 @@ def test_the_submitter_sends_reads_outcomes_and_watches_the_group_but_never_acts
     t, plan = topology(), acl_plan(topology())
     for name in pipeline_topics(t):  # ensure_pipeline_topics
         assert permits(plan, SUBMITTER, "Create", TOPIC, name) and permits(plan, SUBMITTER, "Describe", TOPIC, name)
-    assert permits(plan, SUBMITTER, "Write", TOPIC, t.requests)
+    for name in t.request_topics:  # every priority's (submit writes each request on its priority's topic)
+        assert permits(plan, SUBMITTER, "Write", TOPIC, name), name
+        assert not permits(plan, SUBMITTER, "Read", TOPIC, name), name
     assert permits(plan, SUBMITTER, "Write", TOPIC, t.batches) and permits(plan, SUBMITTER, "Read", TOPIC, t.batches)
     for name in [t.results, t.state_changelog, *(t.failed(layer) for layer in FailureLayer)]:
         assert permits(plan, SUBMITTER, "Read", TOPIC, name), name
