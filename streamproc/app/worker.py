@@ -1,8 +1,8 @@
 """``streamproc worker``: the faust app that turns requests into results or layered failures.
 
-One dispatcher agent per topic (``llm.requests`` and every retry tier), each taking events unacked and
-handing them to the shared :class:`Dispatcher`; the ``request_state`` table (RocksDB via rocksdict) is
-read and written by the :class:`Handler` through the partition of the event being handled.
+One dispatcher agent per topic (each priority's requests topic, the backlog and every retry tier), each taking
+events unacked and handing them to the shared :class:`Dispatcher`; the ``request_state`` table (RocksDB via
+rocksdict) is read and written by the :class:`Handler` through the partition of the event being handled.
 """
 
 from __future__ import annotations
