@@ -43,6 +43,11 @@ class Dispatcher:
         """Records being handled (not those still waiting for their due time)."""
         return len(self._tasks) - self._waiting
 
+    @property
+    def slots_full(self) -> bool:
+        """Whether every slot is taken (a record handed over now would wait for one)."""
+        return self._slots.locked()
+
     async def submit(self, lane: Hashable, offset: int, work: Callable[[], Awaitable[Disposition]],
                      ack: Ack, wait: Callable[[], Awaitable[object]] | None = None, call: bool = True) -> None:
         """Wait for a free slot, then start ``work``; ``ack`` runs once it and every lower offset are done.

@@ -84,6 +84,15 @@ class TenantHand:
             totals[tenant] += count
         return dict(totals)
 
+    def priorities_present(self) -> set[str]:
+        """The priorities of the records in hand or waiting in memory, any tenant's."""
+        return {priority for (_, priority), count in (*self._held.items(), *self._waiting.items()) if count > 0}
+
+    async def changed(self, timeout_s: float = _POLL_S) -> None:
+        """Return once a record was given back, or after ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+
     def _has_room(self, lane: Lane) -> bool:
         if self._held_back(lane[0]) or outranked(lane, self._waiting):
             return False

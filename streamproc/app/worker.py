@@ -67,8 +67,9 @@ from streamproc.core.retention import check_interval_s
 from streamproc.core.retry_policy import Tier, due_within_tier
 from streamproc.core.spend_cap import Cap, SpendLedger
 from streamproc.core.sweep_scope import SweepScope
+from streamproc.core.tenancy import PRIORITIES
 from streamproc.core.tenant_pace import TenantPace
-from streamproc.core.tenant_share import Lane
+from streamproc.core.tenant_share import Lane, reading_yields
 from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
@@ -277,6 +278,7 @@ class WorkerRuntime:
         self.tenant_hand = TenantHand(records_in_hand(settings.in_flight), read_ahead, tenants.weights,
                                       lambda tenant: pace.holds_back(tenant, time.monotonic()))
         self._backlog_places = asyncio.Semaphore(records_in_hand(settings.in_flight))
+        self._topic_priority = {self.topology.priority_requests(priority): priority for priority in PRIORITIES}
         guards = settings.guards
         self.llm = DeploymentCaller.connect(models, settings.llm_endpoint, connections=guards.in_flight.ceiling,
                                             hedge_ratio=guards.hedge_ratio,
@@ -429,7 +431,9 @@ class WorkerRuntime:
     async def _submit_request(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
         """A new request: handled if its tenant is under its quota of the hand, else its id is reserved and it waits
         in memory or is parked on the backlog (design §5.11), so the records behind it, another tenant's among them,
-        are read on, and none of them takes its id."""
+        are read on, and none of them takes its id. Read from a priority's topic, it first lets more urgent records
+        go first (:meth:`_yield_reading`)."""
+        await self._yield_reading(record.topic)
         if record.key is None:  # the handler first writes it again under its id; that copy is the one scheduled
             await self.dispatcher.submit(lane, record.offset, functools.partial(self.handler.handle, record), ack)
             return
@@ -448,6 +452,18 @@ class WorkerRuntime:
         else:
             await self.dispatcher.submit(lane, record.offset, functools.partial(self._park, record, digest), ack,
                                          call=False)
+
+    async def _yield_reading(self, topic: str) -> None:
+        """Hold off a lower priority's record while every slot is taken and more urgent records are in hand or
+        waiting (``reading_yields``): its reservation or parking would take the CPU their handling needs, and a slot
+        would not be free for it anyway. A rebalance or stop ends the wait (the record is then handled as any)."""
+        priority = self._topic_priority.get(topic)
+        if priority is None:
+            return
+        while reading_yields(priority, self.tenant_hand.priorities_present(), self.dispatcher.slots_full):
+            if self._rebalancing_or_stopping():
+                return
+            await self.tenant_hand.changed()
 
     async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
         """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota. Its id is

@@ -15,7 +15,7 @@ Weights come from ``STREAMPROC_TENANTS_FILE`` (:mod:`streamproc.core.tenants_fil
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -70,6 +70,15 @@ def outranked(lane: Lane, waiting: Mapping[Lane, int]) -> bool:
     rank = _priority_rank(priority)
     return any(count > 0 and name == tenant and _priority_rank(other) < rank
                for (name, other), count in waiting.items())
+
+
+def reading_yields(priority: str, present: Iterable[str], slots_full: bool) -> bool:
+    """Whether the agent of ``priority``'s requests topic holds off reading its next record: while every slot of the
+    dispatcher is taken and a record of a more urgent priority (``present``: the priorities of the records in hand
+    or waiting) is there. Reading on would only add records that wait, and reserving or parking them takes the
+    CPU the urgent records' handling needs; with a slot free it reads (work-conserving)."""
+    rank = _priority_rank(priority)
+    return slots_full and any(_priority_rank(other) < rank for other in present)
 
 
 @dataclass(frozen=True)

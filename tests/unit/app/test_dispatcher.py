@@ -88,6 +88,20 @@ async def test_at_most_limit_works_run_at_once() -> None:
     assert works.acked_offsets("p0") == list(range(8))
 
 
+async def test_the_slots_are_full_while_every_slot_runs_a_work_and_free_again_once_one_ends() -> None:
+    dispatcher, works = Dispatcher(2), Works()
+    assert not dispatcher.slots_full
+    await works.submit(dispatcher, "p0", 0)
+    assert not dispatcher.slots_full
+    await works.submit(dispatcher, "p0", 1)
+    assert dispatcher.slots_full  # what the lower priorities' reading yields on (design §5.11)
+    works.finish("p0", 0)
+    await settle()
+    assert not dispatcher.slots_full
+    works.finish("p0", 1)
+    await asyncio.wait_for(dispatcher.wait_idle(), 1)
+
+
 @pytest.mark.parametrize("ack_yields", [False, True])
 async def test_acks_are_released_in_offset_order_even_when_works_finish_in_reverse(ack_yields: bool) -> None:
     dispatcher, works = Dispatcher(10), Works(ack_yields)

@@ -106,3 +106,17 @@ def test_a_tenant_held_back_at_its_rate_quota_takes_nothing_and_leaves_the_hand_
     assert not hand.may_take(a_normal)
     assert hand.may_wait(a_normal)  # its record waits in memory, as for fair share
     assert sum(hand.may_take(b_normal) for _ in range(8)) == 8  # not 4: a's records do not count against b's part
+
+
+async def test_the_priorities_present_are_those_of_the_records_in_hand_or_waiting_of_any_tenant() -> None:
+    hand = TenantHand(hand=1, read_ahead=4)
+    assert hand.priorities_present() == set()
+    assert hand.may_take(("a", "low"))
+    assert hand.may_wait(("b", "high"))
+    assert hand.priorities_present() == {"low", "high"}
+    hand.stop_waiting(("b", "high"))
+    waking = asyncio.create_task(hand.changed(timeout_s=5))
+    await asyncio.sleep(0)
+    hand.give_back(("a", "low"))
+    await asyncio.wait_for(waking, 1)  # woken by the record given back, long before its timeout
+    assert hand.priorities_present() == set()

@@ -16,6 +16,7 @@ from streamproc.core.tenant_share import (
     hand_quota,
     lane_has_room,
     outranked,
+    reading_yields,
 )
 
 _TENANTS = st.sampled_from(["a", "b", "c", "d"])
@@ -119,3 +120,18 @@ def test_priorities_go_first_until_a_lower_one_has_aged() -> None:
     assert choice.pick(waiting, 2.0) == 1  # b again, though it started last: priority before fairness
     assert choice.pick(waiting[::2], 3.0) == 1  # without b: normal before low
     assert choice.pick(waiting, 30.0) == 0  # low waited 30 s: it goes before high
+
+
+def test_a_lower_prioritys_reading_yields_only_while_every_slot_is_taken_and_a_more_urgent_record_is_there() -> None:
+    assert reading_yields("low", {"high"}, slots_full=True)
+    assert reading_yields("normal", {"high", "low"}, slots_full=True)
+    assert reading_yields("low", {"normal"}, slots_full=True)
+    assert not reading_yields("low", {"high"}, slots_full=False)  # a free slot: read on (work-conserving)
+    assert not reading_yields("low", {"low"}, slots_full=True)  # its own priority holds nothing back
+    assert not reading_yields("normal", {"normal", "low"}, slots_full=True)
+    assert not reading_yields("high", set(PRIORITIES), slots_full=True)  # the most urgent never yields
+
+
+@given(st.sampled_from(PRIORITIES), st.sets(st.sampled_from(PRIORITIES)))
+def test_reading_never_yields_with_a_free_slot(priority: str, present: set[str]) -> None:
+    assert not reading_yields(priority, present, slots_full=False)
