@@ -38,6 +38,19 @@ class _DurableApp(faust.App):
         return producer
 
 
+RECORDS_PER_FETCH = 1000  # faust's broker_max_poll_records (below)
+_PRESSURE_RATIO = 1.25  # mode's FlowControlQueue: a partition stops being fetched at maxsize / 1.25 records queued
+
+
+def input_buffer(stream_buffer: int, records_per_fetch: int = RECORDS_PER_FETCH) -> int:
+    """The buffer of an input topic's agent that a fetch never fills: faust stops fetching a partition once its
+    agent's buffer holds ``maxsize / 1.25`` records, but hands over the rest of the fetch already made, and waits,
+    for every topic, while that buffer is full. So one agent that takes its records slowly (a ``low`` flood's,
+    the backlog's) would hold back the records of every other topic, a ``high`` batch's among them (design §5.11,
+    reading). Records waiting there are not yet taken (no state, no ack) and faust clears them at a rebalance."""
+    return max(stream_buffer, round(records_per_fetch * _PRESSURE_RATIO / (_PRESSURE_RATIO - 1)))
+
+
 def faust_credentials(connection: KafkaConnection) -> faust.types.auth.CredentialsT | None:
     """The connection's security as faust's ``broker_credentials``, which faust hands to each client it builds."""
     context = tls_context(connection)
@@ -81,7 +94,7 @@ def make_faust_app(settings: FaustSettings, connection: KafkaConnection, app_id:
         # at most this many records per fetch handed over (faust's default, all that came, holds megabytes of
         # changelog per fetch while a table is restored). The fetch size per partition stays faust's 1 MiB:
         # a smaller one is suspected of a lost record (design §4, "A million requests of state")
-        broker_max_poll_records=1000,
+        broker_max_poll_records=RECORDS_PER_FETCH,
         consumer_auto_offset_reset="earliest",
         # a worker that died is noticed (and its partitions handed over) after this long; and every worker hears
         # of a rebalance at its next heartbeat, so a second apart, every worker of the group waits at most that

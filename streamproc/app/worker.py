@@ -38,7 +38,7 @@ from streamproc.app.auto_forget import AutoForget
 from streamproc.app.batch_summaries import PUBLISH_EVERY_S, BatchSummaries
 from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.dispatcher import Ack, Dispatcher
-from streamproc.app.faust_app import make_faust_app
+from streamproc.app.faust_app import input_buffer, make_faust_app
 from streamproc.app.faust_fixes import watch_skipped_records
 from streamproc.app.fleet import FleetMember, FleetTopic
 from streamproc.app.forgetting import BatchForgetter
@@ -108,6 +108,8 @@ class FaustSink:
                             value_serializer="raw", partitions=count)
             for name, count in topology.all_topics().items()
         }
+        for name in topology.inputs:  # ``app.topic`` drops its ``maxsize`` argument (faust 0.15.3); clones copy this
+            self._topics[name].maxsize = input_buffer(app.conf.stream_buffer_maxsize)
 
     def topic(self, name: str) -> Any:
         return self._topics[name]
