@@ -36,6 +36,7 @@ from tests.integration.provider_batch_rig import batch_records, ended_once, sync
 pytestmark = pytest.mark.integration
 
 REQUESTS = 2000
+BATCH_SECONDS = 10  # how long the mock keeps a provider batch in_progress
 EXPIRING, INVALID = 2, 3  # the mock's 2nd OpenAI batch expires with half its lines answered, its 3rd fails validation
 # a retry budget for this batch's failures: a 250-line batch refused whole, ~125 lines left unrun by the expiry and the
 # realistic faults (~150) come within seconds, when only the first few batches' attempts are tallied, so a ratio of
@@ -89,7 +90,10 @@ async def provider_lines(url: str) -> tuple[list[dict[str, Any]], dict[str, list
 
 async def test_2000_requests_resubmit_only_what_expired_or_failed(settings: Settings, tmp_path: Path) -> None:
     started = time.monotonic()
-    mock = start_mock("realistic", 31, "--batch-seconds", "3",
+    # the SIGKILL must find the first provider batches still running: on a loaded machine the loop below has
+    # taken several seconds to see them open, and a kill after a batch's outcomes were written but before its
+    # record was closed is the crash window of design §8, not the takeover this test is about
+    mock = start_mock("realistic", 31, "--batch-seconds", str(BATCH_SECONDS),
                       "--batch-fault", f"{EXPIRING}:expire=0.5", "--batch-fault", f"{INVALID}:invalid")
     first = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **ROUTED), tmp_path / "first.log")
     second = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w2", **ROUTED), tmp_path / "second.log")
