@@ -12,8 +12,10 @@ is acked while its batch is open, and a crash redelivers every member whose outc
 
 A worker that takes a partition over reads its records first (:meth:`_take_over`, before any request of the
 partition is gathered): an ``open`` batch is polled again and a redelivered member waits for its line instead of
-being gathered twice; a ``creating`` one is looked for at the provider and adopted when found, else forgotten (its
-members, redelivered, are gathered anew). A record is ended and tombstoned once every member that waited has had
+being gathered twice, if its attempt is the one the record says its line was gathered for (a later attempt is
+gathered anew, and the earlier attempt's line dropped: ``core.provider_batch_takeover.line_fate``); a
+``creating`` one is looked for at the provider and adopted when found, else forgotten (its members, redelivered,
+are gathered anew). A record is ended and tombstoned once every member that waited has had
 its outcome written by the handler (:meth:`written`).
 """
 
@@ -44,6 +46,7 @@ from streamproc.core.provider_batch_requests import NotConvertible
 from streamproc.core.provider_batch_takeover import (
     ProviderBatchRecord,
     RecordState,
+    line_fate,
     member_custom_id,
     next_step,
 )
@@ -74,12 +77,14 @@ def _now_ms() -> int:
 
 @dataclass
 class _Waiter:
-    """A handler awaiting its member's line: the body it asked with (to check the answer against) and when."""
+    """A handler awaiting its member's line: the body it asked with (to check the answer against), when, and for
+    which attempt of its request (a line answers only the attempt it was gathered for)."""
 
     body: dict[str, Any]
     since_ms: int
     answer: asyncio.Future[CallResult]
     batch_id: str | None  # the user's batch it belongs to, whose cancel may cancel its provider batch
+    attempt: int
 
 
 @dataclass
@@ -88,6 +93,7 @@ class _Following:
 
     record: ProviderBatchRecord
     task: asyncio.Task[None] | None = None
+    attempt_of: dict[str, int | None] = field(default_factory=dict)  # member -> the attempt its line answers
     cancel_sent: bool = False  # the provider was asked to cancel it
     unwritten: set[str] = field(default_factory=set)
     all_written: asyncio.Event = field(default_factory=asyncio.Event)
@@ -115,10 +121,11 @@ class ProviderBatchRoute:
         self._policy = PollPolicy(first_s=settings.first_poll_s, max_s=settings.max_poll_s)
         self._gatherers: dict[int, BatchGatherer] = {}
         self._waiters: dict[str, _Waiter] = {}  # request id -> its handler, while its line is awaited
-        self._gathered: dict[str, dict[str, Any]] = {}  # request id -> its body, until its gather is sealed
+        self._gathered: dict[str, tuple[dict[str, Any], int]] = {}  # request id -> body, attempt, until sealed
         self._member_of: dict[str, _Following] = {}  # request id -> the batch whose line for it is still to come
         self._answered_by: dict[str, _Following] = {}  # request id -> the batch that answered it, until written
-        self._unclaimed: dict[str, LineOutcome] = {}  # lines of adopted batches whose record is not back yet
+        # lines of adopted batches whose record is not back yet, with the attempt each was gathered for
+        self._unclaimed: dict[str, tuple[LineOutcome, int | None]] = {}
         self._following: dict[str, _Following] = {}  # gather id -> the batch followed
         self._taken_over: dict[int, asyncio.Task[None]] = {}
         self._ticker: asyncio.Task[None] | None = None
@@ -127,9 +134,10 @@ class ProviderBatchRoute:
     def routes(self, model: object) -> bool:
         return isinstance(model, str) and model in self._settings.routed_models
 
-    async def call(self, request: InferenceRequest, body: dict[str, Any], partition: int) -> CallResult:
-        """The outcome of ``request`` as its provider batch answers it. Cancelled (never a failure) when its
-        partition is revoked: the record is then handled again by the new owner."""
+    async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
+                   ) -> CallResult:
+        """The outcome of attempt ``attempt`` of ``request`` as its provider batch answers it. Cancelled (never a
+        failure) when its partition is revoked: the record is then handled again by the new owner."""
         try:
             await self._take_over(partition)
         except Exception as exc:  # the partition's records could not be read: nothing may be gathered yet
@@ -139,13 +147,20 @@ class ProviderBatchRoute:
         request_id = request.request_id
         now = self._clock_ms()
         answer: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(body, now, answer, request.batch_id)
-        if (line := self._unclaimed.pop(request_id, None)) is not None:
-            return await self._result(waiter, line)
+        waiter = _Waiter(body, now, answer, request.batch_id, attempt)
+        if (kept := self._unclaimed.get(request_id)) is not None:
+            fate = line_fate(kept[1], attempt)
+            if fate != "keep":
+                del self._unclaimed[request_id]
+            if fate == "answer":
+                return await self._result(waiter, kept[0])
+            if fate == "drop":
+                log.info("request %s: its attempt %d is not the one its kept line answers (%s); dropped the line",
+                         request_id, attempt, kept[1])
         self._waiters[request_id] = waiter
-        if request_id not in self._member_of:  # not a member of a batch taken over: gather it
+        if not self._awaits_line(request_id, attempt):  # not a member of a batch taken over: gather it
             gatherer = self._gatherers.setdefault(partition, BatchGatherer(self._limits))
-            self._gathered[request_id] = body
+            self._gathered[request_id] = (body, attempt)
             try:
                 # counted with the longest custom id a member gets, written with its own once sealed
                 pending = PendingLine(request_id, str(body["model"]),
@@ -165,15 +180,22 @@ class ProviderBatchRoute:
         finally:
             self._waiters.pop(request_id, None)
 
-    async def held(self, request_id: str, partition: int) -> bool:
-        """Whether a provider batch already holds the request (a member of a batch taken over, or its line kept): its
+    async def held(self, request_id: str, attempt: int, partition: int) -> bool:
+        """Whether a provider batch already holds this attempt of the request (a member of a batch taken over, or
+        its line kept, gathered for that attempt): its
         line is awaited even past its batch's deadline, as a call beside it would be paid twice. A partition whose
         records cannot be read counts as holding it: :meth:`call` then fails it as the takeover's failure (retried)."""
         try:
             await self._take_over(partition)
         except Exception:
             return True
-        return request_id in self._member_of or request_id in self._unclaimed
+        kept = self._unclaimed.get(request_id)
+        return self._awaits_line(request_id, attempt) or (kept is not None and line_fate(kept[1], attempt) == "answer")
+
+    def _awaits_line(self, request_id: str, attempt: int) -> bool:
+        """Whether a followed batch's line for the request, still to come, answers this attempt of it."""
+        following = self._member_of.get(request_id)
+        return following is not None and line_fate(following.attempt_of.get(request_id), attempt) == "answer"
 
     def written(self, request_id: str) -> None:
         """The handler has written the outcome of a member (or given the record up): its batch may end."""
@@ -227,11 +249,12 @@ class ProviderBatchRoute:
         members = tuple(line.custom_id for line in sealed.lines if not self._ended_by_close(line.custom_id))
         if not members:
             return
+        gathered = [self._gathered.pop(member) for member in members]
         record = ProviderBatchRecord(uuid.uuid4().hex, self._api.provider, sealed.model, partition, members,
-                                     RecordState.CREATING, now, now)
+                                     RecordState.CREATING, now, now,
+                                     attempts=tuple(attempt for _, attempt in gathered))
         following = self._follow(record)
-        lines = [self._api.line(member_custom_id(index), self._gathered.pop(member))
-                 for index, member in enumerate(members)]
+        lines = [self._api.line(member_custom_id(index), body) for index, (body, _) in enumerate(gathered)]
         following.task = asyncio.create_task(self._create_and_follow(following, lines),
                                              name=f"provider-batch-{record.gather_id}")
 
@@ -273,13 +296,25 @@ class ProviderBatchRoute:
 
     # -- following -----------------------------------------------------------------------------------------
     def _follow(self, record: ProviderBatchRecord) -> _Following:
-        following = _Following(record)
+        following = _Following(record, attempt_of=record.member_attempts())
         self._following[record.gather_id] = following
         for member in record.members:
-            self._member_of[member] = following
+            if not self._follows_later_attempt(member, following):
+                self._member_of[member] = following
         if self._cancel_watch is None or self._cancel_watch.done():
             self._cancel_watch = asyncio.create_task(self._cancel_when_closed(), name="provider-batch-cancels")
         return following
+
+    def _follows_later_attempt(self, request_id: str, following: _Following) -> bool:
+        """Whether the request's line already followed is for a later attempt than its line in ``following`` (two
+        records taken over holding one request: the earlier attempt's batch, not ended when the worker was killed,
+        and the batch its retry went into). The later attempt's line is the one awaited; the earlier one's is
+        dropped when it comes back to a call of the later attempt."""
+        current = self._member_of.get(request_id)
+        if current is None:
+            return False
+        held, new = current.attempt_of.get(request_id), following.attempt_of.get(request_id)
+        return held is not None and new is not None and held > new
 
     async def _cancel_when_closed(self) -> None:
         """Cancel at the provider every followed batch whose awaited members all belong to cancelled batches: its
@@ -306,8 +341,15 @@ class ProviderBatchRoute:
         """Whether every member still awaiting its line is known, waiting, and of a cancelled batch (a member of
         a batch taken over whose record has not come back is not known: the batch runs on)."""
         awaited = [m for m in following.record.members if self._member_of.get(m) is following]
-        waiters = [self._waiters.get(m) for m in awaited]
+        waiters = [self._waiter_for(following, m) for m in awaited]
         return bool(awaited) and all(w is not None and self._closed(w.batch_id) == BATCH_CANCELLED for w in waiters)
+
+    def _waiter_for(self, following: _Following, request_id: str) -> _Waiter | None:
+        """The handler waiting for the batch's line of a member: one asking for the attempt the line answers."""
+        waiter = self._waiters.get(request_id)
+        if waiter is None or line_fate(following.attempt_of.get(request_id), waiter.attempt) != "answer":
+            return None
+        return waiter
 
     async def _poll_and_answer(self, following: _Following) -> None:
         """Write the ``open`` record, poll until the batch ends, answer every member, then end the record once the
@@ -335,13 +377,22 @@ class ProviderBatchRoute:
         await self._end(following)
 
     async def _answer(self, following: _Following, request_id: str, line: LineOutcome) -> None:
-        """Resolve the member's waiting call; a later call for its id is a new attempt, gathered anew."""
+        """Resolve the member's waiting call; a later call for its id is a new attempt, gathered anew. A line no
+        call waits for is kept for the attempt it was gathered for; one of an attempt earlier than the call waiting
+        (gathered anew) is dropped: its outcome was written before the batch was taken over."""
         if self._member_of.get(request_id) is following:
             del self._member_of[request_id]
-        waiter = self._waiters.pop(request_id, None)
-        if waiter is None:  # a member of a batch taken over whose record has not come back (or was acked before)
-            self._unclaimed[request_id] = line
+        gathered_for = following.attempt_of.get(request_id)
+        waiter = self._waiters.get(request_id)
+        fate = "keep" if waiter is None else line_fate(gathered_for, waiter.attempt)
+        if fate == "drop":
+            log.info("provider batch %s: its line for %s answers attempt %s, not %d; dropped",
+                     following.record.gather_id, request_id, gathered_for, waiter.attempt if waiter else 0)
             return
+        if waiter is None or fate == "keep":  # a member of a batch taken over whose record has not come back
+            self._unclaimed[request_id] = (line, gathered_for)  # (or was acked before)
+            return
+        del self._waiters[request_id]
         following.unwritten.add(request_id)
         self._answered_by[request_id] = following
         await self._resolve(waiter, line)
@@ -368,7 +419,10 @@ class ProviderBatchRoute:
 
     def _fail_all(self, following: _Following, outcome: Outcome) -> None:
         for member in following.record.members:
-            if (waiter := self._waiters.pop(member, None)) is not None and not waiter.answer.done():
+            if (waiter := self._waiter_for(following, member)) is None:
+                continue
+            del self._waiters[member]
+            if not waiter.answer.done():
                 waiter.answer.set_result(CallResult(outcome, b"", max(0, self._clock_ms() - waiter.since_ms), {},
                                                     following.record.model))
         self._forget_following(following.record.gather_id)
