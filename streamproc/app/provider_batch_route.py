@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -65,6 +66,7 @@ NOT_CONVERTIBLE: Final = "provider_batch_not_convertible"  # a request Anthropic
 TAKEOVER_FAILED: Final = "provider_batch_takeover_failed"  # a partition's records unread: retried (service)
 _TICK_S: Final = 0.2
 _CANCEL_CHECK_S: Final = 1.0  # how often the followed batches are checked against the cancelled batches
+_ENDED_REMEMBERED: Final = 4096  # gathers ended here whose records a later takeover forgets instead of following
 
 
 def _never_closed(batch_id: str | None) -> str | None:
@@ -128,6 +130,9 @@ class ProviderBatchRoute:
         self._unclaimed: dict[str, tuple[LineOutcome, int | None]] = {}
         self._following: dict[str, _Following] = {}  # gather id -> the batch followed
         self._taken_over: dict[int, asyncio.Task[None]] = {}
+        # gathers this worker ended (the latest ones): a takeover that reads one back still open (read before the end
+        # was written, or the end's write failed) tombstones it instead of polling it and answering its lines again
+        self._ended: deque[str] = deque(maxlen=_ENDED_REMEMBERED)
         self._ticker: asyncio.Task[None] | None = None
         self._cancel_watch: asyncio.Task[None] | None = None
 
@@ -209,7 +214,10 @@ class ProviderBatchRoute:
         """Stop gathering and following the batches of ``partitions``: their new owner takes them over (its records
         are still ``creating``/``open``), and the waiting handlers are cancelled so their records stay unacked."""
         for partition in partitions:
-            self._taken_over.pop(partition, None)
+            if (takeover := self._taken_over.pop(partition, None)) is not None and not takeover.done():
+                # still reading: cancelled, so the handlers awaiting it are cancelled as a waiter is (their records
+                # stay unacked) and it follows no batch of a partition this worker no longer owns
+                takeover.cancel()
             gatherer = self._gatherers.pop(partition, None)
             pending = [line.custom_id for sealed in (gatherer.flush() if gatherer else []) for line in sealed.lines]
             for request_id in pending:
@@ -390,12 +398,23 @@ class ProviderBatchRoute:
                      following.record.gather_id, request_id, gathered_for, waiter.attempt if waiter else 0)
             return
         if waiter is None or fate == "keep":  # a member of a batch taken over whose record has not come back
-            self._unclaimed[request_id] = (line, gathered_for)  # (or was acked before)
+            self._keep(request_id, line, gathered_for)  # (or was acked before)
             return
         del self._waiters[request_id]
         following.unwritten.add(request_id)
         self._answered_by[request_id] = following
         await self._resolve(waiter, line)
+
+    def _keep(self, request_id: str, line: LineOutcome, gathered_for: int | None) -> None:
+        """Keep a line no call waits for, for the attempt it answers. Of two lines of one request (two batches taken
+        over holding it), the later attempt's stays: the earlier attempt's outcome was written before the takeover
+        (its retry is the later one), and it would only be dropped by the later attempt's call."""
+        kept = self._unclaimed.get(request_id)
+        if kept is not None and kept[1] is not None and gathered_for is not None and kept[1] > gathered_for:
+            log.info("request %s: its line of attempt %d is kept; the line of attempt %d dropped", request_id,
+                     kept[1], gathered_for)
+            return
+        self._unclaimed[request_id] = (line, gathered_for)
 
     async def _resolve(self, waiter: _Waiter, line: LineOutcome) -> None:
         try:
@@ -430,6 +449,7 @@ class ProviderBatchRoute:
     async def _end(self, following: _Following) -> None:
         record = following.record
         self._forget_following(record.gather_id)
+        self._ended.append(record.gather_id)  # before the writes: a revoke may cancel them
         try:
             await self._log.write(record.ended(self._clock_ms()))
             await self._log.forget(record.gather_id)
@@ -474,6 +494,10 @@ class ProviderBatchRoute:
         taken = {r.provider_batch_id for r in records.values() if r.provider_batch_id is not None}
         for gather_id, record in records.items():
             if gather_id in self._following:  # this worker's own, still followed
+                continue
+            if gather_id in self._ended:  # this worker's own, ended: its lines were answered once already
+                log.info("provider batch %s was ended here; forgetting its record read back open", gather_id)
+                await self._log.forget(gather_id)
                 continue
             match next_step(record):
                 case "forget":
