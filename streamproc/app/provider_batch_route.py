@@ -122,7 +122,9 @@ class ProviderBatchRoute:
                                max_age_ms=settings.max_age_ms)
         self._policy = PollPolicy(first_s=settings.first_poll_s, max_s=settings.max_poll_s)
         self._gatherers: dict[int, BatchGatherer] = {}
-        self._waiters: dict[str, _Waiter] = {}  # request id -> its handler, while its line is awaited
+        # request id -> attempt -> its handler, while its line is awaited: after a crash two attempts of one request
+        # can wait at once (its redelivered record, a crash redelivery, beside its retry record's attempt, §4)
+        self._waiters: dict[str, dict[int, _Waiter]] = {}
         self._gathered: dict[str, tuple[dict[str, Any], int]] = {}  # request id -> body, attempt, until sealed
         self._member_of: dict[str, _Following] = {}  # request id -> the batch whose line for it is still to come
         self._answered_by: dict[str, _Following] = {}  # request id -> the batch that answered it, until written
@@ -162,7 +164,7 @@ class ProviderBatchRoute:
             if fate == "drop":
                 log.info("request %s: its attempt %d is not the one its kept line answers (%s); dropped the line",
                          request_id, attempt, kept[1])
-        self._waiters[request_id] = waiter
+        self._waiters.setdefault(request_id, {})[attempt] = waiter
         if not self._awaits_line(request_id, attempt):  # not a member of a batch taken over: gather it
             gatherer = self._gatherers.setdefault(partition, BatchGatherer(self._limits))
             self._gathered[request_id] = (body, attempt)
@@ -172,7 +174,7 @@ class ProviderBatchRoute:
                                       self._api.line(member_custom_id(self._limits.max_requests), body))
                 sealed_now = gatherer.add(pending, now)
             except (LineTooLarge, NotConvertible) as exc:  # no provider batch can carry it: as the pre-check refuses
-                self._waiters.pop(request_id, None)
+                self._unwait(request_id, waiter)
                 self._gathered.pop(request_id, None)
                 code = LINE_TOO_LARGE if isinstance(exc, LineTooLarge) else NOT_CONVERTIBLE
                 return CallResult(Failure(FailureLayer.BUSINESS, code, str(exc)), b"", 0, {},
@@ -183,7 +185,7 @@ class ProviderBatchRoute:
         try:
             return await answer
         finally:
-            self._waiters.pop(request_id, None)
+            self._unwait(request_id, waiter)
 
     async def held(self, request_id: str, attempt: int, partition: int) -> bool:
         """Whether a provider batch already holds this attempt of the request (a member of a batch taken over, or
@@ -290,12 +292,13 @@ class ProviderBatchRoute:
     def _ended_by_close(self, request_id: str) -> bool:
         """A gathered request whose user batch was closed (cancelled, expired) before its provider batch was sent:
         it ends as the close says, as a request not called yet does, and goes in no provider batch."""
-        waiter = self._waiters.get(request_id)
+        gathered = self._gathered.get(request_id)
+        waiter = None if gathered is None else self._waiter(request_id, gathered[1])
         why = None if waiter is None else self._closed(waiter.batch_id)
         if waiter is None or why is None:
             return False
         self._gathered.pop(request_id, None)
-        del self._waiters[request_id]
+        self._unwait(request_id, waiter)
         if not waiter.answer.done():
             waiter.answer.set_result(CallResult(Failure(FailureLayer.BUSINESS, why, f"its batch closed ({why}) "
                                                         "before its provider batch was sent"), b"", 0, {},
@@ -354,10 +357,26 @@ class ProviderBatchRoute:
 
     def _waiter_for(self, following: _Following, request_id: str) -> _Waiter | None:
         """The handler waiting for the batch's line of a member: one asking for the attempt the line answers."""
-        waiter = self._waiters.get(request_id)
-        if waiter is None or line_fate(following.attempt_of.get(request_id), waiter.attempt) != "answer":
+        return self._waiter(request_id, following.attempt_of.get(request_id))
+
+    def _waiter(self, request_id: str, attempt: int | None) -> _Waiter | None:
+        """The call waiting for this attempt of the request (None, a line whose attempt is unknown: the latest)."""
+        calls = self._waiters.get(request_id)
+        if not calls:
             return None
-        return waiter
+        return calls[max(calls)] if attempt is None else calls.get(attempt)
+
+    def _latest_waiter(self, request_id: str) -> _Waiter | None:
+        calls = self._waiters.get(request_id)
+        return calls[max(calls)] if calls else None
+
+    def _unwait(self, request_id: str, waiter: _Waiter) -> None:
+        """The call no longer waits (answered, failed or gone); another call's waiter is left as it is."""
+        calls = self._waiters.get(request_id)
+        if calls is not None and calls.get(waiter.attempt) is waiter:
+            del calls[waiter.attempt]
+            if not calls:
+                del self._waiters[request_id]
 
     async def _poll_and_answer(self, following: _Following) -> None:
         """Write the ``open`` record, poll until the batch ends, answer every member, then end the record once the
@@ -391,16 +410,18 @@ class ProviderBatchRoute:
         if self._member_of.get(request_id) is following:
             del self._member_of[request_id]
         gathered_for = following.attempt_of.get(request_id)
-        waiter = self._waiters.get(request_id)
-        fate = "keep" if waiter is None else line_fate(gathered_for, waiter.attempt)
-        if fate == "drop":
-            log.info("provider batch %s: its line for %s answers attempt %s, not %d; dropped",
-                     following.record.gather_id, request_id, gathered_for, waiter.attempt if waiter else 0)
+        waiter = self._waiter(request_id, gathered_for)  # the call of the line's attempt, beside any other
+        if waiter is None:
+            latest = self._latest_waiter(request_id)
+            if latest is not None and line_fate(gathered_for, latest.attempt) == "drop":
+                log.info("provider batch %s: its line for %s answers attempt %s, not %d; dropped",
+                         following.record.gather_id, request_id, gathered_for, latest.attempt)
+                return
+            # a member of a batch taken over whose record has not come back (or was acked before), or a line of a
+            # later attempt than the call waiting
+            self._keep(request_id, line, gathered_for)
             return
-        if waiter is None or fate == "keep":  # a member of a batch taken over whose record has not come back
-            self._keep(request_id, line, gathered_for)  # (or was acked before)
-            return
-        del self._waiters[request_id]
+        self._unwait(request_id, waiter)
         following.unwritten.add(request_id)
         self._answered_by[request_id] = following
         await self._resolve(waiter, line)
@@ -440,7 +461,7 @@ class ProviderBatchRoute:
         for member in following.record.members:
             if (waiter := self._waiter_for(following, member)) is None:
                 continue
-            del self._waiters[member]
+            self._unwait(member, waiter)
             if not waiter.answer.done():
                 waiter.answer.set_result(CallResult(outcome, b"", max(0, self._clock_ms() - waiter.since_ms), {},
                                                     following.record.model))
@@ -468,7 +489,7 @@ class ProviderBatchRoute:
 
     def _cancel_waiters(self, request_ids: Collection[str]) -> None:
         for request_id in request_ids:
-            if (waiter := self._waiters.pop(request_id, None)) is not None:
+            for waiter in self._waiters.pop(request_id, {}).values():
                 waiter.answer.cancel()
 
     @staticmethod

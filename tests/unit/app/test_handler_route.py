@@ -97,7 +97,7 @@ async def test_a_routed_request_is_answered_by_its_batch_and_the_route_hears_onc
 async def test_a_failed_line_goes_through_the_retry_tiers_before_the_route_hears() -> None:
     handler, log, _, store, _ = routed_rig([rate_limited(2_000)])
     await handler.handle(submission(make_request()))
-    assert log == ["state in_flight", f"batched p{PARTITION}", "retry 5s", "failure service terminal=False",
+    assert log == ["state in_flight", f"batched p{PARTITION}", "failure service terminal=False", "retry 5s",
                    "state retrying", "written req-1"]
     state = store.get("req-1")
     assert state is not None and state.status is RequestStatus.RETRYING

@@ -93,3 +93,18 @@ async def test_of_two_batches_taken_over_holding_a_request_its_later_attempts_li
     assert not await rig.route.held("r1", 2, 0)  # the refusal answers no later attempt (kept for attempt 1 at most)
     assert await rig.call("r1", 3) == GATHERED_ANEW
     await rig.route.aclose()
+
+
+async def test_two_attempts_waiting_at_once_each_get_their_own_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a crash a request's record (attempt 1, its state still ``in_flight``) and its retry record (attempt 2)
+    can both be admitted (design §4): each call waits for its own attempt's line, and the later one does not take
+    the earlier one's place (which left attempt 1's call waiting for ever, its record never acked)."""
+    rig = Rig(monkeypatch, TAKEN_OVER)
+    first = asyncio.create_task(rig.answered("r1", 1))  # the redelivered record: waits for the taken-over line
+    await asyncio.sleep(0.05)
+    assert await rig.answered("r1", 2) == GATHERED_ANEW  # the retry record's attempt: gathered anew, answered
+    rig.lines_due.set()
+    assert await first == REFUSED
+    assert await rig.answered("r2", 1) == REFUSED
+    await rig.ended_and_tombstoned("g-1")
+    await rig.route.aclose()
