@@ -361,10 +361,10 @@ class ProviderBatchRoute:
 
     def _waiter(self, request_id: str, attempt: int | None) -> _Waiter | None:
         """The call waiting for this attempt of the request (None, a line whose attempt is unknown: the latest)."""
+        if attempt is None:
+            return self._latest_waiter(request_id)
         calls = self._waiters.get(request_id)
-        if not calls:
-            return None
-        return calls[max(calls)] if attempt is None else calls.get(attempt)
+        return None if calls is None else calls.get(attempt)
 
     def _latest_waiter(self, request_id: str) -> _Waiter | None:
         calls = self._waiters.get(request_id)
