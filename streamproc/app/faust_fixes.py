@@ -1,4 +1,4 @@
-"""Five fixes to faust-streaming 0.15.3's offset bookkeeping, without which a worker can lose requests or state.
+"""Six fixes to faust-streaming 0.15.3's offset bookkeeping, without which a worker can lose requests or state.
 
 They bite after a crash or a rebalance, mostly on partitions with no committed offset yet (the worker died
 before its first commit); design §5.6 tells how each was found:
@@ -51,6 +51,17 @@ before its first commit); design §5.6 tells how each was found:
    fix 2 also sets faust's read offset to one before where reading starts (faust sets the start itself,
    or none for offset 0, which hides a jump over the first record or from the start).
 
+6. **A record of a partition with no handler crashes the fetcher.** faust's conductor looks each record's
+   partition up in its handler map with a plain ``dict`` lookup; the map follows the assignment only once
+   faust's ``on_partitions_assigned`` has reached the conductor, after awaiting the agents, and a
+   resubscription rebuilds it from the current assignment alone. A record fetched in that window (its
+   partition just assigned, or just taken away) raised ``KeyError`` in the fetcher's drain, which stopped the
+   worker's reading for good. Inferred, not reproduced: a rolling upgrade's worker stopped so, with
+   ``KeyError(TopicPartition(... requests, 7))`` in the drain at the rebalance after another worker left,
+   and this lookup is the drain's one plain-``dict`` access by partition. Here such a record is left
+   unread and unacked, like the records of fix 3: the rebalance ends with every stream partition sought to
+   its committed offset (fix 2), so it is fetched again by whoever then holds its partition.
+
 A dropped record becomes a lost request because faust then commits past it: with no committed offset,
 ``Consumer._new_offset`` does not check the head of the acked offsets. Importing this module applies the
 fixes once; :func:`streamproc.app.faust_app.make_faust_app` does.
@@ -65,6 +76,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from faust.tables.recovery import Recovery
+from faust.transport.conductor import Conductor
 from faust.transport.consumer import Consumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.producer import ProducerBuffer
@@ -75,6 +87,7 @@ _ack: Callable[[Any, Any], bool] = Consumer.ack
 _send_pending: Callable[[Any, Any], Awaitable[None]] = ProducerBuffer._send_pending
 _new_offset: Callable[[Any, Any], int | None] = Consumer._new_offset
 _add_gap: Callable[[Any, Any, int, int], Awaitable[None]] = Consumer._add_gap
+_compile_message_handler: Callable[[Any], Any] = Conductor._compile_message_handler
 HANDOVER_POLL_S = 0.01
 START_OFFSETS = "_streamproc_start_offsets"  # per stream partition, where reading started after recovery
 SKIP_WATCH = "_streamproc_skip_watch"  # on the app: the gapless topics and who hears of skipped records
@@ -221,6 +234,30 @@ def _new_offset_exact(self: Any, tp: Any) -> int | None:
     return _new_offset(self, tp)
 
 
+def _compile_unassigned_tolerant_handler(self: Any) -> Callable[[Any], Awaitable[None]]:
+    """faust's record dispatch, where a record whose partition has no handler (yet, or any more) is left
+    unread instead of raising in the fetcher (fix 6)."""
+    if self.app.client_only:
+        return _compile_message_handler(self)  # type: ignore[no-any-return]
+    handlers: dict[Any, Any] = self._tp_to_callback  # cleared and refilled in place, never replaced
+    unhandled: set[Any] = set()  # partitions already said, so a fetch of them does not log every record
+
+    async def on_message(message: Any) -> None:
+        async with self._tp_to_callback_lock:
+            handler = handlers.get(message.tp)
+        if handler is not None:
+            unhandled.discard(message.tp)
+            return await handler(message)  # type: ignore[no-any-return]
+        if message.tp not in unhandled:
+            unhandled.add(message.tp)
+            log.warning("%s[%d]: a record at offset %d arrived for a partition this worker has no handler for "
+                        "(a rebalance under way); left unread, it is read again from the committed offset",
+                        message.tp.topic, message.tp.partition, message.offset)
+        return None
+
+    return on_message
+
+
 Recovery.on_recovery_completed = _on_recovery_completed  # type: ignore[method-assign]
 AIOKafkaConsumerThread._fetch_records = _fetch_active_records  # type: ignore[method-assign,assignment]
 Consumer.ack = _ack_taken  # type: ignore[method-assign]
@@ -228,3 +265,4 @@ ProducerBuffer._send_pending = _send_counted  # type: ignore[method-assign]
 ProducerBuffer.flush = _flush_all  # type: ignore[method-assign]
 Consumer._add_gap = _add_gap_checked  # type: ignore[method-assign]
 Consumer._new_offset = _new_offset_exact  # type: ignore[method-assign]
+Conductor._compile_message_handler = _compile_unassigned_tolerant_handler  # type: ignore[method-assign]

@@ -125,15 +125,18 @@ class Reuse(Protocol):
 
 
 class RouteCall(Protocol):
-    def __call__(self, request: InferenceRequest, body: dict[str, Any]) -> Awaitable[CallResult]: ...
+    def __call__(self, request: InferenceRequest, body: dict[str, Any], attempt: int) -> Awaitable[CallResult]: ...
 
 
 class BatchRoute(Protocol):
     """The provider-batch route (``app.provider_batch_route``): answers a routed model's requests by batches."""
 
     def routes(self, model: object) -> bool: ...
-    async def held(self, request_id: str, partition: int) -> bool: ...
-    async def call(self, request: InferenceRequest, body: dict[str, Any], partition: int) -> CallResult: ...
+    async def held(self, request_id: str, attempt: int, partition: int) -> bool: ...
+    async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
+                   ) -> CallResult:
+        """The line of this attempt of the request (a taken-over batch's line answers only the attempt it was
+        gathered for)."""
     def written(self, request_id: str) -> None:
         """The outcome of a request it answered is written (or its record given up)."""
 
@@ -306,7 +309,7 @@ class Handler:
         body = self._precheck(attempt)
         if isinstance(body, Failure):  # malformed, or over the model's context window: no call
             return await self._carry_out(record, attempt, terminal_failure(attempt, body))
-        way = await self._way(request, body, record.partition)
+        way = await self._way(request, body, attempt.hop.attempt, record.partition)
         charge = (None if self._spend is None
                   else self._spend.begin(request, body, record.headers, attempt.now_ms, way))
         if isinstance(charge, HeldByCap):  # at its batch's or the day's spend cap: it waits, parked like a breaker's
@@ -319,13 +322,13 @@ class Handler:
         finally:
             self._route.written(request.request_id)
 
-    async def _way(self, request: InferenceRequest, body: dict[str, Any], partition: int) -> Way:
+    async def _way(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int) -> Way:
         """A call, or the provider-batch route: a routed model's request is called once its batch's deadline passed,
         unless a provider batch already holds it (core.provider_batch_deadline)."""
         if self._route is None or not self._route.routes(body.get("model")):
             return Way.CALL
         past = past_deadline(self._deadline(request.batch_id), self._clock_ms())
-        return way_of(True, past, past and await self._route.held(request.request_id, partition))
+        return way_of(True, past, past and await self._route.held(request.request_id, attempt, partition))
 
     async def _called(self, record: Record, attempt: Attempt, body: dict[str, Any], charge: Charge | None,
                       route: BatchRoute | None = None) -> Disposition:
@@ -357,7 +360,7 @@ class Handler:
             call = self._guards.call(request, body, attempt)
         else:
             self._guards.on_batched(request, attempt)
-            call = batched(request, body)
+            call = batched(request, body, attempt)
         if charge is None or self._spend is None:
             return await call
         try:

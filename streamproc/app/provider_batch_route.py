@@ -12,8 +12,10 @@ is acked while its batch is open, and a crash redelivers every member whose outc
 
 A worker that takes a partition over reads its records first (:meth:`_take_over`, before any request of the
 partition is gathered): an ``open`` batch is polled again and a redelivered member waits for its line instead of
-being gathered twice; a ``creating`` one is looked for at the provider and adopted when found, else forgotten (its
-members, redelivered, are gathered anew). A record is ended and tombstoned once every member that waited has had
+being gathered twice, if its attempt is the one the record says its line was gathered for (a later attempt is
+gathered anew, and the earlier attempt's line dropped: ``core.provider_batch_takeover.line_fate``); a
+``creating`` one is looked for at the provider and adopted when found, else forgotten (its members, redelivered,
+are gathered anew). A record is ended and tombstoned once every member that waited has had
 its outcome written by the handler (:meth:`written`).
 """
 
@@ -23,6 +25,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -44,6 +47,7 @@ from streamproc.core.provider_batch_requests import NotConvertible
 from streamproc.core.provider_batch_takeover import (
     ProviderBatchRecord,
     RecordState,
+    line_fate,
     member_custom_id,
     next_step,
 )
@@ -62,6 +66,7 @@ NOT_CONVERTIBLE: Final = "provider_batch_not_convertible"  # a request Anthropic
 TAKEOVER_FAILED: Final = "provider_batch_takeover_failed"  # a partition's records unread: retried (service)
 _TICK_S: Final = 0.2
 _CANCEL_CHECK_S: Final = 1.0  # how often the followed batches are checked against the cancelled batches
+_ENDED_REMEMBERED: Final = 4096  # gathers ended here whose records a later takeover forgets instead of following
 
 
 def _never_closed(batch_id: str | None) -> str | None:
@@ -74,12 +79,14 @@ def _now_ms() -> int:
 
 @dataclass
 class _Waiter:
-    """A handler awaiting its member's line: the body it asked with (to check the answer against) and when."""
+    """A handler awaiting its member's line: the body it asked with (to check the answer against), when, and for
+    which attempt of its request (a line answers only the attempt it was gathered for)."""
 
     body: dict[str, Any]
     since_ms: int
     answer: asyncio.Future[CallResult]
     batch_id: str | None  # the user's batch it belongs to, whose cancel may cancel its provider batch
+    attempt: int
 
 
 @dataclass
@@ -88,6 +95,7 @@ class _Following:
 
     record: ProviderBatchRecord
     task: asyncio.Task[None] | None = None
+    attempt_of: dict[str, int | None] = field(default_factory=dict)  # member -> the attempt its line answers
     cancel_sent: bool = False  # the provider was asked to cancel it
     unwritten: set[str] = field(default_factory=set)
     all_written: asyncio.Event = field(default_factory=asyncio.Event)
@@ -114,22 +122,29 @@ class ProviderBatchRoute:
                                max_age_ms=settings.max_age_ms)
         self._policy = PollPolicy(first_s=settings.first_poll_s, max_s=settings.max_poll_s)
         self._gatherers: dict[int, BatchGatherer] = {}
-        self._waiters: dict[str, _Waiter] = {}  # request id -> its handler, while its line is awaited
-        self._gathered: dict[str, dict[str, Any]] = {}  # request id -> its body, until its gather is sealed
+        # request id -> attempt -> its handler, while its line is awaited: after a crash two attempts of one request
+        # can wait at once (its redelivered record, a crash redelivery, beside its retry record's attempt, §4)
+        self._waiters: dict[str, dict[int, _Waiter]] = {}
+        self._gathered: dict[str, tuple[dict[str, Any], int]] = {}  # request id -> body, attempt, until sealed
         self._member_of: dict[str, _Following] = {}  # request id -> the batch whose line for it is still to come
         self._answered_by: dict[str, _Following] = {}  # request id -> the batch that answered it, until written
-        self._unclaimed: dict[str, LineOutcome] = {}  # lines of adopted batches whose record is not back yet
+        # lines of adopted batches whose record is not back yet, with the attempt each was gathered for
+        self._unclaimed: dict[str, tuple[LineOutcome, int | None]] = {}
         self._following: dict[str, _Following] = {}  # gather id -> the batch followed
         self._taken_over: dict[int, asyncio.Task[None]] = {}
+        # gathers this worker ended (the latest ones): a takeover that reads one back still open (read before the end
+        # was written, or the end's write failed) tombstones it instead of polling it and answering its lines again
+        self._ended: deque[str] = deque(maxlen=_ENDED_REMEMBERED)
         self._ticker: asyncio.Task[None] | None = None
         self._cancel_watch: asyncio.Task[None] | None = None
 
     def routes(self, model: object) -> bool:
         return isinstance(model, str) and model in self._settings.routed_models
 
-    async def call(self, request: InferenceRequest, body: dict[str, Any], partition: int) -> CallResult:
-        """The outcome of ``request`` as its provider batch answers it. Cancelled (never a failure) when its
-        partition is revoked: the record is then handled again by the new owner."""
+    async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
+                   ) -> CallResult:
+        """The outcome of attempt ``attempt`` of ``request`` as its provider batch answers it. Cancelled (never a
+        failure) when its partition is revoked: the record is then handled again by the new owner."""
         try:
             await self._take_over(partition)
         except Exception as exc:  # the partition's records could not be read: nothing may be gathered yet
@@ -139,20 +154,27 @@ class ProviderBatchRoute:
         request_id = request.request_id
         now = self._clock_ms()
         answer: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(body, now, answer, request.batch_id)
-        if (line := self._unclaimed.pop(request_id, None)) is not None:
-            return await self._result(waiter, line)
-        self._waiters[request_id] = waiter
-        if request_id not in self._member_of:  # not a member of a batch taken over: gather it
+        waiter = _Waiter(body, now, answer, request.batch_id, attempt)
+        if (kept := self._unclaimed.get(request_id)) is not None:
+            fate = line_fate(kept[1], attempt)
+            if fate != "keep":
+                del self._unclaimed[request_id]
+            if fate == "answer":
+                return await self._result(waiter, kept[0])
+            if fate == "drop":
+                log.info("request %s: its attempt %d is not the one its kept line answers (%s); dropped the line",
+                         request_id, attempt, kept[1])
+        self._waiters.setdefault(request_id, {})[attempt] = waiter
+        if not self._awaits_line(request_id, attempt):  # not a member of a batch taken over: gather it
             gatherer = self._gatherers.setdefault(partition, BatchGatherer(self._limits))
-            self._gathered[request_id] = body
+            self._gathered[request_id] = (body, attempt)
             try:
                 # counted with the longest custom id a member gets, written with its own once sealed
                 pending = PendingLine(request_id, str(body["model"]),
                                       self._api.line(member_custom_id(self._limits.max_requests), body))
                 sealed_now = gatherer.add(pending, now)
             except (LineTooLarge, NotConvertible) as exc:  # no provider batch can carry it: as the pre-check refuses
-                self._waiters.pop(request_id, None)
+                self._unwait(request_id, waiter)
                 self._gathered.pop(request_id, None)
                 code = LINE_TOO_LARGE if isinstance(exc, LineTooLarge) else NOT_CONVERTIBLE
                 return CallResult(Failure(FailureLayer.BUSINESS, code, str(exc)), b"", 0, {},
@@ -163,17 +185,24 @@ class ProviderBatchRoute:
         try:
             return await answer
         finally:
-            self._waiters.pop(request_id, None)
+            self._unwait(request_id, waiter)
 
-    async def held(self, request_id: str, partition: int) -> bool:
-        """Whether a provider batch already holds the request (a member of a batch taken over, or its line kept): its
+    async def held(self, request_id: str, attempt: int, partition: int) -> bool:
+        """Whether a provider batch already holds this attempt of the request (a member of a batch taken over, or
+        its line kept, gathered for that attempt): its
         line is awaited even past its batch's deadline, as a call beside it would be paid twice. A partition whose
         records cannot be read counts as holding it: :meth:`call` then fails it as the takeover's failure (retried)."""
         try:
             await self._take_over(partition)
         except Exception:
             return True
-        return request_id in self._member_of or request_id in self._unclaimed
+        kept = self._unclaimed.get(request_id)
+        return self._awaits_line(request_id, attempt) or (kept is not None and line_fate(kept[1], attempt) == "answer")
+
+    def _awaits_line(self, request_id: str, attempt: int) -> bool:
+        """Whether a followed batch's line for the request, still to come, answers this attempt of it."""
+        following = self._member_of.get(request_id)
+        return following is not None and line_fate(following.attempt_of.get(request_id), attempt) == "answer"
 
     def written(self, request_id: str) -> None:
         """The handler has written the outcome of a member (or given the record up): its batch may end."""
@@ -187,7 +216,10 @@ class ProviderBatchRoute:
         """Stop gathering and following the batches of ``partitions``: their new owner takes them over (its records
         are still ``creating``/``open``), and the waiting handlers are cancelled so their records stay unacked."""
         for partition in partitions:
-            self._taken_over.pop(partition, None)
+            if (takeover := self._taken_over.pop(partition, None)) is not None and not takeover.done():
+                # still reading: cancelled, so the handlers awaiting it are cancelled as a waiter is (their records
+                # stay unacked) and it follows no batch of a partition this worker no longer owns
+                takeover.cancel()
             gatherer = self._gatherers.pop(partition, None)
             pending = [line.custom_id for sealed in (gatherer.flush() if gatherer else []) for line in sealed.lines]
             for request_id in pending:
@@ -227,11 +259,12 @@ class ProviderBatchRoute:
         members = tuple(line.custom_id for line in sealed.lines if not self._ended_by_close(line.custom_id))
         if not members:
             return
+        gathered = [self._gathered.pop(member) for member in members]
         record = ProviderBatchRecord(uuid.uuid4().hex, self._api.provider, sealed.model, partition, members,
-                                     RecordState.CREATING, now, now)
+                                     RecordState.CREATING, now, now,
+                                     attempts=tuple(attempt for _, attempt in gathered))
         following = self._follow(record)
-        lines = [self._api.line(member_custom_id(index), self._gathered.pop(member))
-                 for index, member in enumerate(members)]
+        lines = [self._api.line(member_custom_id(index), body) for index, (body, _) in enumerate(gathered)]
         following.task = asyncio.create_task(self._create_and_follow(following, lines),
                                              name=f"provider-batch-{record.gather_id}")
 
@@ -259,12 +292,13 @@ class ProviderBatchRoute:
     def _ended_by_close(self, request_id: str) -> bool:
         """A gathered request whose user batch was closed (cancelled, expired) before its provider batch was sent:
         it ends as the close says, as a request not called yet does, and goes in no provider batch."""
-        waiter = self._waiters.get(request_id)
+        gathered = self._gathered.get(request_id)
+        waiter = None if gathered is None else self._waiter(request_id, gathered[1])
         why = None if waiter is None else self._closed(waiter.batch_id)
         if waiter is None or why is None:
             return False
         self._gathered.pop(request_id, None)
-        del self._waiters[request_id]
+        self._unwait(request_id, waiter)
         if not waiter.answer.done():
             waiter.answer.set_result(CallResult(Failure(FailureLayer.BUSINESS, why, f"its batch closed ({why}) "
                                                         "before its provider batch was sent"), b"", 0, {},
@@ -273,13 +307,25 @@ class ProviderBatchRoute:
 
     # -- following -----------------------------------------------------------------------------------------
     def _follow(self, record: ProviderBatchRecord) -> _Following:
-        following = _Following(record)
+        following = _Following(record, attempt_of=record.member_attempts())
         self._following[record.gather_id] = following
         for member in record.members:
-            self._member_of[member] = following
+            if not self._follows_later_attempt(member, following):
+                self._member_of[member] = following
         if self._cancel_watch is None or self._cancel_watch.done():
             self._cancel_watch = asyncio.create_task(self._cancel_when_closed(), name="provider-batch-cancels")
         return following
+
+    def _follows_later_attempt(self, request_id: str, following: _Following) -> bool:
+        """Whether the request's line already followed is for a later attempt than its line in ``following`` (two
+        records taken over holding one request: the earlier attempt's batch, not ended when the worker was killed,
+        and the batch its retry went into). The later attempt's line is the one awaited; the earlier one's is
+        dropped when it comes back to a call of the later attempt."""
+        current = self._member_of.get(request_id)
+        if current is None:
+            return False
+        held, new = current.attempt_of.get(request_id), following.attempt_of.get(request_id)
+        return held is not None and new is not None and held > new
 
     async def _cancel_when_closed(self) -> None:
         """Cancel at the provider every followed batch whose awaited members all belong to cancelled batches: its
@@ -306,8 +352,31 @@ class ProviderBatchRoute:
         """Whether every member still awaiting its line is known, waiting, and of a cancelled batch (a member of
         a batch taken over whose record has not come back is not known: the batch runs on)."""
         awaited = [m for m in following.record.members if self._member_of.get(m) is following]
-        waiters = [self._waiters.get(m) for m in awaited]
+        waiters = [self._waiter_for(following, m) for m in awaited]
         return bool(awaited) and all(w is not None and self._closed(w.batch_id) == BATCH_CANCELLED for w in waiters)
+
+    def _waiter_for(self, following: _Following, request_id: str) -> _Waiter | None:
+        """The handler waiting for the batch's line of a member: one asking for the attempt the line answers."""
+        return self._waiter(request_id, following.attempt_of.get(request_id))
+
+    def _waiter(self, request_id: str, attempt: int | None) -> _Waiter | None:
+        """The call waiting for this attempt of the request (None, a line whose attempt is unknown: the latest)."""
+        if attempt is None:
+            return self._latest_waiter(request_id)
+        calls = self._waiters.get(request_id)
+        return None if calls is None else calls.get(attempt)
+
+    def _latest_waiter(self, request_id: str) -> _Waiter | None:
+        calls = self._waiters.get(request_id)
+        return calls[max(calls)] if calls else None
+
+    def _unwait(self, request_id: str, waiter: _Waiter) -> None:
+        """The call no longer waits (answered, failed or gone); another call's waiter is left as it is."""
+        calls = self._waiters.get(request_id)
+        if calls is not None and calls.get(waiter.attempt) is waiter:
+            del calls[waiter.attempt]
+            if not calls:
+                del self._waiters[request_id]
 
     async def _poll_and_answer(self, following: _Following) -> None:
         """Write the ``open`` record, poll until the batch ends, answer every member, then end the record once the
@@ -335,16 +404,38 @@ class ProviderBatchRoute:
         await self._end(following)
 
     async def _answer(self, following: _Following, request_id: str, line: LineOutcome) -> None:
-        """Resolve the member's waiting call; a later call for its id is a new attempt, gathered anew."""
+        """Resolve the member's waiting call; a later call for its id is a new attempt, gathered anew. A line no
+        call waits for is kept for the attempt it was gathered for; one of an attempt earlier than the call waiting
+        (gathered anew) is dropped: its outcome was written before the batch was taken over."""
         if self._member_of.get(request_id) is following:
             del self._member_of[request_id]
-        waiter = self._waiters.pop(request_id, None)
-        if waiter is None:  # a member of a batch taken over whose record has not come back (or was acked before)
-            self._unclaimed[request_id] = line
+        gathered_for = following.attempt_of.get(request_id)
+        waiter = self._waiter(request_id, gathered_for)  # the call of the line's attempt, beside any other
+        if waiter is None:
+            latest = self._latest_waiter(request_id)
+            if latest is not None and line_fate(gathered_for, latest.attempt) == "drop":
+                log.info("provider batch %s: its line for %s answers attempt %s, not %d; dropped",
+                         following.record.gather_id, request_id, gathered_for, latest.attempt)
+                return
+            # a member of a batch taken over whose record has not come back (or was acked before), or a line of a
+            # later attempt than the call waiting
+            self._keep(request_id, line, gathered_for)
             return
+        self._unwait(request_id, waiter)
         following.unwritten.add(request_id)
         self._answered_by[request_id] = following
         await self._resolve(waiter, line)
+
+    def _keep(self, request_id: str, line: LineOutcome, gathered_for: int | None) -> None:
+        """Keep a line no call waits for, for the attempt it answers. Of two lines of one request (two batches taken
+        over holding it), the later attempt's stays: the earlier attempt's outcome was written before the takeover
+        (its retry is the later one), and it would only be dropped by the later attempt's call."""
+        kept = self._unclaimed.get(request_id)
+        if kept is not None and kept[1] is not None and gathered_for is not None and kept[1] > gathered_for:
+            log.info("request %s: its line of attempt %d is kept; the line of attempt %d dropped", request_id,
+                     kept[1], gathered_for)
+            return
+        self._unclaimed[request_id] = (line, gathered_for)
 
     async def _resolve(self, waiter: _Waiter, line: LineOutcome) -> None:
         try:
@@ -368,7 +459,10 @@ class ProviderBatchRoute:
 
     def _fail_all(self, following: _Following, outcome: Outcome) -> None:
         for member in following.record.members:
-            if (waiter := self._waiters.pop(member, None)) is not None and not waiter.answer.done():
+            if (waiter := self._waiter_for(following, member)) is None:
+                continue
+            self._unwait(member, waiter)
+            if not waiter.answer.done():
                 waiter.answer.set_result(CallResult(outcome, b"", max(0, self._clock_ms() - waiter.since_ms), {},
                                                     following.record.model))
         self._forget_following(following.record.gather_id)
@@ -376,6 +470,7 @@ class ProviderBatchRoute:
     async def _end(self, following: _Following) -> None:
         record = following.record
         self._forget_following(record.gather_id)
+        self._ended.append(record.gather_id)  # before the writes: a revoke may cancel them
         try:
             await self._log.write(record.ended(self._clock_ms()))
             await self._log.forget(record.gather_id)
@@ -394,7 +489,7 @@ class ProviderBatchRoute:
 
     def _cancel_waiters(self, request_ids: Collection[str]) -> None:
         for request_id in request_ids:
-            if (waiter := self._waiters.pop(request_id, None)) is not None:
+            for waiter in self._waiters.pop(request_id, {}).values():
                 waiter.answer.cancel()
 
     @staticmethod
@@ -420,6 +515,10 @@ class ProviderBatchRoute:
         taken = {r.provider_batch_id for r in records.values() if r.provider_batch_id is not None}
         for gather_id, record in records.items():
             if gather_id in self._following:  # this worker's own, still followed
+                continue
+            if gather_id in self._ended:  # this worker's own, ended: its lines were answered once already
+                log.info("provider batch %s was ended here; forgetting its record read back open", gather_id)
+                await self._log.forget(gather_id)
                 continue
             match next_step(record):
                 case "forget":

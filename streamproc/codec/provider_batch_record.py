@@ -6,6 +6,9 @@ operations record no event decoder reads, which an older worker must still read 
 JSON reader skips what it does not know); a reader that meets a higher ``v`` refuses the record rather than
 misread it. A record must fit in one Kafka record (``core.record_size.RECORD_BYTES``): the members' ids are in
 it, so the gatherer's request limit is bounded by their length (:class:`RecordTooLarge` otherwise).
+
+``attempts`` (each member's attempt, in line order) was added within version 1: a reader skips a field it does
+not know, and a record written without it reads as attempts unknown (``None``: its lines match by request id).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ def encode_provider_batch(record: ProviderBatchRecord) -> bytes:
     for name in ("provider_batch_id", "input_file_id"):
         if (value := getattr(record, name)) is not None:
             fields[name] = value
+    if record.attempts is not None:
+        fields["attempts"] = list(record.attempts)
     data = json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
     if len(data) + len(record.gather_id.encode()) > RECORD_BYTES:
         raise RecordTooLarge(f"provider batch {record.gather_id!r}: {len(record.members)} members make a "
@@ -52,12 +57,17 @@ def decode_provider_batch(gather_id: bytes, raw: bytes) -> ProviderBatchRecord:
         members = fields["members"]
         if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
             raise ValueError("members is not a list of request ids")
+        attempts = fields.get("attempts")
+        if attempts is not None and (not isinstance(attempts, list) or len(attempts) != len(members) or not all(
+                isinstance(a, int) and not isinstance(a, bool) and a >= 1 for a in attempts)):
+            raise ValueError("attempts is not one attempt number per member")
         return ProviderBatchRecord(
             gather_id=gather_id.decode(), provider=provider, model=_text(fields, "model"),
             partition=_int(fields, "partition"), members=tuple(members), state=RecordState(fields["state"]),
             created_ms=_int(fields, "created_ms"), updated_ms=_int(fields, "updated_ms"),
             provider_batch_id=_optional_text(fields, "provider_batch_id"),
-            input_file_id=_optional_text(fields, "input_file_id"))
+            input_file_id=_optional_text(fields, "input_file_id"),
+            attempts=None if attempts is None else tuple(attempts))
     except (KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not a provider batch record: {exc!r}") from exc
 

@@ -296,7 +296,12 @@ def failure_emission(attempt: Attempt, failure: Failure, *, terminal: bool, firs
 
 def _after_failure(attempt: Attempt, failure: Failure, retries: Retries, budget: Stop | None,
                    completion: CompletionBudget | None) -> list[Action]:
-    """A retry record, the attempt's failure event, then the state ``retrying``; or the end of the request."""
+    """The attempt's failure event, a retry record, then the state ``retrying``; or the end of the request. The
+    failure event goes first: a crash between the two sends then leaves the event and no retry record, so the
+    redelivered record (its state still ``in_flight``) runs the attempt again and writes the event a second time,
+    keyed alike (run and attempt); the other order left a retry record whose attempt's failure event was never
+    written, a gap in the request's history that no redelivery fills (seen after a SIGKILL in
+    test_provider_batch_resubmission)."""
     request, state = attempt.request, attempt.started
     decision = retries.policy.decide(failure, attempt.hop.attempt, retries.rng, budget, completion)
     if isinstance(decision, Terminal):  # a spent retry budget restates the failure as retry_budget_exhausted
@@ -309,8 +314,8 @@ def _after_failure(attempt: Attempt, failure: Failure, retries: Retries, budget:
     hop = attempt.hop.retried(attempt.now_ms + decision.due_in_ms, attempt.first_failure_ms, attempt.run,
                               decision.max_tokens)
     waiting = on_retry_scheduled(state, failure.layer, failure.code, attempt.now_ms, spent_budget=decision.charged)
-    return [ScheduleRetry(decision.tier, request, hop, failure, decision.repair),
-            failure_emission(attempt, failure, terminal=False), EndAttempt(state, waiting)]
+    return [failure_emission(attempt, failure, terminal=False),
+            ScheduleRetry(decision.tier, request, hop, failure, decision.repair), EndAttempt(state, waiting)]
 
 
 def _parked(attempt: Attempt, parked: Parked, retries: Retries) -> list[Action]:

@@ -12,7 +12,9 @@ document the list's consistency). Anthropic's batches carry no metadata: for the
 request count and the creation time, which two gathers of one size created at once make ambiguous.
 
 Members are the requests' ids in line order; a line's ``custom_id`` is its position (``m<index>``), since a
-request id may hold any text and Anthropic takes 1-64 characters of ``[A-Za-z0-9_-]``.
+request id may hold any text and Anthropic takes 1-64 characters of ``[A-Za-z0-9_-]``. Beside them, each member's
+attempt (the hop's attempt it was gathered for): a line answers only that attempt of its request
+(:func:`line_fate`). A record written without attempts (``attempts`` None) matches by request id alone.
 
 Used by the worker's route, ``app.provider_batch_route`` (design §8).
 """
@@ -51,10 +53,14 @@ class ProviderBatchRecord:
     updated_ms: int
     provider_batch_id: str | None = None
     input_file_id: str | None = None  # OpenAI's uploaded file
+    attempts: tuple[int, ...] | None = None  # each member's attempt, in line order; None: a record written before
 
     def __post_init__(self) -> None:
         if not self.gather_id or not self.members or self.partition < 0:
             raise ValueError(f"a provider batch record needs a gather id, members and a partition: {self!r}")
+        if self.attempts is not None and (len(self.attempts) != len(self.members)
+                                          or any(a < 1 for a in self.attempts)):
+            raise ValueError(f"provider batch record {self.gather_id!r}: one attempt (from 1) per member needed")
         if self.state is not RecordState.CREATING and self.provider_batch_id is None:
             raise ValueError(f"provider batch record {self.gather_id!r} is {self.state.value} without a provider id")
 
@@ -77,10 +83,30 @@ class ProviderBatchRecord:
     def custom_ids(self) -> list[str]:
         return [member_custom_id(index) for index in range(len(self.members))]
 
+    def member_attempts(self) -> dict[str, int | None]:
+        """Each member's request id and the attempt its line answers (None: unknown, a record without attempts)."""
+        if self.attempts is None:
+            return dict.fromkeys(self.members)
+        return dict(zip(self.members, self.attempts, strict=True))
+
 
 def member_custom_id(index: int) -> str:
     """The ``custom_id`` of the member at ``index``: short, and of the characters both providers take."""
     return f"{_MEMBER_PREFIX}{index}"
+
+
+LineFate = Literal["answer", "drop", "keep"]
+
+
+def line_fate(gathered_for: int | None, asked: int) -> LineFate:
+    """What a member's line does for a call of attempt ``asked`` of its request: ``answer`` it when the line was
+    gathered for that attempt (or for an attempt unknown: a record written without attempts); ``drop`` a line of
+    an earlier attempt (its outcome was written before, by whoever held the batch then: the call is a later
+    attempt, gathered anew); ``keep`` a line of a later attempt than the one asking (that call is gathered anew,
+    the line waits for its own attempt)."""
+    if gathered_for is None or gathered_for == asked:
+        return "answer"
+    return "drop" if gathered_for < asked else "keep"
 
 
 Step = Literal["find", "poll", "forget"]

@@ -146,8 +146,11 @@ def test_outage_then_backfill_recovers_every_failure(settings: Settings, tmp_pat
         while mock.stats()["calls"] < 80:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        mock.post("/control/outage", {"seconds": 40})  # longer than the 5 retries of the test tiers (<= 4 s each)
+        # an outage without end until the batch has converged: every request caught in it spends its retries,
+        # however slowly a loaded machine moves them through the tiers (a 40 s outage did not always outlast them)
+        mock.post("/control/outage", {"on": True})
         first = wait_converged(settings, "outage", 180, worker)[-1]
+        mock.post("/control/outage", {"on": False})
         assert first["failed"]["service"] > 0, first  # the outage really burnt requests
         calls_before = {i: e["calls"] for i, e in mock.stats(detail=True)["per_request_id"].items()}
         succeeded_before = {i for i, e in mock.stats(detail=True)["per_request_id"].items() if "ok" in e["outcomes"]}

@@ -168,8 +168,9 @@ async def test_backfill_after_an_outage_resolves_the_failure_rows(settings: Sett
         assert cli(settings, "submit", str(batch_file(tmp_path / "in.jsonl", 200, "o")), "--batch-id",
                    "outage").returncode == 0
         await wait_for(lambda: mock.stats()["calls"] >= 40, 60, "40 calls")
-        mock.post("/control/outage", {"seconds": 40})  # longer than the 5 retries of the test tiers
+        mock.post("/control/outage", {"on": True})  # until the batch has converged: as in test_operations
         first = wait_converged(settings, "outage", 180, worker)[-1]
+        mock.post("/control/outage", {"on": False})
         await wait_for(lambda: view("status <> 'retrying'") == 200, 60, "the view to show every first outcome")
         failed_first = {row[0] for row in database.query(
             "SELECT custom_id FROM requests WHERE batch = 'outage' AND status = 'failed'")}

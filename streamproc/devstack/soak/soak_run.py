@@ -28,7 +28,7 @@ from streamproc.devstack.chaos.batch import batch_line, ticket_body
 from streamproc.devstack.chaos.chaos_stack import ChaosStack, WorkerSlot
 from streamproc.devstack.chaos.config import ChaosConfig, RunNames
 from streamproc.devstack.chaos.worker_metrics import RESULTS, scrape
-from streamproc.devstack.soak.probes import changelog_bytes, read_process, recovered_at
+from streamproc.devstack.soak.probes import changelog_bytes, open_files_by_kind, read_process, recovered_at
 from streamproc.devstack.soak.trend import Bound, Point, Verdict, judge, pooled_slope, slope
 
 Say = Callable[[str], None]
@@ -71,6 +71,7 @@ class SoakConfig:
 class Samples:
     rss: list[Point] = field(default_factory=list)
     fds: list[Point] = field(default_factory=list)
+    fds_by_kind: dict[str, list[Point]] = field(default_factory=dict)  # what the open files are, for the report
     cpu_per_result: list[tuple[float, float]] = field(default_factory=list)
     changelog_mb: list[tuple[float, float]] = field(default_factory=list)
     states: list[tuple[float, float]] = field(default_factory=list)
@@ -104,9 +105,18 @@ class SoakReport:
                 _series("restore after restart (s)", s.restore_s),
                 _series("CPU s per 1000 results", [(m, v * 1000) for m, v in s.cpu_per_result])]
         rows += [verdict.line() for verdict in self.verdicts]
+        rows += [_kind_line(kind, points) for kind, points in sorted(s.fds_by_kind.items())]
         if self.unfinished:
             rows.append(f"NOT CONVERGED: {', '.join(self.unfinished)}")
         return rows
+
+
+def _kind_line(kind: str, points: list[Point]) -> str:
+    """One kind of open file: its slope within the workers' lives (not judged: the total is) and its range."""
+    rate = pooled_slope(points)
+    counts = [p.value for p in points]
+    slope_text = "n/a" if rate is None else f"{rate:+.3f} /min"
+    return f"  open files, {kind:<14} {min(counts):.0f}-{max(counts):.0f}, slope {slope_text}"
 
 
 def _series(name: str, points: list[tuple[float, float]]) -> str:
@@ -215,6 +225,8 @@ class SoakRun:
             if (time.monotonic() - slot.started_at) / 60 >= WARM_UP_MIN:
                 self.samples.rss.append(Point(key, minute, process.rss_mb))
                 self.samples.fds.append(Point(key, minute, process.open_files))
+                for kind, count in open_files_by_kind(slot.process.pid).items():
+                    self.samples.fds_by_kind.setdefault(kind, []).append(Point(key, minute, count))
             written = reading.counters.get(RESULTS, 0.0)
             before = self._cpu.get(key)
             if before is not None:

@@ -249,3 +249,34 @@ async def test_a_topic_the_worker_did_not_name_keeps_fausts_gaps() -> None:
     await consumer._add_gap(tp, 36, 40)  # a compacted topic: 36..39 are gone, 40 revealed it (in the gap too)
     _ack_taken(consumer, 41)
     assert consumer._new_offset(tp) == 42  # faust's gap starts at 37: its head check lets 36 through
+
+
+class FakeConductor:
+    def __init__(self) -> None:
+        self.app = SimpleNamespace(client_only=False)
+        self._tp_to_callback: dict[TP, Any] = {}
+        self._tp_to_callback_lock = asyncio.Lock()
+
+
+async def test_a_record_of_a_partition_with_no_handler_is_left_unread_instead_of_crashing_the_fetcher() -> None:
+    """faust's dispatch raised KeyError for it, which ended the fetcher's drain (fix 6)."""
+    conductor = FakeConductor()
+    on_message = faust_fixes._compile_unassigned_tolerant_handler(conductor)
+    handled: list[int] = []
+
+    async def handler(message: Any) -> None:
+        handled.append(message.offset)
+
+    held, other = TP("requests", 0), TP("requests", 7)
+    conductor._tp_to_callback[held] = handler  # filled after compiling, as an assignment does
+    await on_message(SimpleNamespace(tp=other, offset=5))
+    await on_message(SimpleNamespace(tp=held, offset=6))
+    assert handled == [6]
+    with pytest.raises(KeyError):  # what faust's own dispatch does with it
+        await faust_fixes._compile_message_handler(conductor)(SimpleNamespace(tp=other, offset=5))
+
+
+def test_fausts_conductor_compiles_the_tolerant_dispatch() -> None:
+    from faust.transport.conductor import Conductor
+
+    assert Conductor._compile_message_handler is faust_fixes._compile_unassigned_tolerant_handler

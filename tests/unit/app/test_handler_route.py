@@ -46,14 +46,18 @@ class ScriptedRoute:
         self.log = log
         self.replies = replies
         self.holding: set[str] = set()  # members of an open provider batch (taken over, awaiting their lines)
+        self.asked: list[tuple[str, str, int]] = []  # (held/call, request id, attempt) as the handler asked
 
     def routes(self, model: object) -> bool:
         return model == "gpt-test"
 
-    async def held(self, request_id: str, partition: int) -> bool:
+    async def held(self, request_id: str, attempt: int, partition: int) -> bool:
+        self.asked.append(("held", request_id, attempt))
         return request_id in self.holding
 
-    async def call(self, request: InferenceRequest, body: dict[str, Any], partition: int) -> CallResult:
+    async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
+                   ) -> CallResult:
+        self.asked.append(("call", request.request_id, attempt))
         self.log.append(f"batched p{partition}")
         return self.replies.pop(0)(body)
 
@@ -93,7 +97,7 @@ async def test_a_routed_request_is_answered_by_its_batch_and_the_route_hears_onc
 async def test_a_failed_line_goes_through_the_retry_tiers_before_the_route_hears() -> None:
     handler, log, _, store, _ = routed_rig([rate_limited(2_000)])
     await handler.handle(submission(make_request()))
-    assert log == ["state in_flight", f"batched p{PARTITION}", "retry 5s", "failure service terminal=False",
+    assert log == ["state in_flight", f"batched p{PARTITION}", "failure service terminal=False", "retry 5s",
                    "state retrying", "written req-1"]
     state = store.get("req-1")
     assert state is not None and state.status is RequestStatus.RETRYING
@@ -176,3 +180,20 @@ async def test_a_batch_without_a_deadline_is_never_called() -> None:
     handler, log, _, _, caller, _ = deadline_rig([answer("spam")])
     await handler.handle(submission(make_request()))
     assert caller.calls == [] and f"batched p{PARTITION}" in log
+
+
+async def test_the_route_is_told_the_attempt_it_answers() -> None:
+    """A taken-over batch's line answers only the attempt it was gathered for: the route is asked by attempt."""
+    handler, _, sink, _, _, route = deadline_rig([rate_limited(2_000)])
+    await handler.handle(submission(make_request()))
+    later, _, later_sink, _, _, later_route = deadline_rig([answer("spam")])
+    await later.handle(next_hop(sink.retries[0], offset=1))
+    assert route.asked == [("call", "req-1", 1)] and later_route.asked == [("call", "req-1", 2)]
+    assert later_sink.results[0].attempts == 2
+
+
+async def test_past_the_deadline_the_route_is_asked_whether_it_holds_this_attempt() -> None:
+    handler, _, _, _, _, route = deadline_rig([answer("spam")], deadline_ms=NOW)
+    route.holding.add("req-1")
+    await handler.handle(submission(make_request()))
+    assert route.asked == [("held", "req-1", 1), ("call", "req-1", 1)]

@@ -5,6 +5,7 @@ encode, not by the producer."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -31,8 +32,21 @@ def test_members_of_any_text_round_trip(members: list[str], provider: str) -> No
     assert decode_provider_batch(b"g", encode_provider_batch(record)).members == tuple(members)
 
 
+def test_members_attempts_round_trip_and_a_record_without_them_reads_as_attempts_unknown() -> None:
+    with_attempts = replace(CREATING, attempts=(1, 3, 2))
+    raw = encode_provider_batch(with_attempts)
+    assert json.loads(raw)["attempts"] == [1, 3, 2]
+    assert decode_provider_batch(with_attempts.gather_id.encode(), raw) == with_attempts
+    written_before = json.loads(raw)
+    del written_before["attempts"]  # a record of the version before members' attempts were kept
+    read = decode_provider_batch(b"g", json.dumps(written_before).encode())
+    assert read.attempts is None and read.member_attempts() == {"req/1": None, "req:2": None, "请求-3": None}
+    assert "attempts" not in json.loads(encode_provider_batch(CREATING))
+
+
 @pytest.mark.parametrize("change", [
-    {"v": 2}, {"provider": "azure"}, {"members": "req-1"}, {"members": [1, 2]}, {"state": "lost"},
+    {"v": 2}, {"attempts": [1, 2]}, {"attempts": [1, 2, 0]}, {"attempts": [1, True, 2]}, {"attempts": "1"},
+    {"attempts": [1, 2, "3"]}, {"provider": "azure"}, {"members": "req-1"}, {"members": [1, 2]}, {"state": "lost"},
     {"partition": "3"}, {"created_ms": True}, {"model": None}, {"provider_batch_id": 7},
 ])
 def test_a_value_this_version_cannot_read_is_refused(change: dict[str, object]) -> None:

@@ -162,7 +162,7 @@ def outcome_of(actions: list[Action]) -> str:
     match kinds:
         case ["EmitResult"]:
             return "result"
-        case ["ScheduleRetry", "EmitFailure"] if failures == [False]:
+        case ["EmitFailure", "ScheduleRetry"] if failures == [False]:  # the event first: a crash repeats it
             return "retry"
         case ["EmitFailure"] if failures == [True]:
             return "terminal"

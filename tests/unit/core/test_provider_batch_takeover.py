@@ -12,6 +12,7 @@ from streamproc.core.provider_batch_takeover import (
     ProviderBatchRecord,
     RecordState,
     adoptable,
+    line_fate,
     member_custom_id,
     next_step,
 )
@@ -83,3 +84,19 @@ def test_anthropic_adopts_the_one_batch_of_its_size_and_time(candidates: list[Pr
     record = ProviderBatchRecord("g-1", "anthropic", "m", 0, ("a", "b", "c"), RecordState.CREATING, 1_000_000, 0)
     found = adoptable(record, candidates, taken)
     assert (found.batch_id if found else None) == adopted
+
+
+def test_a_line_answers_only_the_attempt_it_was_gathered_for() -> None:
+    assert line_fate(2, 2) == "answer"
+    assert line_fate(1, 2) == "drop"  # its attempt's outcome was written before the takeover: the call is gathered anew
+    assert line_fate(3, 2) == "keep"  # it waits for its own attempt; the earlier one asking is gathered anew
+    assert line_fate(None, 5) == "answer"  # a record written without attempts: matched by request id
+
+
+def test_a_record_knows_each_members_attempt_and_refuses_attempts_not_one_per_member() -> None:
+    record = ProviderBatchRecord("g-1", "openai", "m", 0, ("a", "b"), RecordState.CREATING, 1, 1, attempts=(1, 2))
+    assert record.member_attempts() == {"a": 1, "b": 2}
+    assert RECORD.member_attempts() == {"a/1": None, "b 2": None, "c": None}
+    for attempts in ((1,), (1, 0)):
+        with pytest.raises(ValueError, match="one attempt"):
+            ProviderBatchRecord("g-1", "openai", "m", 0, ("a", "b"), RecordState.CREATING, 1, 1, attempts=attempts)

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from streamproc.devstack.soak.probes import changelog_bytes, read_process, recovered_at
+from streamproc.devstack.soak.probes import (
+    changelog_bytes,
+    open_file_kind,
+    open_files_by_kind,
+    read_process,
+    recovered_at,
+)
 from streamproc.devstack.soak.soak_run import BOUNDS
 from streamproc.devstack.soak.trend import Point, judge, pooled_slope, slope
 
@@ -62,3 +68,25 @@ def test_a_process_is_read_from_proc_and_a_gone_one_is_none() -> None:
     reading = read_process(os.getpid())
     assert reading is not None and reading.rss_mb > 1 and reading.open_files >= 3 and reading.cpu_s > 0
     assert read_process(2**22 + 12345) is None
+
+
+def test_open_files_are_told_apart_by_what_they_are() -> None:
+    assert open_file_kind("socket:[123456]") == "sockets"
+    assert open_file_kind("pipe:[42]") == "pipes"
+    assert open_file_kind("anon_inode:[eventpoll]") == "event fds"
+    assert open_file_kind("/data/w1/tables/state-3.db/000012.sst") == "rocksdb tables"
+    assert open_file_kind("/data/w1/tables/state-3.db/000011.log") == "rocksdb other"
+    assert open_file_kind("/data/w1/tables/state-3.db/MANIFEST-000005") == "rocksdb other"
+    assert open_file_kind("/usr/lib/python3.11/site-packages/x.so") == "other files"
+
+
+def test_a_process_s_open_files_by_kind_add_up_to_its_open_files() -> None:
+    import os
+    import socket
+
+    with socket.socket() as _held:
+        kinds = open_files_by_kind(os.getpid())
+        reading = read_process(os.getpid())
+    assert kinds["sockets"] >= 1
+    assert reading is not None and abs(sum(kinds.values()) - reading.open_files) <= 2  # listing's own fd, races
+    assert open_files_by_kind(2**22 + 7) == {}
