@@ -55,6 +55,7 @@ from streamproc.app.table_purge import TablePurge
 from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_lane
 from streamproc.app.topic_reader import TopicReader
 from streamproc.app.topics import ensure_pipeline_topics
+from streamproc.app.unread_inputs import unread_topics
 from streamproc.codec.releases import write_as_release
 from streamproc.core import headers
 from streamproc.core.decision import Retries
@@ -69,7 +70,7 @@ from streamproc.core.spend_cap import Cap, SpendLedger
 from streamproc.core.sweep_scope import SweepScope
 from streamproc.core.tenancy import PRIORITIES
 from streamproc.core.tenant_pace import TenantPace
-from streamproc.core.tenant_share import Lane, reading_yields
+from streamproc.core.tenant_share import Lane, more_urgent, reading_yields
 from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
@@ -88,6 +89,10 @@ from streamproc.settings import Settings
 log = logging.getLogger("streamproc.app.worker")
 
 _REBALANCE_POLL_S = 0.2
+# a lower priority's record waits at most this long for faust to hand over a more urgent topic's records (design
+# §5.11, reading): handing over the rest of one fetch takes well under a second; a partition left unread (paused,
+# its agent stuck) must not stop the lower priorities for ever
+_UNREAD_YIELD_S = 5.0
 _PURGE_INTERVAL_S = 5.0  # how soon a forgotten batch leaves this worker's disk (requests of it are refused at once)
 
 
@@ -281,6 +286,8 @@ class WorkerRuntime:
                                       lambda tenant: pace.holds_back(tenant, time.monotonic()))
         self._backlog_places = asyncio.Semaphore(records_in_hand(settings.in_flight))
         self._topic_priority = {self.topology.priority_requests(priority): priority for priority in PRIORITIES}
+        self._urgent_topics = {priority: frozenset(self.topology.priority_requests(other)
+                                                   for other in more_urgent(priority)) for priority in PRIORITIES}
         guards = settings.guards
         self.llm = DeploymentCaller.connect(models, settings.llm_endpoint, connections=guards.in_flight.ceiling,
                                             hedge_ratio=guards.hedge_ratio,
@@ -458,12 +465,19 @@ class WorkerRuntime:
     async def _yield_reading(self, topic: str) -> None:
         """Hold off a lower priority's record while every slot is taken and more urgent records are in hand or
         waiting (``reading_yields``): its reservation or parking would take the CPU their handling needs, and a slot
-        would not be free for it anyway. A rebalance or stop ends the wait (the record is then handled as any)."""
+        would not be free for it anyway. Hold it off too, for ``_UNREAD_YIELD_S`` at most, while a more urgent topic
+        has records faust has not handed over yet (``unread_topics``): faust hands the rest of this agent's fetch
+        over at once then, instead of at this agent's pace, and reaches them. A rebalance or stop ends the wait (the
+        record is then handled as any)."""
         priority = self._topic_priority.get(topic)
         if priority is None:
             return
-        while reading_yields(priority, self.tenant_hand.priorities_present(), self.dispatcher.slots_full):
-            if self._rebalancing_or_stopping():
+        urgent_topics = self._urgent_topics[priority]
+        unread_until = time.monotonic() + _UNREAD_YIELD_S
+        while not self._rebalancing_or_stopping():
+            if not (reading_yields(priority, self.tenant_hand.priorities_present(), self.dispatcher.slots_full)
+                    or (urgent_topics and time.monotonic() < unread_until
+                        and unread_topics(self.app.consumer, urgent_topics))):
                 return
             await self.tenant_hand.changed()
 

@@ -81,6 +81,12 @@ def reading_yields(priority: str, present: Iterable[str], slots_full: bool) -> b
     return slots_full and any(_priority_rank(other) < rank for other in present)
 
 
+def more_urgent(priority: str) -> tuple[str, ...]:
+    """The priorities more urgent than ``priority``, most urgent first."""
+    rank = _priority_rank(priority)
+    return tuple(other for other in PRIORITIES if _priority_rank(other) < rank)
+
+
 @dataclass(frozen=True)
 class Contender:
     """A call that may start: whose it is, how urgent, and since when it waits (seconds, any monotonic clock)."""

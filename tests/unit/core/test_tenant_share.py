@@ -15,6 +15,7 @@ from streamproc.core.tenant_share import (
     TenantWeights,
     hand_quota,
     lane_has_room,
+    more_urgent,
     outranked,
     reading_yields,
 )
@@ -130,6 +131,12 @@ def test_a_lower_prioritys_reading_yields_only_while_every_slot_is_taken_and_a_m
     assert not reading_yields("low", {"low"}, slots_full=True)  # its own priority holds nothing back
     assert not reading_yields("normal", {"normal", "low"}, slots_full=True)
     assert not reading_yields("high", set(PRIORITIES), slots_full=True)  # the most urgent never yields
+
+
+def test_the_priorities_more_urgent_than_one_come_most_urgent_first() -> None:
+    assert more_urgent("low") == ("high", "normal")
+    assert more_urgent("normal") == ("high",)
+    assert more_urgent("high") == ()
 
 
 @given(st.sampled_from(PRIORITIES), st.sets(st.sampled_from(PRIORITIES)))
