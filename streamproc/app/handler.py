@@ -44,6 +44,7 @@ from streamproc.core.decision import (
     WriteIfAbsent,
     WriteState,
     after_call,
+    ended_before,
     failure_emission,
     on_record,
     reused,
@@ -60,6 +61,7 @@ from streamproc.core.retry_policy import CompletionBudget, Tier
 from streamproc.core.spend_cap import Charge
 from streamproc.core.tenancy import InvalidTenancy, Tenancy, with_headers
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.core.written_outcome import WrittenOutcome
 from streamproc.kafka.schema_registry import NO_REGISTRY, SchemaReader
 from streamproc.llm.client import Caller, CallResult, UnsupportedUrl, answer_content, request_body
 from streamproc.llm.completion import billed_tokens
@@ -125,7 +127,8 @@ class Reuse(Protocol):
 
 
 class RouteCall(Protocol):
-    def __call__(self, request: InferenceRequest, body: dict[str, Any], attempt: int) -> Awaitable[CallResult]: ...
+    def __call__(self, request: InferenceRequest, body: dict[str, Any], attempt: int,
+                 ) -> Awaitable[CallResult | WrittenOutcome]: ...
 
 
 class BatchRoute(Protocol):
@@ -134,9 +137,9 @@ class BatchRoute(Protocol):
     def routes(self, model: object) -> bool: ...
     async def held(self, request_id: str, attempt: int, partition: int) -> bool: ...
     async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
-                   ) -> CallResult:
+                   ) -> CallResult | WrittenOutcome:
         """The line of this attempt of the request (a taken-over batch's line answers only the attempt it was
-        gathered for)."""
+        gathered for), or the outcome the batch's killed owner wrote for it already."""
     def written(self, request_id: str) -> None:
         """The outcome of a request it answered is written (or its record given up)."""
 
@@ -339,6 +342,10 @@ class Handler:
                                           None if route is None else functools.partial(route.call,
                                                                                        partition=record.partition))
         attempt = attempt.at(self._clock_ms())
+        if isinstance(called, WrittenOutcome):  # its outcome is on Kafka already: only its state is written
+            log.info("request %s: attempt %d ended already in a provider batch taken over; its state follows",
+                     request.request_id, called.attempt)
+            return await self._carry_out(record, attempt, ended_before(attempt, called))
         budget = self._guards.budget_stop(request.batch_id)
         if isinstance(called, Deferred):
             parked = Parked(round(called.delay_s * 1000), Failure(FailureLayer.SERVICE, called.code, called.reason))
@@ -352,10 +359,11 @@ class Handler:
                                      called)
 
     async def _charged_call(self, request: InferenceRequest, body: dict[str, Any], attempt: int,
-                            charge: Charge | None, batched: RouteCall | None = None) -> CallResult | Deferred:
+                            charge: Charge | None, batched: RouteCall | None = None,
+                            ) -> CallResult | Deferred | WrittenOutcome:
         """The guarded call (or ``batched``: the provider batch's line, outside the guards, which pace calls), its
         spend settled against its caps from what the provider counted."""
-        call: Awaitable[CallResult | Deferred]
+        call: Awaitable[CallResult | Deferred | WrittenOutcome]
         if batched is None:
             call = self._guards.call(request, body, attempt)
         else:
@@ -368,7 +376,7 @@ class Handler:
         except BaseException:
             self._spend.abandon(charge)
             raise
-        if isinstance(called, Deferred):
+        if isinstance(called, Deferred | WrittenOutcome):  # no call, or one charged by the worker that made it
             self._spend.release(charge)
         else:
             model = called.model or str(body.get("model", ""))  # the model routed to, which prices the call

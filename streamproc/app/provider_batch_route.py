@@ -16,7 +16,10 @@ being gathered twice, if its attempt is the one the record says its line was gat
 gathered anew, and the earlier attempt's line dropped: ``core.provider_batch_takeover.line_fate``); a
 ``creating`` one is looked for at the provider and adopted when found, else forgotten (its members, redelivered,
 are gathered anew). A record is ended and tombstoned once every member that waited has had
-its outcome written by the handler (:meth:`written`).
+its outcome written by the handler (:meth:`written`). An ``open`` batch's members whose outcome its killed owner
+wrote already (results and terminal failures on their partition since the batch was opened: ``app.written_outcomes``)
+are not answered again: their redelivered records get that outcome back (:class:`WrittenOutcome`), whose state the
+handler writes, sending nothing.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from streamproc.app.provider_batch_log import ProviderBatchLog, owned_records
 from streamproc.app.topic_reader import TopicReader
@@ -45,6 +48,7 @@ from streamproc.core.provider_batch_lines import AnsweredLine, LineOutcome
 from streamproc.core.provider_batch_polling import PollPolicy
 from streamproc.core.provider_batch_requests import NotConvertible
 from streamproc.core.provider_batch_takeover import (
+    CLOCK_SKEW_MS,
     ProviderBatchRecord,
     RecordState,
     line_fate,
@@ -52,6 +56,7 @@ from streamproc.core.provider_batch_takeover import (
     next_step,
 )
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.core.written_outcome import WrittenOutcome, for_attempt
 from streamproc.llm.client import CallResult
 from streamproc.llm.provider_batch_poller import member_outcomes, wait_until_ended
 from streamproc.llm.provider_batches import BatchCallFailed, ProviderBatches, find_created
@@ -71,6 +76,19 @@ _ENDED_REMEMBERED: Final = 4096  # gathers ended here whose records a later take
 
 def _never_closed(batch_id: str | None) -> str | None:
     return None
+
+
+class OutcomesWritten(Protocol):
+    """The outcomes written on a request partition since a time (``app.written_outcomes``)."""
+
+    async def since(self, partition: int, since_ms: int, members: Collection[str],
+                    ) -> dict[str, list[WrittenOutcome]]: ...
+
+
+class _NoneWritten:
+    async def since(self, partition: int, since_ms: int, members: Collection[str],
+                    ) -> dict[str, list[WrittenOutcome]]:
+        return {}
 
 
 def _now_ms() -> int:
@@ -97,6 +115,7 @@ class _Following:
     task: asyncio.Task[None] | None = None
     attempt_of: dict[str, int | None] = field(default_factory=dict)  # member -> the attempt its line answers
     cancel_sent: bool = False  # the provider was asked to cancel it
+    written_before: frozenset[str] = frozenset()  # members ended already when it was taken over: lines dropped
     unwritten: set[str] = field(default_factory=set)
     all_written: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -111,13 +130,15 @@ class ProviderBatchRoute:
 
     def __init__(self, settings: ProviderBatchSettings, api: ProviderBatches, batch_log: ProviderBatchLog,
                  open_reader: Callable[[], TopicReader], clock_ms: Callable[[], int] = _now_ms,
-                 closed: Callable[[str | None], str | None] = _never_closed) -> None:
+                 closed: Callable[[str | None], str | None] = _never_closed,
+                 outcomes: OutcomesWritten | None = None) -> None:
         self._settings = settings
         self._api = api
         self._log = batch_log
         self._open_reader = open_reader
         self._clock_ms = clock_ms
         self._closed = closed  # why a user's batch no longer has its requests called (cancelled...), or None
+        self._outcomes = outcomes or _NoneWritten()
         self._limits = replace(api.limits, max_requests=min(settings.max_requests, api.limits.max_requests),
                                max_age_ms=settings.max_age_ms)
         self._policy = PollPolicy(first_s=settings.first_poll_s, max_s=settings.max_poll_s)
@@ -128,8 +149,9 @@ class ProviderBatchRoute:
         self._gathered: dict[str, tuple[dict[str, Any], int]] = {}  # request id -> body, attempt, until sealed
         self._member_of: dict[str, _Following] = {}  # request id -> the batch whose line for it is still to come
         self._answered_by: dict[str, _Following] = {}  # request id -> the batch that answered it, until written
-        # lines of adopted batches whose record is not back yet, with the attempt each was gathered for
-        self._unclaimed: dict[str, tuple[LineOutcome, int | None]] = {}
+        # lines of adopted batches whose record is not back yet, with the attempt each was gathered for (or the
+        # outcome its killed owner wrote already, for the attempt it ended)
+        self._unclaimed: dict[str, tuple[LineOutcome | WrittenOutcome, int | None]] = {}
         self._following: dict[str, _Following] = {}  # gather id -> the batch followed
         self._taken_over: dict[int, asyncio.Task[None]] = {}
         # gathers this worker ended (the latest ones): a takeover that reads one back still open (read before the end
@@ -142,9 +164,10 @@ class ProviderBatchRoute:
         return isinstance(model, str) and model in self._settings.routed_models
 
     async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
-                   ) -> CallResult:
-        """The outcome of attempt ``attempt`` of ``request`` as its provider batch answers it. Cancelled (never a
-        failure) when its partition is revoked: the record is then handled again by the new owner."""
+                   ) -> CallResult | WrittenOutcome:
+        """The outcome of attempt ``attempt`` of ``request`` as its provider batch answers it, or as it was written
+        already by the worker that held its batch before (nothing to send again). Cancelled (never a failure) when
+        its partition is revoked: the record is then handled again by the new owner."""
         try:
             await self._take_over(partition)
         except Exception as exc:  # the partition's records could not be read: nothing may be gathered yet
@@ -160,7 +183,7 @@ class ProviderBatchRoute:
             if fate != "keep":
                 del self._unclaimed[request_id]
             if fate == "answer":
-                return await self._result(waiter, kept[0])
+                return kept[0] if isinstance(kept[0], WrittenOutcome) else await self._result(waiter, kept[0])
             if fate == "drop":
                 log.info("request %s: its attempt %d is not the one its kept line answers (%s); dropped the line",
                          request_id, attempt, kept[1])
@@ -306,11 +329,11 @@ class ProviderBatchRoute:
         return True
 
     # -- following -----------------------------------------------------------------------------------------
-    def _follow(self, record: ProviderBatchRecord) -> _Following:
-        following = _Following(record, attempt_of=record.member_attempts())
+    def _follow(self, record: ProviderBatchRecord, written_before: frozenset[str] = frozenset()) -> _Following:
+        following = _Following(record, attempt_of=record.member_attempts(), written_before=written_before)
         self._following[record.gather_id] = following
         for member in record.members:
-            if not self._follows_later_attempt(member, following):
+            if member not in written_before and not self._follows_later_attempt(member, following):
                 self._member_of[member] = following
         if self._cancel_watch is None or self._cancel_watch.done():
             self._cancel_watch = asyncio.create_task(self._cancel_when_closed(), name="provider-batch-cancels")
@@ -409,6 +432,8 @@ class ProviderBatchRoute:
         (gathered anew) is dropped: its outcome was written before the batch was taken over."""
         if self._member_of.get(request_id) is following:
             del self._member_of[request_id]
+        if request_id in following.written_before:  # its outcome was written by the batch's killed owner
+            return
         gathered_for = following.attempt_of.get(request_id)
         waiter = self._waiter(request_id, gathered_for)  # the call of the line's attempt, beside any other
         if waiter is None:
@@ -426,7 +451,7 @@ class ProviderBatchRoute:
         self._answered_by[request_id] = following
         await self._resolve(waiter, line)
 
-    def _keep(self, request_id: str, line: LineOutcome, gathered_for: int | None) -> None:
+    def _keep(self, request_id: str, line: LineOutcome | WrittenOutcome, gathered_for: int | None) -> None:
         """Keep a line no call waits for, for the attempt it answers. Of two lines of one request (two batches taken
         over holding it), the later attempt's stays: the earlier attempt's outcome was written before the takeover
         (its retry is the later one), and it would only be dropped by the later attempt's call."""
@@ -513,6 +538,8 @@ class ProviderBatchRoute:
         async with self._open_reader() as reader:
             records = await owned_records(reader, {partition}, self._unusable)
         taken = {r.provider_batch_id for r in records.values() if r.provider_batch_id is not None}
+        polled: list[ProviderBatchRecord] = []  # open: its killed owner may have written outcomes of its lines
+        found: list[ProviderBatchRecord] = []  # created but never recorded open: no line of it was read
         for gather_id, record in records.items():
             if gather_id in self._following:  # this worker's own, still followed
                 continue
@@ -529,13 +556,29 @@ class ProviderBatchRoute:
                         log.info("provider batch %s was never created; forgetting it", gather_id)
                         await self._log.forget(gather_id)
                         continue
-                    self._adopt_open(record.opened(view, self._clock_ms()))
+                    found.append(record.opened(view, self._clock_ms()))
                 case "poll":
-                    self._adopt_open(record)
+                    polled.append(record)
+        written = await self._written_before(partition, polled)
+        for record in (*polled, *found):
+            self._adopt_open(record, written)
 
-    def _adopt_open(self, record: ProviderBatchRecord) -> None:
-        log.info("taking over provider batch %s (%s, %d requests)", record.gather_id, record.provider_batch_id,
-                 len(record.members))
-        following = self._follow(record)
+    async def _written_before(self, partition: int, polled: list[ProviderBatchRecord],
+                              ) -> dict[str, list[WrittenOutcome]]:
+        """The outcomes of the open batches' members written since the earliest of them was opened (less the
+        clock skew: the record's time is its writer's clock, an outcome's its producer's)."""
+        if not polled:
+            return {}
+        since_ms = min(record.updated_ms for record in polled) - CLOCK_SKEW_MS
+        return await self._outcomes.since(partition, since_ms, {m for r in polled for m in r.members})
+
+    def _adopt_open(self, record: ProviderBatchRecord, written: Mapping[str, list[WrittenOutcome]]) -> None:
+        ended = {member: outcome for member, attempt in record.member_attempts().items()
+                 if (outcome := for_attempt(written.get(member, []), attempt)) is not None}
+        log.info("taking over provider batch %s (%s, %d requests, %d of them ended already)", record.gather_id,
+                 record.provider_batch_id, len(record.members), len(ended))
+        following = self._follow(record, frozenset(ended))
+        for member, outcome in ended.items():
+            self._keep(member, outcome, outcome.attempt)
         following.task = asyncio.create_task(self._poll_and_answer(following),
                                              name=f"provider-batch-{record.gather_id}")
