@@ -45,6 +45,7 @@ from streamproc.core.provider_batch_gatherer import (
 )
 from streamproc.core.provider_batch_lines import PROVIDER_BATCH_CANCELLED as BATCH_CANCELLED
 from streamproc.core.provider_batch_lines import AnsweredLine, LineOutcome
+from streamproc.core.provider_batch_objects import ProviderBatchView
 from streamproc.core.provider_batch_polling import PollPolicy
 from streamproc.core.provider_batch_requests import NotConvertible
 from streamproc.core.provider_batch_takeover import (
@@ -303,14 +304,34 @@ class ProviderBatchRoute:
             submitted = await self._api.submit(lines, record.gather_id)
         except BatchCallFailed as exc:  # as a call failing the same way; the record goes with it
             log.warning("provider batch %s of %d requests: %s", record.gather_id, len(record.members), exc)
-            self._fail_all(following, exc.outcome)
-            await self._end(following)
-            return
-        following.record = replace(record.opened(submitted.view, self._clock_ms()),
-                                   input_file_id=submitted.input_file_id)
-        log.info("provider batch %s created as %s (%d requests of %s)", record.gather_id, submitted.view.batch_id,
-                 len(record.members), record.model)
+            if (made := await self._created_anyway(record, exc)) is None:
+                self._fail_all(following, exc.outcome)
+                await self._end(following)
+                return
+            following.record = record.opened(made, self._clock_ms())
+            log.info("provider batch %s: created as %s although its create call failed; following it",
+                     record.gather_id, made.batch_id)
+        else:
+            following.record = replace(record.opened(submitted.view, self._clock_ms()),
+                                       input_file_id=submitted.input_file_id)
+            log.info("provider batch %s created as %s (%d requests of %s)", record.gather_id,
+                     submitted.view.batch_id, len(record.members), record.model)
         await self._poll_and_answer(following)
+
+    async def _created_anyway(self, record: ProviderBatchRecord, failed: BatchCallFailed) -> ProviderBatchView | None:
+        """The batch a create call that failed in transport or on the service's side made all the same (its answer
+        lost, a timeout), looked for as a takeover looks for a ``creating`` record's: followed, it is not billed
+        unread while its members go into a new batch. None when refused outright (a business failure) or not
+        found."""
+        if not isinstance(failed.outcome, Failure) or failed.outcome.layer is FailureLayer.BUSINESS:
+            return None
+        taken = {f.record.provider_batch_id for f in self._following.values() if f.record.provider_batch_id}
+        try:
+            return await find_created(self._api, record, taken)
+        except BatchCallFailed as exc:
+            log.warning("provider batch %s: could not look for it after its create call failed: %s",
+                        record.gather_id, exc)
+            return None
 
     def _ended_by_close(self, request_id: str) -> bool:
         """A gathered request whose user batch was closed (cancelled, expired) before its provider batch was sent:

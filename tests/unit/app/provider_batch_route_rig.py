@@ -17,7 +17,7 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.outcome import Failure
 from streamproc.core.provider_batch_gatherer import OPENAI_LIMITS
 from streamproc.core.provider_batch_lines import LineOutcome
-from streamproc.core.provider_batch_objects import BatchPhase, ProviderBatchView
+from streamproc.core.provider_batch_objects import BatchPage, BatchPhase, ProviderBatchView
 from streamproc.core.provider_batch_takeover import ProviderBatchRecord, RecordState
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.core.written_outcome import WrittenOutcome
@@ -40,6 +40,10 @@ class FakeApi:
 
     def __init__(self) -> None:
         self.submitted: list[list[bytes]] = []
+        self.listed: tuple[ProviderBatchView, ...] = ()  # what a look for a batch created all the same finds
+
+    async def page(self, after_id: str | None = None) -> BatchPage:
+        return BatchPage(self.listed, False, None)
 
     @staticmethod
     def line(custom_id: str, body: dict[str, Any]) -> bytes:

@@ -1,6 +1,7 @@
 """A provider batch taken over whose killed owner wrote some of its lines' outcomes already (design §8, "the crash
 window is a batch wide"): those members get the written outcome back instead of their line (the handler then
-writes their state and sends nothing), the others their lines, and the batch still ends."""
+writes their state and sends nothing), the others their lines, and the batch still ends. And a batch whose create
+call failed but which was made all the same is followed, not made again."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ import pytest
 
 from streamproc.app.provider_batch_route import TAKEOVER_FAILED
 from streamproc.core.outcome import Failure, Success
-from streamproc.core.provider_batch_takeover import CLOCK_SKEW_MS, ProviderBatchRecord, RecordState
+from streamproc.core.provider_batch_objects import BatchPhase, ProviderBatchView
+from streamproc.core.provider_batch_takeover import (
+    CLOCK_SKEW_MS,
+    GATHER_METADATA_KEY,
+    ProviderBatchRecord,
+    RecordState,
+)
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.core.written_outcome import WrittenOutcome
+from streamproc.llm.provider_batches import BatchCallFailed
 from tests.unit.app.provider_batch_route_rig import REFUSED, TAKEN_OVER, FakeOutcomes, Rig
 
 ANSWERED = WrittenOutcome(1, Success("hello", "gpt-test", 12, 3))
@@ -75,3 +83,22 @@ async def test_a_batch_found_at_the_provider_after_a_creating_record_reads_no_ou
     rig.lines_due.set()
     await rig.route.aclose()
     assert rig.outcomes.asked == []
+
+
+async def test_a_batch_created_although_its_create_call_failed_is_followed_not_made_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create call whose answer was lost (a timeout) may have made the batch: it is looked for as a takeover
+    looks, and followed, so its members get its lines instead of going, billed twice, into a new batch."""
+    rig = Rig(monkeypatch)
+
+    async def lost_answer(lines: list[bytes], gather_id: str) -> object:
+        rig.api.submitted.append(lines)
+        rig.api.listed = (ProviderBatchView("openai", "batch_1", BatchPhase.IN_PROGRESS, 1, 0,
+                                            metadata={GATHER_METADATA_KEY: gather_id}, created_ms=1),)
+        raise BatchCallFailed("create", Failure(FailureLayer.TRANSPORT, "read_timeout", "no answer"))
+
+    monkeypatch.setattr(rig.api, "submit", lost_answer)
+    rig.lines_due.set()
+    assert await rig.answered("r1", 1) == REFUSED  # batch_1's line, not the create call's timeout
+    assert len(rig.api.submitted) == 1 and rig.polls == ["batch_1"]
+    await rig.route.aclose()
