@@ -35,6 +35,7 @@ from typing import Any, Final, Protocol
 
 from streamproc.app.provider_batch_log import ProviderBatchLog, owned_records
 from streamproc.app.topic_reader import TopicReader
+from streamproc.codec.provider_batch_record import member_bytes
 from streamproc.core.events import InferenceRequest
 from streamproc.core.outcome import Failure, Outcome
 from streamproc.core.provider_batch_gatherer import (
@@ -195,7 +196,8 @@ class ProviderBatchRoute:
             try:
                 # counted with the longest custom id a member gets, written with its own once sealed
                 pending = PendingLine(request_id, str(body["model"]),
-                                      self._api.line(member_custom_id(self._limits.max_requests), body))
+                                      self._api.line(member_custom_id(self._limits.max_requests), body),
+                                      member_bytes(request_id))
                 sealed_now = gatherer.add(pending, now)
             except (LineTooLarge, NotConvertible) as exc:  # no provider batch can carry it: as the pre-check refuses
                 self._unwait(request_id, waiter)
