@@ -52,7 +52,7 @@ from streamproc.core.decision import (
 )
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
-from streamproc.core.provider_batch_deadline import Way, past_deadline, way_of
+from streamproc.core.provider_batch_deadline import Way, past_deadline, routed, way_of
 from streamproc.core.record_size import CARRIED_BYTES, response_too_large, result_record_bytes
 from streamproc.core.request_line import LineLimits
 from streamproc.core.request_state import RecordRef, Skip, input_hash, on_terminal_failure, superseded
@@ -312,7 +312,7 @@ class Handler:
         body = self._precheck(attempt)
         if isinstance(body, Failure):  # malformed, or over the model's context window: no call
             return await self._carry_out(record, attempt, terminal_failure(attempt, body))
-        way = await self._way(request, body, attempt.hop.attempt, record.partition)
+        way = await self._way(request, body, attempt.hop, record.partition)
         charge = (None if self._spend is None
                   else self._spend.begin(request, body, record.headers, attempt.now_ms, way))
         if isinstance(charge, HeldByCap):  # at its batch's or the day's spend cap: it waits, parked like a breaker's
@@ -325,13 +325,14 @@ class Handler:
         finally:
             self._route.written(request.request_id)
 
-    async def _way(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int) -> Way:
-        """A call, or the provider-batch route: a routed model's request is called once its batch's deadline passed,
-        unless a provider batch already holds it (core.provider_batch_deadline)."""
-        if self._route is None or not self._route.routes(body.get("model")):
+    async def _way(self, request: InferenceRequest, body: dict[str, Any], hop: headers.Hop, partition: int) -> Way:
+        """A call, or the provider-batch route (as the record asks, else as its model is routed): a routed request
+        is called once its batch's deadline passed, unless a provider batch already holds it
+        (core.provider_batch_deadline)."""
+        if self._route is None or not routed(hop.route, self._route.routes(body.get("model"))):
             return Way.CALL
         past = past_deadline(self._deadline(request.batch_id), self._clock_ms())
-        return way_of(True, past, past and await self._route.held(request.request_id, attempt, partition))
+        return way_of(True, past, past and await self._route.held(request.request_id, hop.attempt, partition))
 
     async def _called(self, record: Record, attempt: Attempt, body: dict[str, Any], charge: Charge | None,
                       route: BatchRoute | None = None) -> Disposition:

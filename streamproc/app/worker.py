@@ -318,10 +318,9 @@ class WorkerRuntime:
 
     def _provider_batch_route(self, settings: Settings, kafka: KafkaConnection,
                               schemas: SchemaReader) -> ProviderBatchRoute | None:
-        """The provider-batch route of the models STREAMPROC_MODEL_ROUTES names (none: no route)."""
+        """The provider-batch route of the models STREAMPROC_MODEL_ROUTES names and of the requests whose records ask
+        for it (``submit --route``)."""
         routing = settings.provider_batches
-        if not routing.routed_models:
-            return None
         batch_log = ProviderBatchLog(_FaustSender(self.app), self.topology.provider_batches)
         api = (AnthropicBatches if routing.api == "anthropic" else OpenAIBatches)(settings.llm_endpoint)
         return ProviderBatchRoute(routing, api, batch_log,

@@ -9,6 +9,7 @@ from typing import Any
 from streamproc.app.handler import Disposition, Handler, HandlerOptions
 from streamproc.app.observe import LlmCall, NullObserver, Observer
 from streamproc.app.spend import SpendGate
+from streamproc.core import headers
 from streamproc.core.decision import Retries
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.budget import RetryBudget
@@ -124,6 +125,22 @@ async def test_a_terminal_failure_written_before_a_takeover_writes_only_the_stat
     assert log == ["state in_flight", f"batched p{PARTITION}", "state failed", "written req-1"]
     state = store.get("req-1")
     assert state is not None and (state.status, state.last_error_code) == (RequestStatus.FAILED, "invalid_request")
+
+
+async def test_a_record_asking_for_a_call_is_called_though_its_model_is_routed() -> None:
+    handler, log, sink, _, caller = routed_rig([])
+    caller.replies.append(answer("ham"))
+    await handler.handle(submission(make_request(), hdrs={headers.ROUTE: b"call"}))
+    assert len(caller.calls) == 1 and not any(entry.startswith(("batched", "written")) for entry in log)
+    assert sink.results[0].content == "ham"
+
+
+async def test_a_record_asking_for_the_provider_batch_route_is_batched_though_its_model_is_not_routed() -> None:
+    handler, log, sink, _, caller = routed_rig([answer("spam")])
+    other = make_request(body={**BODY, "model": "gpt-other"})
+    await handler.handle(submission(other, hdrs={headers.ROUTE: b"provider-batch"}))
+    assert caller.calls == [] and f"batched p{PARTITION}" in log
+    assert sink.results[0].content == "spam"
 
 
 async def test_a_model_not_routed_is_called() -> None:
