@@ -177,6 +177,11 @@ class ProviderBatchRoute:
             failure = Failure(FailureLayer.SERVICE, TAKEOVER_FAILED, f"{type(exc).__name__}: {exc}")
             return CallResult(failure, b"", 0, {}, str(body.get("model", "")))
         request_id = request.request_id
+        if (same := self._waiter(request_id, attempt)) is not None and not same.answer.done():
+            # the same attempt admitted twice at once (its record handled again while the first handling waits):
+            # it shares the line awaited; taking its place would leave the first waiting for ever, its record unacked
+            log.info("request %s: attempt %d is awaited already; sharing its line", request_id, attempt)
+            return await asyncio.shield(same.answer)
         now = self._clock_ms()
         answer: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(body, now, answer, request.batch_id, attempt)
