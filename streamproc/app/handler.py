@@ -128,7 +128,7 @@ class Reuse(Protocol):
 
 class RouteCall(Protocol):
     def __call__(self, request: InferenceRequest, body: dict[str, Any], attempt: int,
-                 ) -> Awaitable[CallResult | WrittenOutcome]: ...
+                 ) -> Awaitable[CallResult | WrittenOutcome | Deferred]: ...
 
 
 class BatchRoute(Protocol):
@@ -137,9 +137,10 @@ class BatchRoute(Protocol):
     def routes(self, model: object) -> bool: ...
     async def held(self, request_id: str, attempt: int, partition: int) -> bool: ...
     async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
-                   ) -> CallResult | WrittenOutcome:
+                   ) -> CallResult | WrittenOutcome | Deferred:
         """The line of this attempt of the request (a taken-over batch's line answers only the attempt it was
-        gathered for), or the outcome the batch's killed owner wrote for it already."""
+        gathered for), the outcome the batch's killed owner wrote for it already, or a deferral when a rebalance
+        began while it waited."""
     def written(self, request_id: str) -> None:
         """The outcome of a request it answered is written (or its record given up)."""
 

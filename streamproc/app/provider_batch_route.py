@@ -57,11 +57,13 @@ from streamproc.core.provider_batch_takeover import (
     member_custom_id,
     next_step,
 )
+from streamproc.core.request_state import REBALANCING
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.core.written_outcome import WrittenOutcome, for_attempt
 from streamproc.llm.client import CallResult
 from streamproc.llm.provider_batch_poller import member_outcomes, wait_until_ended
 from streamproc.llm.provider_batches import BatchCallFailed, ProviderBatches, find_created
+from streamproc.llm.routed import Deferred
 from streamproc.llm.schema_check import checked_completion
 from streamproc.settings import ProviderBatchSettings
 
@@ -78,6 +80,10 @@ _ENDED_REMEMBERED: Final = 4096  # gathers ended here whose records a later take
 
 def _never_closed(batch_id: str | None) -> str | None:
     return None
+
+
+def _never_gives_way() -> bool:
+    return False
 
 
 class OutcomesWritten(Protocol):
@@ -97,6 +103,11 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _gave_way(body: dict[str, Any]) -> Deferred:
+    return Deferred(0.0, str(body.get("model", "")), REBALANCING, "a rebalance or stop began while it waited for "
+                    "its provider batch's line: parked for whoever reads its partition next, who follows the batch")
+
+
 @dataclass
 class _Waiter:
     """A handler awaiting its member's line: the body it asked with (to check the answer against), when, and for
@@ -104,7 +115,7 @@ class _Waiter:
 
     body: dict[str, Any]
     since_ms: int
-    answer: asyncio.Future[CallResult]
+    answer: asyncio.Future[CallResult | Deferred]
     batch_id: str | None  # the user's batch it belongs to, whose cancel may cancel its provider batch
     attempt: int
 
@@ -133,7 +144,8 @@ class ProviderBatchRoute:
     def __init__(self, settings: ProviderBatchSettings, api: ProviderBatches, batch_log: ProviderBatchLog,
                  open_reader: Callable[[], TopicReader], clock_ms: Callable[[], int] = _now_ms,
                  closed: Callable[[str | None], str | None] = _never_closed,
-                 outcomes: OutcomesWritten | None = None) -> None:
+                 outcomes: OutcomesWritten | None = None,
+                 giving_way: Callable[[], bool] = _never_gives_way) -> None:
         self._settings = settings
         self._api = api
         self._log = batch_log
@@ -141,6 +153,7 @@ class ProviderBatchRoute:
         self._clock_ms = clock_ms
         self._closed = closed  # why a user's batch no longer has its requests called (cancelled...), or None
         self._outcomes = outcomes or _NoneWritten()
+        self._giving_way = giving_way  # a rebalance or a stop began: the worker gives its records back (§5.7)
         self._limits = replace(api.limits, max_requests=min(settings.max_requests, api.limits.max_requests),
                                max_age_ms=settings.max_age_ms)
         self._policy = PollPolicy(first_s=settings.first_poll_s, max_s=settings.max_poll_s)
@@ -161,21 +174,25 @@ class ProviderBatchRoute:
         self._ended: deque[str] = deque(maxlen=_ENDED_REMEMBERED)
         self._ticker: asyncio.Task[None] | None = None
         self._cancel_watch: asyncio.Task[None] | None = None
+        self._give_way_watch: asyncio.Task[None] | None = None
 
     def routes(self, model: object) -> bool:
         return isinstance(model, str) and model in self._settings.routed_models
 
     async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
-                   ) -> CallResult | WrittenOutcome:
+                   ) -> CallResult | WrittenOutcome | Deferred:
         """The outcome of attempt ``attempt`` of ``request`` as its provider batch answers it, or as it was written
-        already by the worker that held its batch before (nothing to send again). Cancelled (never a failure) when
-        its partition is revoked: the record is then handled again by the new owner."""
+        already by the worker that held its batch before (nothing to send again). Deferred (``rebalancing``) once a
+        rebalance or a stop begins while it waits: the record is parked, and whoever reads it next follows the
+        batch. Cancelled (never a failure) when its partition is revoked."""
         try:
             await self._take_over(partition)
         except Exception as exc:  # the partition's records could not be read: nothing may be gathered yet
             log.exception("provider batches of partition %d: the takeover failed", partition)
             failure = Failure(FailureLayer.SERVICE, TAKEOVER_FAILED, f"{type(exc).__name__}: {exc}")
             return CallResult(failure, b"", 0, {}, str(body.get("model", "")))
+        if self._giving_way():
+            return _gave_way(body)
         request_id = request.request_id
         if (same := self._waiter(request_id, attempt)) is not None and not same.answer.done():
             # the same attempt admitted twice at once (its record handled again while the first handling waits):
@@ -183,7 +200,7 @@ class ProviderBatchRoute:
             log.info("request %s: attempt %d is awaited already; sharing its line", request_id, attempt)
             return await asyncio.shield(same.answer)
         now = self._clock_ms()
-        answer: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[CallResult | Deferred] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(body, now, answer, request.batch_id, attempt)
         if (kept := self._unclaimed.get(request_id)) is not None:
             fate = line_fate(kept[1], attempt)
@@ -195,6 +212,7 @@ class ProviderBatchRoute:
                 log.info("request %s: its attempt %d is not the one its kept line answers (%s); dropped the line",
                          request_id, attempt, kept[1])
         self._waiters.setdefault(request_id, {})[attempt] = waiter
+        self._watch_giving_way()
         if not self._awaits_line(request_id, attempt):  # not a member of a batch taken over: gather it
             gatherer = self._gatherers.setdefault(partition, BatchGatherer(self._limits))
             self._gathered[request_id] = (body, attempt)
@@ -263,8 +281,44 @@ class ProviderBatchRoute:
                 self._forget_following(gather_id)
                 self._cancel_waiters(following.record.members)
 
+    def _watch_giving_way(self) -> None:
+        if self._give_way_watch is None or self._give_way_watch.done():
+            self._give_way_watch = asyncio.create_task(self._give_way_when_asked(), name="provider-batch-give-way")
+
+    async def _give_way_when_asked(self) -> None:
+        while self._waiters:
+            await asyncio.sleep(_TICK_S)
+            if self._giving_way():
+                self._give_way()
+
+    def _give_way(self) -> None:
+        """A rebalance or a stop began, and faust waits for every record in hand before it goes on (§5.7): the
+        calls waiting for lines (for minutes, or hours) give way, parked as ``rebalancing`` for whoever reads them
+        next, and this worker stops following and gathering. Its batches' records stay ``creating``/``open``:
+        whoever owns each partition after the rebalance, this worker included, takes them over, and the parked
+        records wait for their lines there. A takeover still reading is let finish (cancelling it would cancel
+        the calls awaiting it, whose records would then never be acked); its calls give way after it."""
+        waiting = sum(len(calls) for calls in self._waiters.values())
+        log.info("a rebalance or stop began: %d calls waiting for provider batch lines give way; %d batches are "
+                 "left to whoever owns their partitions next", waiting, len(self._following))
+        self._taken_over.clear()
+        for gatherer in self._gatherers.values():
+            gatherer.flush()
+        self._gatherers.clear()
+        self._gathered.clear()
+        for gather_id, following in list(self._following.items()):
+            if following.task is not None:
+                following.task.cancel()
+            self._forget_following(gather_id)
+        self._unclaimed.clear()
+        for calls in self._waiters.values():
+            for waiter in calls.values():
+                if not waiter.answer.done():
+                    waiter.answer.set_result(_gave_way(waiter.body))
+        self._waiters.clear()
+
     async def aclose(self) -> None:
-        for task in (self._ticker, self._cancel_watch):
+        for task in (self._ticker, self._cancel_watch, self._give_way_watch):
             if task is not None:
                 task.cancel()
         for following in list(self._following.values()):

@@ -328,7 +328,8 @@ class WorkerRuntime:
                                   closed=self.batch_sizes.closed,
                                   outcomes=WrittenOutcomes(kafka, self.topology.results,
                                                            [self.topology.failed(layer) for layer in FailureLayer],
-                                                           schemas))
+                                                           schemas),
+                                  giving_way=self._rebalancing_or_stopping)
 
     def _membership(self) -> tuple[bool, int]:
         """Whether the group holds this worker's records (a rebalance, or no input partition yet), and the group

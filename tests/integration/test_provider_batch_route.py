@@ -100,6 +100,42 @@ async def test_a_killed_workers_open_batches_are_taken_over_not_created_again(se
     assert left == {}
 
 
+async def test_a_rebalance_hands_open_batches_to_the_new_owner_without_creating_them_again(
+        settings: Settings, tmp_path: Path) -> None:
+    """A second worker joins while every request waits in an open provider batch: the first gives up the batches
+    of the partitions it loses (their waiting calls cancelled, records unacked), the second takes them over."""
+    mock = start_mock("clean", 5, "--batch-seconds", "15")
+    first = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **ROUTED), tmp_path / "first.log")
+    second = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w2", **ROUTED), tmp_path / "second.log")
+    requests = [chat_request(f"moved-{i}", i) for i in range(120)]
+    ids = [r.request_id for r in requests]
+    first.start()
+    try:
+        assert settings.kafka_bootstrap is not None
+        await produce_requests(settings.kafka_bootstrap, settings, requests)
+        records = await wait_all_open(settings, len(ids), first)
+        second.start()
+        async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
+            outcomes = await reader.wait_until_ended(ids, 180, second)
+            await asyncio.sleep(3)  # a line answered twice would come now
+            outcomes = await reader.wait_until_ended(ids, 10, second)
+        stats = mock.stats(detail=True)
+        left = await batch_records(settings)
+        assert first.alive() and second.alive(), first.log_tail() + second.log_tail()
+    finally:
+        second.stop()
+        first.stop()
+        mock.stop()
+
+    assert outcomes.unfinished(ids) == [], second.log_tail()
+    assert ended_once(outcomes, ids) == []
+    assert all(outcomes.results.get(i) for i in ids)
+    assert stats["batches"]["openai"]["created"] == len(records)  # none created again
+    assert synchronous_calls(stats) == 0
+    moved = {r.partition for r in records.values()}
+    assert "taking over provider batch" in second.log_path.read_text() or len(moved) == 1, moved
+    assert left == {}
+
 def _written_result(request: InferenceRequest) -> InferenceResult:
     return InferenceResult(request_id=request.request_id, batch_id=request.batch_id, model="mock-small",
                            response_json='{"usage": {"prompt_tokens": 7, "completion_tokens": 2}}',

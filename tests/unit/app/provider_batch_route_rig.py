@@ -23,6 +23,7 @@ from streamproc.core.vocabulary import FailureLayer
 from streamproc.core.written_outcome import WrittenOutcome
 from streamproc.llm.client import CallResult
 from streamproc.llm.provider_batches import BatchCallFailed
+from streamproc.llm.routed import Deferred
 from streamproc.settings import ProviderBatchSettings
 
 BODY = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
@@ -97,7 +98,7 @@ class Rig:
     waits mid-read); a provider batch ends once ``lines_due`` is set, and ``polls`` counts who waited for it."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, *records: ProviderBatchRecord,
-                 written: FakeOutcomes | None = None) -> None:
+                 written: FakeOutcomes | None = None, max_age_ms: int = 0) -> None:
         self.lines_due = asyncio.Event()
         self.readable = asyncio.Event()
         self.readable.set()
@@ -126,17 +127,18 @@ class Rig:
         monkeypatch.setattr(route_module, "wait_until_ended", ended)
         monkeypatch.setattr(route_module, "member_outcomes", outcomes)
         settings = ProviderBatchSettings(routed_models=frozenset({"gpt-test"}), api="openai", max_requests=10,
-                                         max_age_ms=0, first_poll_s=0.01, max_poll_s=0.01)
+                                         max_age_ms=max_age_ms, first_poll_s=0.01, max_poll_s=0.01)
         self.outcomes = written or FakeOutcomes({})
+        self.giving_way = False  # a rebalance or stop under way
         self.route = ProviderBatchRoute(settings, self.api, self.log, reader,  # type: ignore[arg-type]
-                                        outcomes=self.outcomes)
+                                        outcomes=self.outcomes, giving_way=lambda: self.giving_way)
 
     async def call(self, request_id: str, attempt: int) -> Failure:
         result = await self.raw_call(request_id, attempt)
-        assert not isinstance(result, WrittenOutcome) and isinstance(result.outcome, Failure)
+        assert isinstance(result, CallResult) and isinstance(result.outcome, Failure)
         return result.outcome
 
-    async def raw_call(self, request_id: str, attempt: int) -> CallResult | WrittenOutcome:
+    async def raw_call(self, request_id: str, attempt: int) -> CallResult | WrittenOutcome | Deferred:
         return await asyncio.wait_for(
             self.route.call(InferenceRequest(request_id, "{}", batch_id="b"), dict(BODY), attempt, partition=0), 5)
 
