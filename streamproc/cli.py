@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from streamproc.core.durations import HOURS_KEPT, parse_duration_ms
+from streamproc.core.headers import ROUTES
 from streamproc.core.tenancy import PRIORITIES
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.errors import ExitCode, UserFacingError, exit_codes_help
@@ -373,6 +374,10 @@ _REUSE_HELP = ("Answer a request whose model and body got an answer before (any 
               help="For a model of the provider-batch route: what is not answered by then (from the submission) is "
               "called synchronously, at the full price, instead of going into a new provider batch. Shorter than "
               "--completion-window. Default: none.")
+@click.option("--route", type=click.Choice(ROUTES),
+              help="How the batch's requests are answered, whatever STREAMPROC_MODEL_ROUTES says of their models: "
+              "provider-batch (the provider's batch API at STREAMPROC_LLM_BASE_URL, half the price, answers within "
+              "24 h) or call (one synchronous call each). Default: each model's route.")
 @click.option("--reuse-results", is_flag=True, help=_REUSE_HELP)
 @click.option("--max-cost-usd", type=click.FloatRange(min=0), metavar="USD",
               help="Spend cap of the batch in US dollars, at STREAMPROC_MODEL_PRICES, for all workers: at the cap "
@@ -386,8 +391,8 @@ _REUSE_HELP = ("Answer a request whose model and body got an answer before (any 
               "\"priority\" field wins. Default: normal.")
 @json_option("batch_id, submitted, skipped_invalid and seconds")
 def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, deadline: float | None,
-           reuse_results: bool, max_cost_usd: float | None, max_tokens: int | None, tenant: str | None,
-           priority: str | None, as_json: bool) -> None:
+           route: str | None, reuse_results: bool, max_cost_usd: float | None, max_tokens: int | None,
+           tenant: str | None, priority: str | None, as_json: bool) -> None:
     """Validate FILE (OpenAI Batch JSONL, or {"id", "prompt", ...} lines) and send its requests.
 
     The whole file is checked first; an invalid line (with its number and reason) means nothing is sent,
@@ -418,7 +423,7 @@ def submit(file: Path, batch_id: str, skip_invalid: bool, window: float | None, 
         report = _run(submit_file(lambda: resolve_connection(settings), settings.topology(), settings.durability,
                                   settings.input_limits, file, batch_id, skip_invalid=skip_invalid, progress=bar,
                                   completion_window_s=window, deadline_s=deadline, reuse_results=reuse_results,
-                                  cap=cap, tenancy=tenancy, encode_request=encode_request))
+                                  cap=cap, tenancy=tenancy, route=route, encode_request=encode_request))
     if as_json:
         _echo_json(report.as_json())
         return

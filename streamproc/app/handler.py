@@ -44,6 +44,7 @@ from streamproc.core.decision import (
     WriteIfAbsent,
     WriteState,
     after_call,
+    ended_before,
     failure_emission,
     on_record,
     reused,
@@ -51,7 +52,7 @@ from streamproc.core.decision import (
 )
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult, RequestState
 from streamproc.core.outcome import ConfigurationProblem, Failure, Success
-from streamproc.core.provider_batch_deadline import Way, past_deadline, way_of
+from streamproc.core.provider_batch_deadline import Way, past_deadline, routed, way_of
 from streamproc.core.record_size import CARRIED_BYTES, response_too_large, result_record_bytes
 from streamproc.core.request_line import LineLimits
 from streamproc.core.request_state import RecordRef, Skip, input_hash, on_terminal_failure, superseded
@@ -60,6 +61,7 @@ from streamproc.core.retry_policy import CompletionBudget, Tier
 from streamproc.core.spend_cap import Charge
 from streamproc.core.tenancy import InvalidTenancy, Tenancy, with_headers
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.core.written_outcome import WrittenOutcome
 from streamproc.kafka.schema_registry import NO_REGISTRY, SchemaReader
 from streamproc.llm.client import Caller, CallResult, UnsupportedUrl, answer_content, request_body
 from streamproc.llm.completion import billed_tokens
@@ -125,7 +127,8 @@ class Reuse(Protocol):
 
 
 class RouteCall(Protocol):
-    def __call__(self, request: InferenceRequest, body: dict[str, Any], attempt: int) -> Awaitable[CallResult]: ...
+    def __call__(self, request: InferenceRequest, body: dict[str, Any], attempt: int,
+                 ) -> Awaitable[CallResult | WrittenOutcome | Deferred]: ...
 
 
 class BatchRoute(Protocol):
@@ -134,9 +137,10 @@ class BatchRoute(Protocol):
     def routes(self, model: object) -> bool: ...
     async def held(self, request_id: str, attempt: int, partition: int) -> bool: ...
     async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
-                   ) -> CallResult:
+                   ) -> CallResult | WrittenOutcome | Deferred:
         """The line of this attempt of the request (a taken-over batch's line answers only the attempt it was
-        gathered for)."""
+        gathered for), the outcome the batch's killed owner wrote for it already, or a deferral when a rebalance
+        began while it waited."""
     def written(self, request_id: str) -> None:
         """The outcome of a request it answered is written (or its record given up)."""
 
@@ -309,7 +313,7 @@ class Handler:
         body = self._precheck(attempt)
         if isinstance(body, Failure):  # malformed, or over the model's context window: no call
             return await self._carry_out(record, attempt, terminal_failure(attempt, body))
-        way = await self._way(request, body, attempt.hop.attempt, record.partition)
+        way = await self._way(request, body, attempt.hop, record.partition)
         charge = (None if self._spend is None
                   else self._spend.begin(request, body, record.headers, attempt.now_ms, way))
         if isinstance(charge, HeldByCap):  # at its batch's or the day's spend cap: it waits, parked like a breaker's
@@ -322,13 +326,14 @@ class Handler:
         finally:
             self._route.written(request.request_id)
 
-    async def _way(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int) -> Way:
-        """A call, or the provider-batch route: a routed model's request is called once its batch's deadline passed,
-        unless a provider batch already holds it (core.provider_batch_deadline)."""
-        if self._route is None or not self._route.routes(body.get("model")):
+    async def _way(self, request: InferenceRequest, body: dict[str, Any], hop: headers.Hop, partition: int) -> Way:
+        """A call, or the provider-batch route (as the record asks, else as its model is routed): a routed request
+        is called once its batch's deadline passed, unless a provider batch already holds it
+        (core.provider_batch_deadline)."""
+        if self._route is None or not routed(hop.route, self._route.routes(body.get("model"))):
             return Way.CALL
         past = past_deadline(self._deadline(request.batch_id), self._clock_ms())
-        return way_of(True, past, past and await self._route.held(request.request_id, attempt, partition))
+        return way_of(True, past, past and await self._route.held(request.request_id, hop.attempt, partition))
 
     async def _called(self, record: Record, attempt: Attempt, body: dict[str, Any], charge: Charge | None,
                       route: BatchRoute | None = None) -> Disposition:
@@ -339,6 +344,10 @@ class Handler:
                                           None if route is None else functools.partial(route.call,
                                                                                        partition=record.partition))
         attempt = attempt.at(self._clock_ms())
+        if isinstance(called, WrittenOutcome):  # its outcome is on Kafka already: only its state is written
+            log.info("request %s: attempt %d ended already in a provider batch taken over; its state follows",
+                     request.request_id, called.attempt)
+            return await self._carry_out(record, attempt, ended_before(attempt, called))
         budget = self._guards.budget_stop(request.batch_id)
         if isinstance(called, Deferred):
             parked = Parked(round(called.delay_s * 1000), Failure(FailureLayer.SERVICE, called.code, called.reason))
@@ -352,10 +361,11 @@ class Handler:
                                      called)
 
     async def _charged_call(self, request: InferenceRequest, body: dict[str, Any], attempt: int,
-                            charge: Charge | None, batched: RouteCall | None = None) -> CallResult | Deferred:
+                            charge: Charge | None, batched: RouteCall | None = None,
+                            ) -> CallResult | Deferred | WrittenOutcome:
         """The guarded call (or ``batched``: the provider batch's line, outside the guards, which pace calls), its
         spend settled against its caps from what the provider counted."""
-        call: Awaitable[CallResult | Deferred]
+        call: Awaitable[CallResult | Deferred | WrittenOutcome]
         if batched is None:
             call = self._guards.call(request, body, attempt)
         else:
@@ -368,7 +378,7 @@ class Handler:
         except BaseException:
             self._spend.abandon(charge)
             raise
-        if isinstance(called, Deferred):
+        if isinstance(called, Deferred | WrittenOutcome):  # no call, or one charged by the worker that made it
             self._spend.release(charge)
         else:
             model = called.model or str(body.get("model", ""))  # the model routed to, which prices the call

@@ -16,7 +16,10 @@ being gathered twice, if its attempt is the one the record says its line was gat
 gathered anew, and the earlier attempt's line dropped: ``core.provider_batch_takeover.line_fate``); a
 ``creating`` one is looked for at the provider and adopted when found, else forgotten (its members, redelivered,
 are gathered anew). A record is ended and tombstoned once every member that waited has had
-its outcome written by the handler (:meth:`written`).
+its outcome written by the handler (:meth:`written`). An ``open`` batch's members whose outcome its killed owner
+wrote already (results and terminal failures on their partition since the batch was opened: ``app.written_outcomes``)
+are not answered again: their redelivered records get that outcome back (:class:`WrittenOutcome`), whose state the
+handler writes, sending nothing.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from streamproc.app.provider_batch_log import ProviderBatchLog, owned_records
 from streamproc.app.topic_reader import TopicReader
+from streamproc.codec.provider_batch_record import member_bytes
 from streamproc.core.events import InferenceRequest
 from streamproc.core.outcome import Failure, Outcome
 from streamproc.core.provider_batch_gatherer import (
@@ -42,19 +46,24 @@ from streamproc.core.provider_batch_gatherer import (
 )
 from streamproc.core.provider_batch_lines import PROVIDER_BATCH_CANCELLED as BATCH_CANCELLED
 from streamproc.core.provider_batch_lines import AnsweredLine, LineOutcome
+from streamproc.core.provider_batch_objects import ProviderBatchView
 from streamproc.core.provider_batch_polling import PollPolicy
 from streamproc.core.provider_batch_requests import NotConvertible
 from streamproc.core.provider_batch_takeover import (
+    CLOCK_SKEW_MS,
     ProviderBatchRecord,
     RecordState,
     line_fate,
     member_custom_id,
     next_step,
 )
+from streamproc.core.request_state import REBALANCING
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.core.written_outcome import WrittenOutcome, for_attempt
 from streamproc.llm.client import CallResult
 from streamproc.llm.provider_batch_poller import member_outcomes, wait_until_ended
 from streamproc.llm.provider_batches import BatchCallFailed, ProviderBatches, find_created
+from streamproc.llm.routed import Deferred
 from streamproc.llm.schema_check import checked_completion
 from streamproc.settings import ProviderBatchSettings
 
@@ -73,8 +82,30 @@ def _never_closed(batch_id: str | None) -> str | None:
     return None
 
 
+def _never_gives_way() -> bool:
+    return False
+
+
+class OutcomesWritten(Protocol):
+    """The outcomes written on a request partition since a time (``app.written_outcomes``)."""
+
+    async def since(self, partition: int, since_ms: int, members: Collection[str],
+                    ) -> dict[str, list[WrittenOutcome]]: ...
+
+
+class _NoneWritten:
+    async def since(self, partition: int, since_ms: int, members: Collection[str],
+                    ) -> dict[str, list[WrittenOutcome]]:
+        return {}
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _gave_way(body: dict[str, Any]) -> Deferred:
+    return Deferred(0.0, str(body.get("model", "")), REBALANCING, "a rebalance or stop began while it waited for "
+                    "its provider batch's line: parked for whoever reads its partition next, who follows the batch")
 
 
 @dataclass
@@ -84,7 +115,7 @@ class _Waiter:
 
     body: dict[str, Any]
     since_ms: int
-    answer: asyncio.Future[CallResult]
+    answer: asyncio.Future[CallResult | Deferred]
     batch_id: str | None  # the user's batch it belongs to, whose cancel may cancel its provider batch
     attempt: int
 
@@ -97,6 +128,7 @@ class _Following:
     task: asyncio.Task[None] | None = None
     attempt_of: dict[str, int | None] = field(default_factory=dict)  # member -> the attempt its line answers
     cancel_sent: bool = False  # the provider was asked to cancel it
+    written_before: frozenset[str] = frozenset()  # members ended already when it was taken over: lines dropped
     unwritten: set[str] = field(default_factory=set)
     all_written: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -111,13 +143,17 @@ class ProviderBatchRoute:
 
     def __init__(self, settings: ProviderBatchSettings, api: ProviderBatches, batch_log: ProviderBatchLog,
                  open_reader: Callable[[], TopicReader], clock_ms: Callable[[], int] = _now_ms,
-                 closed: Callable[[str | None], str | None] = _never_closed) -> None:
+                 closed: Callable[[str | None], str | None] = _never_closed,
+                 outcomes: OutcomesWritten | None = None,
+                 giving_way: Callable[[], bool] = _never_gives_way) -> None:
         self._settings = settings
         self._api = api
         self._log = batch_log
         self._open_reader = open_reader
         self._clock_ms = clock_ms
         self._closed = closed  # why a user's batch no longer has its requests called (cancelled...), or None
+        self._outcomes = outcomes or _NoneWritten()
+        self._giving_way = giving_way  # a rebalance or a stop began: the worker gives its records back (§5.7)
         self._limits = replace(api.limits, max_requests=min(settings.max_requests, api.limits.max_requests),
                                max_age_ms=settings.max_age_ms)
         self._policy = PollPolicy(first_s=settings.first_poll_s, max_s=settings.max_poll_s)
@@ -128,8 +164,9 @@ class ProviderBatchRoute:
         self._gathered: dict[str, tuple[dict[str, Any], int]] = {}  # request id -> body, attempt, until sealed
         self._member_of: dict[str, _Following] = {}  # request id -> the batch whose line for it is still to come
         self._answered_by: dict[str, _Following] = {}  # request id -> the batch that answered it, until written
-        # lines of adopted batches whose record is not back yet, with the attempt each was gathered for
-        self._unclaimed: dict[str, tuple[LineOutcome, int | None]] = {}
+        # lines of adopted batches whose record is not back yet, with the attempt each was gathered for (or the
+        # outcome its killed owner wrote already, for the attempt it ended)
+        self._unclaimed: dict[str, tuple[LineOutcome | WrittenOutcome, int | None]] = {}
         self._following: dict[str, _Following] = {}  # gather id -> the batch followed
         self._taken_over: dict[int, asyncio.Task[None]] = {}
         # gathers this worker ended (the latest ones): a takeover that reads one back still open (read before the end
@@ -137,41 +174,53 @@ class ProviderBatchRoute:
         self._ended: deque[str] = deque(maxlen=_ENDED_REMEMBERED)
         self._ticker: asyncio.Task[None] | None = None
         self._cancel_watch: asyncio.Task[None] | None = None
+        self._give_way_watch: asyncio.Task[None] | None = None
 
     def routes(self, model: object) -> bool:
         return isinstance(model, str) and model in self._settings.routed_models
 
     async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
-                   ) -> CallResult:
-        """The outcome of attempt ``attempt`` of ``request`` as its provider batch answers it. Cancelled (never a
-        failure) when its partition is revoked: the record is then handled again by the new owner."""
+                   ) -> CallResult | WrittenOutcome | Deferred:
+        """The outcome of attempt ``attempt`` of ``request`` as its provider batch answers it, or as it was written
+        already by the worker that held its batch before (nothing to send again). Deferred (``rebalancing``) once a
+        rebalance or a stop begins while it waits: the record is parked, and whoever reads it next follows the
+        batch. Cancelled (never a failure) when its partition is revoked."""
         try:
             await self._take_over(partition)
         except Exception as exc:  # the partition's records could not be read: nothing may be gathered yet
             log.exception("provider batches of partition %d: the takeover failed", partition)
             failure = Failure(FailureLayer.SERVICE, TAKEOVER_FAILED, f"{type(exc).__name__}: {exc}")
             return CallResult(failure, b"", 0, {}, str(body.get("model", "")))
+        if self._giving_way():
+            return _gave_way(body)
         request_id = request.request_id
+        if (same := self._waiter(request_id, attempt)) is not None and not same.answer.done():
+            # the same attempt admitted twice at once (its record handled again while the first handling waits):
+            # it shares the line awaited; taking its place would leave the first waiting for ever, its record unacked
+            log.info("request %s: attempt %d is awaited already; sharing its line", request_id, attempt)
+            return await asyncio.shield(same.answer)
         now = self._clock_ms()
-        answer: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[CallResult | Deferred] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(body, now, answer, request.batch_id, attempt)
         if (kept := self._unclaimed.get(request_id)) is not None:
             fate = line_fate(kept[1], attempt)
             if fate != "keep":
                 del self._unclaimed[request_id]
             if fate == "answer":
-                return await self._result(waiter, kept[0])
+                return kept[0] if isinstance(kept[0], WrittenOutcome) else await self._result(waiter, kept[0])
             if fate == "drop":
                 log.info("request %s: its attempt %d is not the one its kept line answers (%s); dropped the line",
                          request_id, attempt, kept[1])
         self._waiters.setdefault(request_id, {})[attempt] = waiter
+        self._watch_giving_way()
         if not self._awaits_line(request_id, attempt):  # not a member of a batch taken over: gather it
             gatherer = self._gatherers.setdefault(partition, BatchGatherer(self._limits))
             self._gathered[request_id] = (body, attempt)
             try:
                 # counted with the longest custom id a member gets, written with its own once sealed
                 pending = PendingLine(request_id, str(body["model"]),
-                                      self._api.line(member_custom_id(self._limits.max_requests), body))
+                                      self._api.line(member_custom_id(self._limits.max_requests), body),
+                                      member_bytes(request_id))
                 sealed_now = gatherer.add(pending, now)
             except (LineTooLarge, NotConvertible) as exc:  # no provider batch can carry it: as the pre-check refuses
                 self._unwait(request_id, waiter)
@@ -232,8 +281,44 @@ class ProviderBatchRoute:
                 self._forget_following(gather_id)
                 self._cancel_waiters(following.record.members)
 
+    def _watch_giving_way(self) -> None:
+        if self._give_way_watch is None or self._give_way_watch.done():
+            self._give_way_watch = asyncio.create_task(self._give_way_when_asked(), name="provider-batch-give-way")
+
+    async def _give_way_when_asked(self) -> None:
+        while self._waiters:
+            await asyncio.sleep(_TICK_S)
+            if self._giving_way():
+                self._give_way()
+
+    def _give_way(self) -> None:
+        """A rebalance or a stop began, and faust waits for every record in hand before it goes on (§5.7): the
+        calls waiting for lines (for minutes, or hours) give way, parked as ``rebalancing`` for whoever reads them
+        next, and this worker stops following and gathering. Its batches' records stay ``creating``/``open``:
+        whoever owns each partition after the rebalance, this worker included, takes them over, and the parked
+        records wait for their lines there. A takeover still reading is let finish (cancelling it would cancel
+        the calls awaiting it, whose records would then never be acked); its calls give way after it."""
+        waiting = sum(len(calls) for calls in self._waiters.values())
+        log.info("a rebalance or stop began: %d calls waiting for provider batch lines give way; %d batches are "
+                 "left to whoever owns their partitions next", waiting, len(self._following))
+        self._taken_over.clear()
+        for gatherer in self._gatherers.values():
+            gatherer.flush()
+        self._gatherers.clear()
+        self._gathered.clear()
+        for gather_id, following in list(self._following.items()):
+            if following.task is not None:
+                following.task.cancel()
+            self._forget_following(gather_id)
+        self._unclaimed.clear()
+        for calls in self._waiters.values():
+            for waiter in calls.values():
+                if not waiter.answer.done():
+                    waiter.answer.set_result(_gave_way(waiter.body))
+        self._waiters.clear()
+
     async def aclose(self) -> None:
-        for task in (self._ticker, self._cancel_watch):
+        for task in (self._ticker, self._cancel_watch, self._give_way_watch):
             if task is not None:
                 task.cancel()
         for following in list(self._following.values()):
@@ -280,14 +365,34 @@ class ProviderBatchRoute:
             submitted = await self._api.submit(lines, record.gather_id)
         except BatchCallFailed as exc:  # as a call failing the same way; the record goes with it
             log.warning("provider batch %s of %d requests: %s", record.gather_id, len(record.members), exc)
-            self._fail_all(following, exc.outcome)
-            await self._end(following)
-            return
-        following.record = replace(record.opened(submitted.view, self._clock_ms()),
-                                   input_file_id=submitted.input_file_id)
-        log.info("provider batch %s created as %s (%d requests of %s)", record.gather_id, submitted.view.batch_id,
-                 len(record.members), record.model)
+            if (made := await self._created_anyway(record, exc)) is None:
+                self._fail_all(following, exc.outcome)
+                await self._end(following)
+                return
+            following.record = record.opened(made, self._clock_ms())
+            log.info("provider batch %s: created as %s although its create call failed; following it",
+                     record.gather_id, made.batch_id)
+        else:
+            following.record = replace(record.opened(submitted.view, self._clock_ms()),
+                                       input_file_id=submitted.input_file_id)
+            log.info("provider batch %s created as %s (%d requests of %s)", record.gather_id,
+                     submitted.view.batch_id, len(record.members), record.model)
         await self._poll_and_answer(following)
+
+    async def _created_anyway(self, record: ProviderBatchRecord, failed: BatchCallFailed) -> ProviderBatchView | None:
+        """The batch a create call that failed in transport or on the service's side made all the same (its answer
+        lost, a timeout), looked for as a takeover looks for a ``creating`` record's: followed, it is not billed
+        unread while its members go into a new batch. None when refused outright (a business failure) or not
+        found."""
+        if not isinstance(failed.outcome, Failure) or failed.outcome.layer is FailureLayer.BUSINESS:
+            return None
+        taken = {f.record.provider_batch_id for f in self._following.values() if f.record.provider_batch_id}
+        try:
+            return await find_created(self._api, record, taken)
+        except BatchCallFailed as exc:
+            log.warning("provider batch %s: could not look for it after its create call failed: %s",
+                        record.gather_id, exc)
+            return None
 
     def _ended_by_close(self, request_id: str) -> bool:
         """A gathered request whose user batch was closed (cancelled, expired) before its provider batch was sent:
@@ -306,11 +411,11 @@ class ProviderBatchRoute:
         return True
 
     # -- following -----------------------------------------------------------------------------------------
-    def _follow(self, record: ProviderBatchRecord) -> _Following:
-        following = _Following(record, attempt_of=record.member_attempts())
+    def _follow(self, record: ProviderBatchRecord, written_before: frozenset[str] = frozenset()) -> _Following:
+        following = _Following(record, attempt_of=record.member_attempts(), written_before=written_before)
         self._following[record.gather_id] = following
         for member in record.members:
-            if not self._follows_later_attempt(member, following):
+            if member not in written_before and not self._follows_later_attempt(member, following):
                 self._member_of[member] = following
         if self._cancel_watch is None or self._cancel_watch.done():
             self._cancel_watch = asyncio.create_task(self._cancel_when_closed(), name="provider-batch-cancels")
@@ -409,6 +514,8 @@ class ProviderBatchRoute:
         (gathered anew) is dropped: its outcome was written before the batch was taken over."""
         if self._member_of.get(request_id) is following:
             del self._member_of[request_id]
+        if request_id in following.written_before:  # its outcome was written by the batch's killed owner
+            return
         gathered_for = following.attempt_of.get(request_id)
         waiter = self._waiter(request_id, gathered_for)  # the call of the line's attempt, beside any other
         if waiter is None:
@@ -426,7 +533,7 @@ class ProviderBatchRoute:
         self._answered_by[request_id] = following
         await self._resolve(waiter, line)
 
-    def _keep(self, request_id: str, line: LineOutcome, gathered_for: int | None) -> None:
+    def _keep(self, request_id: str, line: LineOutcome | WrittenOutcome, gathered_for: int | None) -> None:
         """Keep a line no call waits for, for the attempt it answers. Of two lines of one request (two batches taken
         over holding it), the later attempt's stays: the earlier attempt's outcome was written before the takeover
         (its retry is the later one), and it would only be dropped by the later attempt's call."""
@@ -513,6 +620,8 @@ class ProviderBatchRoute:
         async with self._open_reader() as reader:
             records = await owned_records(reader, {partition}, self._unusable)
         taken = {r.provider_batch_id for r in records.values() if r.provider_batch_id is not None}
+        polled: list[ProviderBatchRecord] = []  # open: its killed owner may have written outcomes of its lines
+        found: list[ProviderBatchRecord] = []  # created but never recorded open: no line of it was read
         for gather_id, record in records.items():
             if gather_id in self._following:  # this worker's own, still followed
                 continue
@@ -529,13 +638,29 @@ class ProviderBatchRoute:
                         log.info("provider batch %s was never created; forgetting it", gather_id)
                         await self._log.forget(gather_id)
                         continue
-                    self._adopt_open(record.opened(view, self._clock_ms()))
+                    found.append(record.opened(view, self._clock_ms()))
                 case "poll":
-                    self._adopt_open(record)
+                    polled.append(record)
+        written = await self._written_before(partition, polled)
+        for record in (*polled, *found):
+            self._adopt_open(record, written)
 
-    def _adopt_open(self, record: ProviderBatchRecord) -> None:
-        log.info("taking over provider batch %s (%s, %d requests)", record.gather_id, record.provider_batch_id,
-                 len(record.members))
-        following = self._follow(record)
+    async def _written_before(self, partition: int, polled: list[ProviderBatchRecord],
+                              ) -> dict[str, list[WrittenOutcome]]:
+        """The outcomes of the open batches' members written since the earliest of them was opened (less the
+        clock skew: the record's time is its writer's clock, an outcome's its producer's)."""
+        if not polled:
+            return {}
+        since_ms = min(record.updated_ms for record in polled) - CLOCK_SKEW_MS
+        return await self._outcomes.since(partition, since_ms, {m for r in polled for m in r.members})
+
+    def _adopt_open(self, record: ProviderBatchRecord, written: Mapping[str, list[WrittenOutcome]]) -> None:
+        ended = {member: outcome for member, attempt in record.member_attempts().items()
+                 if (outcome := for_attempt(written.get(member, []), attempt)) is not None}
+        log.info("taking over provider batch %s (%s, %d requests, %d of them ended already)", record.gather_id,
+                 record.provider_batch_id, len(record.members), len(ended))
+        following = self._follow(record, frozenset(ended))
+        for member, outcome in ended.items():
+            self._keep(member, outcome, outcome.attempt)
         following.task = asyncio.create_task(self._poll_and_answer(following),
                                              name=f"provider-batch-{record.gather_id}")

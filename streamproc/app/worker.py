@@ -56,6 +56,7 @@ from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_lane
 from streamproc.app.topic_reader import TopicReader
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.app.unread_inputs import unread_topics
+from streamproc.app.written_outcomes import WrittenOutcomes
 from streamproc.codec.releases import write_as_release
 from streamproc.core import headers
 from streamproc.core.decision import Retries
@@ -73,12 +74,13 @@ from streamproc.core.tenant_pace import TenantPace
 from streamproc.core.tenant_share import Lane, more_urgent, reading_yields
 from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants
 from streamproc.core.topology import Topology
+from streamproc.core.vocabulary import FailureLayer
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
 from streamproc.kafka.clients import kafka_admin
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.kafka.diagnose import KafkaRefused, diagnose
-from streamproc.kafka.schema_registry import NO_REGISTRY, RegisteredSchemas, register_schemas
+from streamproc.kafka.schema_registry import NO_REGISTRY, RegisteredSchemas, SchemaReader, register_schemas
 from streamproc.llm.api_key import check_llm_key
 from streamproc.llm.deployments import DeploymentCaller
 from streamproc.llm.guarded import Guards, long_requests_of
@@ -315,7 +317,7 @@ class WorkerRuntime:
                        if quota.max_cost_usd_per_day is not None}
         self.spend = SpendGate(self.batch_sizes.cap, settings.model_prices, self.guards.estimator, day_cap, spend,
                                tenant_caps)
-        self.provider_batches = self._provider_batch_route(settings, kafka)
+        self.provider_batches = self._provider_batch_route(settings, kafka, schemas)
         self.handler = Handler(self.guards, self.sink, store, Retries(settings.retry_policy()),
                                self._on_configuration_problem, HandlerOptions(
                                    observer=observer, closed=self.batch_sizes.closed,
@@ -325,16 +327,20 @@ class WorkerRuntime:
                                    deadline=self.batch_sizes.deadline))
         self._register_agents()
 
-    def _provider_batch_route(self, settings: Settings, kafka: KafkaConnection) -> ProviderBatchRoute | None:
-        """The provider-batch route of the models STREAMPROC_MODEL_ROUTES names (none: no route)."""
+    def _provider_batch_route(self, settings: Settings, kafka: KafkaConnection,
+                              schemas: SchemaReader) -> ProviderBatchRoute | None:
+        """The provider-batch route of the models STREAMPROC_MODEL_ROUTES names and of the requests whose records ask
+        for it (``submit --route``)."""
         routing = settings.provider_batches
-        if not routing.routed_models:
-            return None
         batch_log = ProviderBatchLog(_FaustSender(self.app), self.topology.provider_batches)
         api = (AnthropicBatches if routing.api == "anthropic" else OpenAIBatches)(settings.llm_endpoint)
         return ProviderBatchRoute(routing, api, batch_log,
                                   lambda: TopicReader(kafka, [self.topology.provider_batches]),
-                                  closed=self.batch_sizes.closed)
+                                  closed=self.batch_sizes.closed,
+                                  outcomes=WrittenOutcomes(kafka, self.topology.results,
+                                                           [self.topology.failed(layer) for layer in FailureLayer],
+                                                           schemas),
+                                  giving_way=self._rebalancing_or_stopping)
 
     def _membership(self) -> tuple[bool, int]:
         """Whether the group holds this worker's records (a rebalance, or no input partition yet), and the group

@@ -5,7 +5,8 @@ Small JSON with a version field ``v``, not Avro, for the reason the fleet beats 
 operations record no event decoder reads, which an older worker must still read after a newer one adds fields (a
 JSON reader skips what it does not know); a reader that meets a higher ``v`` refuses the record rather than
 misread it. A record must fit in one Kafka record (``core.record_size.RECORD_BYTES``): the members' ids are in
-it, so the gatherer's request limit is bounded by their length (:class:`RecordTooLarge` otherwise).
+it, so the gatherer seals a batch before its members' ids (:func:`member_bytes`) pass that room
+(:class:`RecordTooLarge` otherwise).
 
 ``attempts`` (each member's attempt, in line order) was added within version 1: a reader skips a field it does
 not know, and a record written without it reads as attempts unknown (``None``: its lines match by request id).
@@ -25,6 +26,14 @@ _PROVIDERS: Final = ("openai", "anthropic")
 
 class RecordTooLarge(ValueError):
     """A record whose members' ids do not fit in one Kafka record: the batch must be gathered smaller."""
+
+
+_ATTEMPT_BYTES: Final = 12  # an attempt in ``attempts`` and its comma
+
+
+def member_bytes(request_id: str) -> int:
+    """The most a member adds to its batch's record: its id as written in ``members``, its comma, its attempt."""
+    return len(json.dumps(request_id, ensure_ascii=False).encode()) + 1 + _ATTEMPT_BYTES
 
 
 def encode_provider_batch(record: ProviderBatchRecord) -> bytes:

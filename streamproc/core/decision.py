@@ -3,8 +3,8 @@
 The handler reads the record, the state table and the LLM's answer; this module turns those facts into a list of
 actions in the order they must happen, and the handler carries them out in one place. The order is what makes an
 outcome safe: every send comes before the state write that records it (result first, then state: design §4), and
-a retry record comes before the failure event of the attempt it follows. Each record ends in exactly one outcome:
-a result, a retry record with its failure event, a terminal failure event, a deferral, a skip, or a hold.
+the failure event of an attempt comes before the retry record that follows it. Each record ends in exactly one
+outcome: a result, a retry record with its failure event, a terminal failure event, a deferral, a skip, or a hold.
 
 Two questions are asked of each record: :func:`on_record` before any call (skip it, fail a conflict, or start
 it), and :func:`after_call` with what the call came to. Between the two the handler may find an earlier answer
@@ -45,6 +45,7 @@ from streamproc.core.retention import BATCH_FORGOTTEN
 from streamproc.core.retry_policy import CompletionBudget, RetryPolicy, Stop, Terminal, Tier
 from streamproc.core.reuse import on_reused
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.core.written_outcome import WrittenOutcome
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,17 @@ def on_record(attempt: Attempt, current: RequestState | None, closed: str | None
 def reused(attempt: Attempt, result: InferenceResult) -> list[Action]:
     """An earlier answer to the same input: its result event (no call made), then the state (design §4)."""
     return [EmitResult(result), WriteState(on_reused(attempt.started, result, attempt.now_ms))]
+
+
+def ended_before(attempt: Attempt, written: WrittenOutcome) -> list[Action]:
+    """The admitted ``attempt`` ended already: its outcome was written by the worker killed before its state write
+    reached the changelog (a provider batch taken over, design §8). Only the state is written, from that outcome
+    (as a line's answer, priced by the provider batch), so the request does not end twice."""
+    ended = written.ended
+    state, now = attempt.started, attempt.now_ms
+    if isinstance(ended, Success):
+        return [WriteState(on_success(state, now, ended, Way.PROVIDER_BATCH))]
+    return [EndAttempt(state, on_terminal_failure(state, ended.layer, ended.code, now))]
 
 
 def after_call(attempt: Attempt, end: CallEnd, retries: Retries, budget: Stop | None = None,

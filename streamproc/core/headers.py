@@ -27,6 +27,8 @@ DEFERRED = "x-deferred"  # parked by an open circuit breaker: the attempt it car
 MAX_TOKENS = "x-max-tokens"  # the completion budget of the next attempt, raised by escalations after cut answers
 RUN = "x-run"  # the run of the request the record continues (core.request_state: a replay starts the next)
 REDRIVEN = "x-redriven"  # sent again by the reconciler, and why (core.reconcile.StrandedBy)
+ROUTE = "x-route"  # ``submit --route``: how the request is answered whatever its model's route (ROUTES)
+ROUTES = ("provider-batch", "call")
 
 Headers = dict[str, bytes]
 
@@ -60,12 +62,14 @@ class Hop:
     deferred: bool = False
     max_tokens: int | None = None
     run: int = 0  # 0: not written by the handler (a submission, a backfill replay) or before runs existed
+    route: str | None = None  # one of ROUTES, carried from the submission; None: the model's route decides
 
     def retried(self, due_ms: int, first_failure_ms: int, run: int, max_tokens: int | None = None) -> Hop:
         """The hop of the retry record: the next attempt, due at ``due_ms``. A retry is neither a replay nor
         deferred; the completion budget is carried on, or raised to ``max_tokens`` (an escalation)."""
         budget = self.max_tokens if max_tokens is None else max_tokens
-        return Hop(self.attempt + 1, due_ms, first_failure_ms, self.origin, max_tokens=budget, run=run)
+        return Hop(self.attempt + 1, due_ms, first_failure_ms, self.origin, max_tokens=budget, run=run,
+                   route=self.route)
 
     def parked(self, due_ms: int, run: int) -> Hop:
         """The hop of the deferred record: this attempt, not made yet, due at ``due_ms``; the rest carried on."""
@@ -73,7 +77,7 @@ class Hop:
 
     def failed(self, first_failure_ms: int, run: int) -> Hop:
         """The hop a failure event of this attempt carries: no due time, nothing for a next attempt."""
-        return Hop(self.attempt, first_failure_ms=first_failure_ms, origin=self.origin, run=run)
+        return Hop(self.attempt, first_failure_ms=first_failure_ms, origin=self.origin, run=run, route=self.route)
 
     def headers(self, request_id: str, failure: Failure) -> Headers:
         """This hop as the headers of a record about ``request_id``, with why it was written (``failure``): a
@@ -101,6 +105,8 @@ class Hop:
             headers[MAX_TOKENS] = str(self.max_tokens).encode()
         if self.run > 0:
             headers[RUN] = str(self.run).encode()
+        if self.route is not None:
+            headers[ROUTE] = self.route.encode()
         return headers
 
 
@@ -146,4 +152,12 @@ def read_hop(headers: Mapping[str, bytes], here: Origin | None = None) -> Hop:
         deferred=headers.get(DEFERRED) == b"1",
         max_tokens=max_tokens if (max_tokens := _int(headers, MAX_TOKENS)) is not None and max_tokens > 0 else None,
         run=max(0, _int(headers, RUN, _INT_MAX) or 0),
+        route=_route(headers),
     )
+
+
+def _route(headers: Mapping[str, bytes]) -> str | None:
+    """The route a record asks for; any other value (a producer's typo, a hostile one) is no route: the model's
+    route decides."""
+    value = headers.get(ROUTE, b"").decode("utf-8", "replace")
+    return value if value in ROUTES else None

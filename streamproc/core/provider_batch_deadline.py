@@ -24,6 +24,12 @@ def past_deadline(deadline_ms: int | None, now_ms: int) -> bool:
     return deadline_ms is not None and now_ms >= deadline_ms
 
 
+def routed(asked: str | None, model_routed: bool) -> bool:
+    """Whether a request goes by the provider-batch route: as its record asks (``submit --route``, carried on its
+    retries), else as its model is routed (``STREAMPROC_MODEL_ROUTES``)."""
+    return model_routed if asked is None else asked == "provider-batch"
+
+
 def way_of(routed: bool, past: bool, held: bool) -> Way:
     """How a request is answered: a routed model's by its provider batch, unless its batch's deadline passed and no
     provider batch already holds it (``held``: its line is awaited, and a call beside it would be paid twice)."""

@@ -1,6 +1,7 @@
 """Packing requests into provider batches (issue 31): one model per batch, as OpenAI requires of a batch
-file, sealed when the next request would pass the provider's request or byte limit, or when the oldest
-request has waited ``max_age_ms``. Pure: the caller gives the clock and uploads what is sealed.
+file, sealed when the next request would pass the provider's request or byte limit, or the room its members' ids
+take in the batch's durable record (one Kafka record), or when the oldest request has waited ``max_age_ms``.
+Pure: the caller gives the clock and uploads what is sealed.
 
 Used by the worker's route, ``app.provider_batch_route`` (design §8).
 """
@@ -10,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-MB: Final = 1024 * 1024
+from streamproc.core.record_size import RECORD_BYTES
 
-SealReason = Literal["requests", "bytes", "age", "flush"]
+MB: Final = 1024 * 1024
+RECORD_ROOM: Final = RECORD_BYTES - 16 * 1024  # the record's members, beside its other fields (ids, model, times)
+
+SealReason = Literal["requests", "bytes", "record", "age", "flush"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class BatchLimits:
     max_age_ms: int
     line_overhead: int = 1
     envelope_bytes: int = 0
+    max_record_bytes: int = RECORD_ROOM  # what the members may take of the batch's durable record
 
     def __post_init__(self) -> None:
         if self.max_requests < 1 or self.max_age_ms < 0 or self.max_bytes <= self.envelope_bytes + self.line_overhead:
@@ -52,6 +57,7 @@ class PendingLine:
     custom_id: str
     model: str
     line: bytes
+    record_bytes: int = 0  # what the member takes in the batch's durable record (its id and attempt)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class _Open:
     opened_ms: int
     lines: list[PendingLine] = field(default_factory=list)
     size_bytes: int = 0
+    record_bytes: int = 0
 
 
 class BatchGatherer:
@@ -91,10 +98,14 @@ class BatchGatherer:
         if current is not None and current.size_bytes + cost > limits.max_bytes:
             sealed.append(self._seal(pending.model, "bytes"))
             current = None
+        elif current is not None and current.record_bytes + pending.record_bytes > limits.max_record_bytes:
+            sealed.append(self._seal(pending.model, "record"))
+            current = None
         if current is None:
             current = self._open[pending.model] = _Open(now_ms, size_bytes=limits.envelope_bytes)
         current.lines.append(pending)
         current.size_bytes += cost
+        current.record_bytes += pending.record_bytes
         if len(current.lines) >= limits.max_requests:
             sealed.append(self._seal(pending.model, "requests"))
         return sealed

@@ -140,8 +140,11 @@ def billed_tokens(outcome: Outcome, body: bytes) -> tuple[int, int]:
     that failed a check (a refused or cut-off answer is paid for too); (0, 0) when nothing was answered."""
     if isinstance(outcome, Success):
         return outcome.prompt_tokens, outcome.completion_tokens
-    if outcome.http_status != 200:
-        return 0, 0
+    return answer_tokens(body) if outcome.http_status == 200 else (0, 0)
+
+
+def answer_tokens(body: bytes) -> tuple[int, int]:
+    """Prompt and completion tokens the usage of a 200 answer counts; (0, 0) when it names none."""
     try:
         doc: Any = json.loads(body)
     except (ValueError, RecursionError):

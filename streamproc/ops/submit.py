@@ -18,6 +18,7 @@ from streamproc import codec
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.codec.batch_cap import SPEND_CAP_HEADER, BatchCap, cap_key, encode_batch_cap, encode_cap
 from streamproc.codec.manifest import BatchManifest, encode_manifest
+from streamproc.core import headers
 from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import batch_id_problem
 from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
@@ -69,17 +70,18 @@ class SubmitReport:
 
 
 def limits_of(limits: InputLimits, reuse_results: bool = False, cap: Cap | None = None,
-              tenancy: Tenancy = DEFAULT_TENANCY) -> BatchLimits:
+              tenancy: Tenancy = DEFAULT_TENANCY, route: str | None = None) -> BatchLimits:
     """What a line may hold, its record measured with the headers submit sends it with; ``tenancy`` is the
     tenant and priority of every line that names none."""
     return BatchLimits(max_body_bytes=limits.max_body_bytes, default_model=limits.default_model,
-                       max_record_bytes=PRODUCER_MAX_REQUEST_BYTES, record_headers=_headers(reuse_results, cap),
-                       tenancy=tenancy)
+                       max_record_bytes=PRODUCER_MAX_REQUEST_BYTES,
+                       record_headers=_headers(reuse_results, cap, route), tenancy=tenancy)
 
 
-def _headers(reuse_results: bool, cap: Cap | None) -> tuple[tuple[str, bytes], ...]:
+def _headers(reuse_results: bool, cap: Cap | None, route: str | None) -> tuple[tuple[str, bytes], ...]:
     reuse = ((REUSE_RESULTS, REUSE_RESULTS_ON),) if reuse_results else ()
-    return reuse + (((SPEND_CAP_HEADER, encode_cap(cap)),) if cap is not None else ())
+    routed = ((headers.ROUTE, route.encode()),) if route is not None else ()
+    return reuse + routed + (((SPEND_CAP_HEADER, encode_cap(cap)),) if cap is not None else ())
 
 
 async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology, durability: Durability,
@@ -87,7 +89,7 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
                       progress: Progress | None = None, completion_window_s: float | None = None,
                       deadline_s: float | None = None,
                       reuse_results: bool = False, cap: Cap | None = None,
-                      tenancy: Tenancy = DEFAULT_TENANCY,
+                      tenancy: Tenancy = DEFAULT_TENANCY, route: str | None = None,
                       encode_request: Callable[[InferenceRequest], bytes] = codec.encode) -> SubmitReport:
     """Validate ``path``, send its requests keyed by (batch, custom_id), then write the batch manifest (with the
     end of the completion window, when one is given: what is not called by then ends ``batch_expired``).
@@ -103,11 +105,14 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
 
     ``tenancy``: ``--tenant``/``--priority``, of every line that names no tenant or priority of its own.
 
+    ``route``: ``--route`` (``provider-batch`` or ``call``), carried by every record and its retries: how the
+    requests are answered whatever their models' routes (design §8).
+
     ``encode_request``: how a request is written (the Confluent wire format when a schema registry is set)."""
     started = time.monotonic()
     if (problem := batch_id_problem(batch_id)) is not None:
         raise SubmitError(f"--batch-id {batch_id!r}: {problem}")
-    limits = limits_of(input_limits, reuse_results, cap, tenancy)
+    limits = limits_of(input_limits, reuse_results, cap, tenancy, route)
     report = await asyncio.to_thread(validate_file, path, limits, batch_id)
     if report.error_count and not skip_invalid:
         raise InvalidBatchFile(path, report.errors, report.error_count)

@@ -5,7 +5,7 @@ given by the test. Used by the route's unit tests."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,10 +17,13 @@ from streamproc.core.events import InferenceRequest
 from streamproc.core.outcome import Failure
 from streamproc.core.provider_batch_gatherer import OPENAI_LIMITS
 from streamproc.core.provider_batch_lines import LineOutcome
-from streamproc.core.provider_batch_objects import BatchPhase, ProviderBatchView
+from streamproc.core.provider_batch_objects import BatchPage, BatchPhase, ProviderBatchView
 from streamproc.core.provider_batch_takeover import ProviderBatchRecord, RecordState
 from streamproc.core.vocabulary import FailureLayer
+from streamproc.core.written_outcome import WrittenOutcome
+from streamproc.llm.client import CallResult
 from streamproc.llm.provider_batches import BatchCallFailed
+from streamproc.llm.routed import Deferred
 from streamproc.settings import ProviderBatchSettings
 
 BODY = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
@@ -38,6 +41,10 @@ class FakeApi:
 
     def __init__(self) -> None:
         self.submitted: list[list[bytes]] = []
+        self.listed: tuple[ProviderBatchView, ...] = ()  # what a look for a batch created all the same finds
+
+    async def page(self, after_id: str | None = None) -> BatchPage:
+        return BatchPage(self.listed, False, None)
 
     @staticmethod
     def line(custom_id: str, body: dict[str, Any]) -> bytes:
@@ -70,11 +77,28 @@ TAKEN_OVER = ProviderBatchRecord("g-1", "openai", "gpt-test", 0, ("r1", "r2"), R
                                  provider_batch_id="batch_1", attempts=(1, 1))
 
 
+class FakeOutcomes:
+    """The outcomes written before a takeover, as given by the test; ``asked`` records each read."""
+
+    def __init__(self, written: dict[str, list[WrittenOutcome]], unreadable: bool = False) -> None:
+        self.written = written
+        self.unreadable = unreadable
+        self.asked: list[tuple[int, int, frozenset[str]]] = []
+
+    async def since(self, partition: int, since_ms: int, members: Collection[str],
+                    ) -> dict[str, list[WrittenOutcome]]:
+        self.asked.append((partition, since_ms, frozenset(members)))
+        if self.unreadable:
+            raise OSError("the outcome topics could not be read")
+        return {member: outcomes for member, outcomes in self.written.items() if member in members}
+
+
 class Rig:
     """The route over partition 0, whose takeover reads ``records`` (once ``readable`` is set: cleared, a takeover
     waits mid-read); a provider batch ends once ``lines_due`` is set, and ``polls`` counts who waited for it."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, *records: ProviderBatchRecord) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *records: ProviderBatchRecord,
+                 written: FakeOutcomes | None = None, max_age_ms: int = 0) -> None:
         self.lines_due = asyncio.Event()
         self.readable = asyncio.Event()
         self.readable.set()
@@ -103,14 +127,20 @@ class Rig:
         monkeypatch.setattr(route_module, "wait_until_ended", ended)
         monkeypatch.setattr(route_module, "member_outcomes", outcomes)
         settings = ProviderBatchSettings(routed_models=frozenset({"gpt-test"}), api="openai", max_requests=10,
-                                         max_age_ms=0, first_poll_s=0.01, max_poll_s=0.01)
-        self.route = ProviderBatchRoute(settings, self.api, self.log, reader)  # type: ignore[arg-type]
+                                         max_age_ms=max_age_ms, first_poll_s=0.01, max_poll_s=0.01)
+        self.outcomes = written or FakeOutcomes({})
+        self.giving_way = False  # a rebalance or stop under way
+        self.route = ProviderBatchRoute(settings, self.api, self.log, reader,  # type: ignore[arg-type]
+                                        outcomes=self.outcomes, giving_way=lambda: self.giving_way)
 
     async def call(self, request_id: str, attempt: int) -> Failure:
-        result = await asyncio.wait_for(
-            self.route.call(InferenceRequest(request_id, "{}", batch_id="b"), dict(BODY), attempt, partition=0), 5)
-        assert isinstance(result.outcome, Failure)
+        result = await self.raw_call(request_id, attempt)
+        assert isinstance(result, CallResult) and isinstance(result.outcome, Failure)
         return result.outcome
+
+    async def raw_call(self, request_id: str, attempt: int) -> CallResult | WrittenOutcome | Deferred:
+        return await asyncio.wait_for(
+            self.route.call(InferenceRequest(request_id, "{}", batch_id="b"), dict(BODY), attempt, partition=0), 5)
 
     async def answered(self, request_id: str, attempt: int) -> Failure:
         """The call's answer, its outcome then written by the handler (as ``Handler._call`` tells the route)."""

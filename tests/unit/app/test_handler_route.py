@@ -9,15 +9,17 @@ from typing import Any
 from streamproc.app.handler import Disposition, Handler, HandlerOptions
 from streamproc.app.observe import LlmCall, NullObserver, Observer
 from streamproc.app.spend import SpendGate
+from streamproc.core import headers
 from streamproc.core.decision import Retries
 from streamproc.core.events import InferenceRequest
 from streamproc.core.guards.budget import RetryBudget
 from streamproc.core.guards.token_estimate import TokenEstimator
-from streamproc.core.outcome import ConfigurationProblem
+from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.provider_batch_deadline import Way
 from streamproc.core.retry_policy import RetryPolicy
 from streamproc.core.spend_cap import Cap, Spend, batch_scope
-from streamproc.core.vocabulary import RequestStatus
+from streamproc.core.vocabulary import FailureLayer, RequestStatus
+from streamproc.core.written_outcome import WrittenOutcome
 from streamproc.llm.client import CallResult
 from streamproc.llm.guarded import Guards
 from tests.unit.app.test_handler import (
@@ -47,6 +49,7 @@ class ScriptedRoute:
         self.replies = replies
         self.holding: set[str] = set()  # members of an open provider batch (taken over, awaiting their lines)
         self.asked: list[tuple[str, str, int]] = []  # (held/call, request id, attempt) as the handler asked
+        self.ended_before: WrittenOutcome | None = None  # the outcome a killed owner wrote, given back to a call
 
     def routes(self, model: object) -> bool:
         return model == "gpt-test"
@@ -56,10 +59,10 @@ class ScriptedRoute:
         return request_id in self.holding
 
     async def call(self, request: InferenceRequest, body: dict[str, Any], attempt: int, partition: int,
-                   ) -> CallResult:
+                   ) -> CallResult | WrittenOutcome:
         self.asked.append(("call", request.request_id, attempt))
         self.log.append(f"batched p{partition}")
-        return self.replies.pop(0)(body)
+        return self.ended_before or self.replies.pop(0)(body)
 
     def written(self, request_id: str) -> None:
         self.log.append(f"written {request_id}")
@@ -101,6 +104,43 @@ async def test_a_failed_line_goes_through_the_retry_tiers_before_the_route_hears
                    "state retrying", "written req-1"]
     state = store.get("req-1")
     assert state is not None and state.status is RequestStatus.RETRYING
+
+
+async def test_an_outcome_written_before_a_takeover_writes_only_the_state() -> None:
+    """The batch's killed owner wrote the result; its state write was lost: the redelivered record's state follows
+    the written result (its usage kept, as a provider batch's line), and nothing is sent again."""
+    handler, log, sink, store, _, route = deadline_rig([])
+    route.ended_before = WrittenOutcome(1, Success("spam", "gpt-test", 12, 3))
+    assert await handler.handle(submission(make_request())) is Disposition.ACK
+    assert log == ["state in_flight", f"batched p{PARTITION}", "state succeeded", "written req-1"]
+    assert sink.results == []
+    state = store.get("req-1")
+    assert state is not None and (state.prompt_tokens, state.completion_tokens, state.provider_batch) == (12, 3, True)
+
+
+async def test_a_terminal_failure_written_before_a_takeover_writes_only_the_state() -> None:
+    handler, log, _, store, _, route = deadline_rig([])
+    route.ended_before = WrittenOutcome(1, Failure(FailureLayer.BUSINESS, "invalid_request", "bad", 400))
+    await handler.handle(submission(make_request()))
+    assert log == ["state in_flight", f"batched p{PARTITION}", "state failed", "written req-1"]
+    state = store.get("req-1")
+    assert state is not None and (state.status, state.last_error_code) == (RequestStatus.FAILED, "invalid_request")
+
+
+async def test_a_record_asking_for_a_call_is_called_though_its_model_is_routed() -> None:
+    handler, log, sink, _, caller = routed_rig([])
+    caller.replies.append(answer("ham"))
+    await handler.handle(submission(make_request(), hdrs={headers.ROUTE: b"call"}))
+    assert len(caller.calls) == 1 and not any(entry.startswith(("batched", "written")) for entry in log)
+    assert sink.results[0].content == "ham"
+
+
+async def test_a_record_asking_for_the_provider_batch_route_is_batched_though_its_model_is_not_routed() -> None:
+    handler, log, sink, _, caller = routed_rig([answer("spam")])
+    other = make_request(body={**BODY, "model": "gpt-other"})
+    await handler.handle(submission(other, hdrs={headers.ROUTE: b"provider-batch"}))
+    assert caller.calls == [] and f"batched p{PARTITION}" in log
+    assert sink.results[0].content == "spam"
 
 
 async def test_a_model_not_routed_is_called() -> None:

@@ -108,3 +108,18 @@ async def test_two_attempts_waiting_at_once_each_get_their_own_line(monkeypatch:
     assert await rig.answered("r2", 1) == REFUSED
     await rig.ended_and_tombstoned("g-1")
     await rig.route.aclose()
+
+
+async def test_one_attempt_asked_twice_at_once_shares_its_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its record handled again while the first handling waits: both get the line; neither waits for ever."""
+    rig = Rig(monkeypatch, TAKEN_OVER)
+    first = asyncio.create_task(rig.call("r1", 1))
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(rig.call("r1", 1))
+    await asyncio.sleep(0.05)
+    rig.lines_due.set()
+    assert await first == REFUSED and await second == REFUSED
+    rig.route.written("r1")
+    assert await rig.answered("r2", 1) == REFUSED
+    await rig.ended_and_tombstoned("g-1")
+    await rig.route.aclose()

@@ -11,9 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamproc.codec.provider_batch_record import RecordTooLarge, decode_provider_batch, encode_provider_batch
+from streamproc.codec.provider_batch_record import (
+    RecordTooLarge,
+    decode_provider_batch,
+    encode_provider_batch,
+    member_bytes,
+)
+from streamproc.core.provider_batch_gatherer import RECORD_ROOM
 from streamproc.core.provider_batch_objects import BatchPhase, ProviderBatchView
 from streamproc.core.provider_batch_takeover import ProviderBatchRecord, RecordState
+from streamproc.core.record_size import RECORD_BYTES
 
 CREATING = ProviderBatchRecord("g-7:0:1733140000000", "openai", "gpt-4o-mini", 3, ("req/1", "req:2", "请求-3"),
                                RecordState.CREATING, 1_733_140_000_000, 1_733_140_000_000, input_file_id="file-1")
@@ -73,3 +80,17 @@ def test_a_record_too_big_for_one_kafka_record_is_refused_at_encode() -> None:
     members = tuple(f"request-{i:010d}-" + "x" * 60 for i in range(20_000))
     with pytest.raises(RecordTooLarge, match="20000 members"):
         encode_provider_batch(ProviderBatchRecord("g", "openai", "m", 0, members, RecordState.CREATING, 1, 1))
+
+
+@pytest.mark.parametrize("request_id", ["r1", "request-" + "x" * 200, 'quote"and\\back', "ünïcode-日本"])
+def test_a_full_gather_of_long_ids_fits_one_record(request_id: str) -> None:
+    """What the gatherer counts per member (member_bytes) keeps the record within one Kafka record."""
+    members: list[str] = []
+    used = 0
+    while used + member_bytes(candidate := f"{request_id}{len(members)}") <= RECORD_ROOM:  # as the gatherer counts
+        members.append(candidate)
+        used += member_bytes(candidate)
+    record = ProviderBatchRecord("g" * 32, "openai", "m" * 200, 0, tuple(members), RecordState.OPEN, 1, 1,
+                                 provider_batch_id="batch_" + "b" * 60, input_file_id="file-" + "f" * 60,
+                                 attempts=tuple(999_999 for _ in members))
+    assert len(encode_provider_batch(record)) <= RECORD_BYTES

@@ -51,6 +51,15 @@ def test_a_line_that_would_pass_the_byte_limit_opens_the_next_batch() -> None:
     assert gatherer.open_count() == 1 and gatherer.next_due_ms() == 1005  # b opened the next one
 
 
+def test_a_member_whose_id_would_pass_the_records_room_opens_the_next_batch() -> None:
+    """The members' ids go into the batch's durable record, one Kafka record: long ids seal a batch early."""
+    gatherer = BatchGatherer(BatchLimits(max_requests=10, max_bytes=1000, max_age_ms=1000, max_record_bytes=100))
+    assert gatherer.add(PendingLine("a", "m", b"x", record_bytes=60), 0) == []
+    [sealed] = gatherer.add(PendingLine("b", "m", b"x", record_bytes=60), 0)
+    assert (ids(sealed), sealed.reason) == (["a"], "record")
+    assert gatherer.open_count() == 1
+
+
 def test_models_never_share_a_batch() -> None:
     gatherer = BatchGatherer(SMALL)
     for i, model in enumerate(["m1", "m2", "m1", "m2", "m1"]):
