@@ -15,7 +15,6 @@ the state table and the LLM, and carries the decided actions out in one place (d
 from __future__ import annotations
 
 import base64
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -124,11 +123,6 @@ class Reuse(Protocol):
 
     async def answer(self, request: InferenceRequest, record_headers: Mapping[str, bytes], digest: str,
                      now_ms: int) -> InferenceResult | None: ...
-
-
-class RouteCall(Protocol):
-    def __call__(self, request: InferenceRequest, body: dict[str, Any], attempt: int,
-                 ) -> Awaitable[CallResult | WrittenOutcome | Deferred]: ...
 
 
 class BatchRoute(Protocol):
@@ -320,9 +314,9 @@ class Handler:
             held = Parked(charge.delay_ms, charge.reason)
             return await self._carry_out(record, attempt, after_call(attempt, held, self._retries))
         if self._route is None or way is Way.CALL:
-            return await self._called(record, attempt, body, charge)
+            return await self._called(record, attempt, body, charge, Way.CALL)
         try:  # by the provider-batch route: its batch ends once the outcome of each member is written
-            return await self._called(record, attempt, body, charge, self._route)
+            return await self._called(record, attempt, body, charge, way)
         finally:
             self._route.written(request.request_id)
 
@@ -336,13 +330,10 @@ class Handler:
         return way_of(True, past, past and await self._route.held(request.request_id, hop.attempt, partition))
 
     async def _called(self, record: Record, attempt: Attempt, body: dict[str, Any], charge: Charge | None,
-                      route: BatchRoute | None = None) -> Disposition:
+                      way: Way) -> Disposition:
         """The call (or the provider batch's line), decided and carried out."""
         request = attempt.request
-        way = Way.CALL if route is None else Way.PROVIDER_BATCH
-        called = await self._charged_call(request, body, attempt.hop.attempt, charge,
-                                          None if route is None else functools.partial(route.call,
-                                                                                       partition=record.partition))
+        called = await self._charged_call(request, body, attempt.hop.attempt, charge, way, record.partition)
         attempt = attempt.at(self._clock_ms())
         if isinstance(called, WrittenOutcome):  # its outcome is on Kafka already: only its state is written
             log.info("request %s: attempt %d ended already in a provider batch taken over; its state follows",
@@ -361,16 +352,16 @@ class Handler:
                                      called)
 
     async def _charged_call(self, request: InferenceRequest, body: dict[str, Any], attempt: int,
-                            charge: Charge | None, batched: RouteCall | None = None,
+                            charge: Charge | None, way: Way, partition: int,
                             ) -> CallResult | Deferred | WrittenOutcome:
-        """The guarded call (or ``batched``: the provider batch's line, outside the guards, which pace calls), its
-        spend settled against its caps from what the provider counted."""
+        """The guarded call (or the provider batch's line, outside the guards, which pace calls), its spend settled
+        against its caps from what the provider counted."""
         call: Awaitable[CallResult | Deferred | WrittenOutcome]
-        if batched is None:
+        if way is Way.CALL or self._route is None:
             call = self._guards.call(request, body, attempt)
         else:
             self._guards.on_batched(request, attempt)
-            call = batched(request, body, attempt)
+            call = self._route.call(request, body, attempt, partition)
         if charge is None or self._spend is None:
             return await call
         try:
@@ -382,8 +373,7 @@ class Handler:
             self._spend.release(charge)
         else:
             model = called.model or str(body.get("model", ""))  # the model routed to, which prices the call
-            self._spend.settle(charge, model, *billed_tokens(called.outcome, called.response_body),
-                               Way.CALL if batched is None else Way.PROVIDER_BATCH)
+            self._spend.settle(charge, model, *billed_tokens(called.outcome, called.response_body), way)
         return called
 
     def _precheck(self, attempt: Attempt) -> dict[str, Any] | Failure:
