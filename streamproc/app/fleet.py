@@ -190,6 +190,9 @@ class FleetMember:
         known = self._mine.get(model)
         if known is None or not known.active:  # calls for an idle model: tell the fleet now, not in a second
             self._wake.set()
+        elif not known.limit_told and self._limiter is not None and self._limiter.told_for(model):
+            # a limit just learnt (a 429 naming its bucket): the others meet it paced within a follow, not a beat
+            self._wake.set()
 
     async def _beat(self, producer: Any) -> None:
         now = self._clock()

@@ -401,6 +401,11 @@ class RateLimiter:
         else:
             limiter.adopt(limits, now)
 
+    def told_for(self, model: str) -> bool:
+        """Whether ``model``'s limits were configured or advertised here (:attr:`ModelRateLimiter.told`)."""
+        limiter = self._models.get(model)
+        return limiter is not None and limiter.told
+
     def told_by_model(self) -> dict[str, bool]:
         """Whether each model's limits were configured or advertised (:attr:`ModelRateLimiter.told`)."""
         return {model: limiter.told for model, limiter in self._models.items()}

@@ -85,6 +85,29 @@ def test_the_meter_counts_what_it_passes_and_calls_for_an_idle_model_beat_at_onc
     assert fleet._sent.per_minute(clock.now) == {"m": (120.0, 18_000.0)}
 
 
+def test_a_limit_just_learnt_is_told_the_fleet_at_once_not_in_a_beat() -> None:
+    """The first contact: a 429 naming its bucket tells this worker the account's limit; the next call sent wakes
+    the beat, so the other workers pace by it within a follow instead of meeting it too."""
+    clock = Clock()
+    fleet = FleetMember(FleetTopic(KafkaConnection(bootstrap="127.0.0.1:1"), "llm.fleet", "streamproc", {}),
+                        clock=clock, wall=lambda: 1_000.0)
+    limiter = RateLimiter(RateLimits(), share=1.0)  # no limit configured: it is learnt
+    fleet.attach(limiter, cost=lambda body: 150, membership=lambda: (False, 3))
+    fleet._on_sent(BODY)
+    fleet._mine = fleet._demand(clock.now)  # beaten: the model is active, its limit not told
+    fleet._wake.clear()
+    fleet._on_sent(BODY)
+    assert not fleet._wake.is_set()  # nothing new to tell
+    limiter.for_model("m", clock.now).observe({"x-ratelimit-limit-requests": "3000"}, clock.now)
+    fleet._on_sent(BODY)
+    assert fleet._wake.is_set()
+    fleet._mine = fleet._demand(clock.now)
+    assert fleet._mine["m"].limit_told
+    fleet._wake.clear()
+    fleet._on_sent(BODY)
+    assert not fleet._wake.is_set()  # told once
+
+
 def test_beats_of_the_others_are_read_old_ones_and_foreign_records_are_not() -> None:
     clock = Clock()
     fleet = member(clock, wall_s=1_000.0)
