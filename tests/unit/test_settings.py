@@ -151,3 +151,8 @@ def test_provider_batch_api_chooses_openai_unless_anthropic_is_named() -> None:
     assert Settings(provider_batch_api="anthropic").provider_batches.api == "anthropic"
     with pytest.raises(ValidationError):
         Settings(provider_batch_api="gemini")
+
+
+def test_the_settings_turn_the_priority_topics_off_while_an_older_release_runs() -> None:
+    assert Settings(upgrade_from=None).topology().by_priority
+    assert not Settings(upgrade_from="0.1.0").topology().by_priority

@@ -5,7 +5,6 @@ from __future__ import annotations
 from streamproc.core.retry_policy import Tier
 from streamproc.core.tenancy import PRIORITIES
 from streamproc.core.topology import Topology
-from streamproc.settings import Settings
 
 TIERS = (Tier("5s", 5000),)
 
@@ -26,11 +25,6 @@ def test_during_a_rolling_upgrade_every_request_goes_on_the_topic_the_older_work
     t = Topology("acme", 6, TIERS, by_priority=False)
     assert {t.request_topic(priority) for priority in PRIORITIES} == {"acme.requests"}
     assert "acme.requests.high" in t.inputs  # still read: records written before the upgrade began
-
-
-def test_the_settings_turn_the_priority_topics_off_while_an_older_release_runs() -> None:
-    assert Settings(upgrade_from=None).topology().by_priority
-    assert not Settings(upgrade_from="0.1.0").topology().by_priority
 
 
 def test_every_priority_topic_is_read_created_and_co_partitioned_with_the_others() -> None:
