@@ -330,8 +330,11 @@ class WorkerRuntime:
     def _provider_batch_route(self, settings: Settings, kafka: KafkaConnection,
                               schemas: SchemaReader) -> ProviderBatchRoute | None:
         """The provider-batch route of the models STREAMPROC_MODEL_ROUTES names and of the requests whose records ask
-        for it (``submit --route``)."""
+        for it (``submit --route``); none without a base URL and no routed model (a worker of a model list only,
+        whose records asking for the route are then called)."""
         routing = settings.provider_batches
+        if not routing.routed_models and not settings.llm_base_url:
+            return None
         batch_log = ProviderBatchLog(_FaustSender(self.app), self.topology.provider_batches)
         api = (AnthropicBatches if routing.api == "anthropic" else OpenAIBatches)(settings.llm_endpoint)
         return ProviderBatchRoute(routing, api, batch_log,
