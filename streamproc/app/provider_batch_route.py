@@ -276,9 +276,7 @@ class ProviderBatchRoute:
             self._cancel_waiters(pending)
         for gather_id, following in list(self._following.items()):
             if following.record.partition in partitions:
-                if following.task is not None:
-                    following.task.cancel()
-                self._forget_following(gather_id)
+                self._stop_following(gather_id, following)
                 self._cancel_waiters(following.record.members)
 
     def _watch_giving_way(self) -> None:
@@ -307,9 +305,7 @@ class ProviderBatchRoute:
         self._gatherers.clear()
         self._gathered.clear()
         for gather_id, following in list(self._following.items()):
-            if following.task is not None:
-                following.task.cancel()
-            self._forget_following(gather_id)
+            self._stop_following(gather_id, following)
         self._unclaimed.clear()
         for calls in self._waiters.values():
             for waiter in calls.values():
@@ -583,6 +579,12 @@ class ProviderBatchRoute:
             await self._log.forget(record.gather_id)
         except Exception:  # the next owner meets it open, polls the ended batch and finds no member waiting
             log.exception("provider batch %s: could not end its record", record.gather_id)
+
+    def _stop_following(self, gather_id: str, following: _Following) -> None:
+        """Stop polling a batch from outside its task (a revoke, a rebalance) and forget it."""
+        if following.task is not None:
+            following.task.cancel()
+        self._forget_following(gather_id)
 
     def _forget_following(self, gather_id: str) -> None:
         following = self._following.pop(gather_id, None)

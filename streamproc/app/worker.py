@@ -74,7 +74,6 @@ from streamproc.core.tenant_pace import TenantPace
 from streamproc.core.tenant_share import Lane, more_urgent, reading_yields
 from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants
 from streamproc.core.topology import Topology
-from streamproc.core.vocabulary import FailureLayer
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.authorization import AUTHORIZATION_ERRORS, not_authorized
 from streamproc.kafka.clients import kafka_admin
@@ -340,9 +339,7 @@ class WorkerRuntime:
         return ProviderBatchRoute(routing, api, batch_log,
                                   lambda: TopicReader(kafka, [self.topology.provider_batches]),
                                   closed=self.batch_sizes.closed,
-                                  outcomes=WrittenOutcomes(kafka, self.topology.results,
-                                                           [self.topology.failed(layer) for layer in FailureLayer],
-                                                           schemas),
+                                  outcomes=WrittenOutcomes(kafka, self.topology, schemas),
                                   giving_way=self._rebalancing_or_stopping)
 
     def _membership(self) -> tuple[bool, int]:

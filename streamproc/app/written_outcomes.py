@@ -10,13 +10,14 @@ from what was written instead of answering them again (``core.written_outcome``)
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from typing import Any
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from streamproc import codec
 from streamproc.core.events import FailureEvent, InferenceResult
+from streamproc.core.topology import Topology
 from streamproc.core.written_outcome import WrittenOutcome, written_failure, written_result
 from streamproc.kafka.clients import kafka_consumer
 from streamproc.kafka.connection import KafkaConnection
@@ -31,11 +32,10 @@ _FETCH_MAX_WAIT_MS = 20
 class WrittenOutcomes:
     """Reads one request partition's outcomes, through the worker's connection and schema reader."""
 
-    def __init__(self, kafka: KafkaConnection, results_topic: str, failure_topics: Sequence[str],
-                 schemas: SchemaReader = NO_REGISTRY) -> None:
+    def __init__(self, kafka: KafkaConnection, topology: Topology, schemas: SchemaReader = NO_REGISTRY) -> None:
         self._kafka = kafka
-        self._results = results_topic
-        self._failures = list(failure_topics)
+        self._results = topology.results
+        self._outcomes = topology.outcomes  # the results and the failure topics
         self._schemas = schemas
 
     async def since(self, partition: int, since_ms: int, members: Collection[str],
@@ -67,7 +67,7 @@ class WrittenOutcomes:
                                   auto_offset_reset="earliest", fetch_max_wait_ms=_FETCH_MAX_WAIT_MS)
         await consumer.start()
         try:
-            parts = [TopicPartition(topic, partition) for topic in (self._results, *self._failures)]
+            parts = [TopicPartition(topic, partition) for topic in self._outcomes]
             consumer.assign(parts)
             ends = await consumer.end_offsets(parts)
             starts = await consumer.offsets_for_times(dict.fromkeys(parts, since_ms))

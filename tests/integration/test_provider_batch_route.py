@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from streamproc import codec
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
+from streamproc.core.provider_batch_takeover import ProviderBatchRecord
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.settings import Settings
 from tests.integration.pipeline import (
+    MockServer,
     OutcomeReader,
+    Outcomes,
     WorkerProcess,
     chat_request,
     produce,
@@ -64,77 +71,94 @@ async def test_routed_requests_end_once_through_provider_batches(settings: Setti
     assert left == {}  # every record ended and tombstoned
 
 
-async def test_a_killed_workers_open_batches_are_taken_over_not_created_again(settings: Settings,
-                                                                              tmp_path: Path) -> None:
-    mock = start_mock("clean", 5, "--batch-seconds", "15")
-    env = worker_env(settings, mock.url, tmp_path / "w1", **ROUTED)
-    first = WorkerProcess(env, tmp_path / "first.log")
+@dataclass
+class _AllOpen:
+    """A mock, a first worker holding every request in open provider batches, and a second one not started."""
+
+    mock: MockServer
+    first: WorkerProcess
+    second: WorkerProcess
+    requests: list[InferenceRequest]
+    records: dict[str, ProviderBatchRecord]
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.request_id for r in self.requests]
+
+    def kill_first(self) -> None:
+        self.first.signal(signal.SIGKILL)
+        self.first.process.wait(10)  # type: ignore[union-attr]
+
+
+@asynccontextmanager
+async def _all_open(settings: Settings, tmp_path: Path, prefix: str, count: int,
+                    batch_seconds: int) -> AsyncIterator[_AllOpen]:
+    mock = start_mock("clean", 5, "--batch-seconds", str(batch_seconds))
+    first = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **ROUTED), tmp_path / "first.log")
     second = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w2", **ROUTED), tmp_path / "second.log")
-    requests = [chat_request(f"kill-{i}", i) for i in range(120)]
-    ids = [r.request_id for r in requests]
+    requests = [chat_request(f"{prefix}-{i}", i) for i in range(count)]
     first.start()
     try:
         assert settings.kafka_bootstrap is not None
         await produce_requests(settings.kafka_bootstrap, settings, requests)
-        records = await wait_all_open(settings, len(ids), first)  # every request a member of an open batch
-        created_before_kill = mock.stats()["batches"]["openai"]["created"]
-        first.signal(signal.SIGKILL)
-        first.process.wait(10)  # type: ignore[union-attr]
-        second.start()
-        async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
-            outcomes = await reader.wait_until_ended(ids, 180, second)
-        stats = mock.stats(detail=True)
-        await asyncio.sleep(1)
-        left = await batch_records(settings)
+        records = await wait_all_open(settings, count, first)  # every request a member of an open batch
+        yield _AllOpen(mock, first, second, requests, records)
     finally:
         second.stop()
         first.stop()
         mock.stop()
 
-    assert outcomes.unfinished(ids) == [], second.log_tail()
-    assert ended_once(outcomes, ids) == []
-    assert all(outcomes.results.get(i) for i in ids)  # the clean profile answers every line
-    assert stats["batches"]["openai"]["created"] == created_before_kill == len(records)  # none created twice
+
+async def _settled_outcomes(settings: Settings, ids: list[str], worker: WorkerProcess) -> Outcomes:
+    """Every request's outcome, read again a few seconds after the last: a line answered twice would come then."""
+    assert settings.kafka_bootstrap is not None
+    async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
+        await reader.wait_until_ended(ids, 180, worker)
+        await asyncio.sleep(3)
+        return await reader.wait_until_ended(ids, 10, worker)
+
+
+def _assert_each_ended_once_none_created_again(run: _AllOpen, outcomes: Outcomes, stats: dict[str, Any],
+                                               left: dict[str, ProviderBatchRecord]) -> None:
+    assert outcomes.unfinished(run.ids) == [], run.second.log_tail()
+    assert ended_once(outcomes, run.ids) == []
+    assert stats["batches"]["openai"]["created"] == len(run.records)  # none created again
     assert synchronous_calls(stats) == 0
-    assert "taking over provider batch" in second.log_path.read_text()
-    assert left == {}
+    assert left == {}  # every record ended and tombstoned
+
+
+async def test_a_killed_workers_open_batches_are_taken_over_not_created_again(settings: Settings,
+                                                                              tmp_path: Path) -> None:
+    async with _all_open(settings, tmp_path, "kill", 120, batch_seconds=15) as run:
+        created_before_kill = run.mock.stats()["batches"]["openai"]["created"]
+        run.kill_first()
+        run.second.start()
+        outcomes = await _settled_outcomes(settings, run.ids, run.second)
+        stats = run.mock.stats(detail=True)
+        left = await batch_records(settings)
+
+    _assert_each_ended_once_none_created_again(run, outcomes, stats, left)
+    assert all(outcomes.results.get(i) for i in run.ids)  # the clean profile answers every line
+    assert created_before_kill == len(run.records)
+    assert "taking over provider batch" in run.second.log_path.read_text()
 
 
 async def test_a_rebalance_hands_open_batches_to_the_new_owner_without_creating_them_again(
         settings: Settings, tmp_path: Path) -> None:
-    """A second worker joins while every request waits in an open provider batch: the first gives up the batches
-    of the partitions it loses (their waiting calls cancelled, records unacked), the second takes them over."""
-    mock = start_mock("clean", 5, "--batch-seconds", "15")
-    first = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **ROUTED), tmp_path / "first.log")
-    second = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w2", **ROUTED), tmp_path / "second.log")
-    requests = [chat_request(f"moved-{i}", i) for i in range(120)]
-    ids = [r.request_id for r in requests]
-    first.start()
-    try:
-        assert settings.kafka_bootstrap is not None
-        await produce_requests(settings.kafka_bootstrap, settings, requests)
-        records = await wait_all_open(settings, len(ids), first)
-        second.start()
-        async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
-            outcomes = await reader.wait_until_ended(ids, 180, second)
-            await asyncio.sleep(3)  # a line answered twice would come now
-            outcomes = await reader.wait_until_ended(ids, 10, second)
-        stats = mock.stats(detail=True)
+    """A second worker joins while every request waits in an open provider batch: the first's waiting calls give
+    way (parked, ``rebalancing``) and it stops following; the owners after the rebalance take the batches over."""
+    async with _all_open(settings, tmp_path, "moved", 120, batch_seconds=15) as run:
+        run.second.start()
+        outcomes = await _settled_outcomes(settings, run.ids, run.second)
+        stats = run.mock.stats(detail=True)
         left = await batch_records(settings)
-        assert first.alive() and second.alive(), first.log_tail() + second.log_tail()
-    finally:
-        second.stop()
-        first.stop()
-        mock.stop()
+        assert run.first.alive() and run.second.alive(), run.first.log_tail() + run.second.log_tail()
 
-    assert outcomes.unfinished(ids) == [], second.log_tail()
-    assert ended_once(outcomes, ids) == []
-    assert all(outcomes.results.get(i) for i in ids)
-    assert stats["batches"]["openai"]["created"] == len(records)  # none created again
-    assert synchronous_calls(stats) == 0
-    moved = {r.partition for r in records.values()}
-    assert "taking over provider batch" in second.log_path.read_text() or len(moved) == 1, moved
-    assert left == {}
+    _assert_each_ended_once_none_created_again(run, outcomes, stats, left)
+    assert all(outcomes.results.get(i) for i in run.ids)
+    moved = {r.partition for r in run.records.values()}
+    assert "taking over provider batch" in run.second.log_path.read_text() or len(moved) == 1, moved
+
 
 def _written_result(request: InferenceRequest) -> InferenceResult:
     return InferenceResult(request_id=request.request_id, batch_id=request.batch_id, model="mock-small",
@@ -154,41 +178,21 @@ async def test_members_whose_outcome_the_killed_worker_wrote_are_not_answered_ag
     """The batch-wide crash window (design §8): the killed worker wrote some members' outcomes (here written for
     it, after the kill, as its last writes would be) but not their states nor the batch's end. The next owner
     polls the same batch; those members end from what was written, and only the others get their lines."""
-    mock = start_mock("clean", 5, "--batch-seconds", "10")
-    first = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w1", **ROUTED), tmp_path / "first.log")
-    second = WorkerProcess(worker_env(settings, mock.url, tmp_path / "w2", **ROUTED), tmp_path / "second.log")
-    requests = [chat_request(f"window-{i}", i) for i in range(60)]
-    ids = [r.request_id for r in requests]
-    answered, refused = requests[:10], requests[10:15]
-    first.start()
-    try:
+    async with _all_open(settings, tmp_path, "window", 60, batch_seconds=10) as run:
+        answered, refused = run.requests[:10], run.requests[10:15]
+        run.kill_first()
         assert settings.kafka_bootstrap is not None
-        await produce_requests(settings.kafka_bootstrap, settings, requests)
-        records = await wait_all_open(settings, len(ids), first)
-        first.signal(signal.SIGKILL)
-        first.process.wait(10)  # type: ignore[union-attr]
         topology = settings.topology()
         await produce(settings.kafka_bootstrap, topology.results,
                       ((r.request_id.encode(), codec.encode(_written_result(r))) for r in answered))
         await produce(settings.kafka_bootstrap, topology.failed(FailureLayer.BUSINESS),
                       ((r.request_id.encode(), codec.encode(_written_refusal(r))) for r in refused))
-        second.start()
-        async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
-            outcomes = await reader.wait_until_ended(ids, 180, second)
-            await asyncio.sleep(3)  # a line answered again would come now
-            outcomes = await reader.wait_until_ended(ids, 10, second)
-        stats = mock.stats(detail=True)
+        run.second.start()
+        outcomes = await _settled_outcomes(settings, run.ids, run.second)
+        stats = run.mock.stats(detail=True)
         left = await batch_records(settings)
-    finally:
-        second.stop()
-        first.stop()
-        mock.stop()
 
-    assert outcomes.unfinished(ids) == [], second.log_tail()
-    assert ended_once(outcomes, ids) == []  # no member ended twice
+    _assert_each_ended_once_none_created_again(run, outcomes, stats, left)  # no member ended twice
     assert all(outcomes.results[r.request_id][0].content == "written before the kill" for r in answered)
     assert all(not outcomes.results.get(r.request_id) for r in refused)
-    assert all(outcomes.results.get(i) for i in ids[15:])  # the others got their lines
-    assert stats["batches"]["openai"]["created"] == len(records)  # none created again
-    assert synchronous_calls(stats) == 0
-    assert left == {}
+    assert all(outcomes.results.get(i) for i in run.ids[15:])  # the others got their lines
