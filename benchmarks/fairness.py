@@ -4,16 +4,17 @@ baselines measured in the same run.
 Starts a private Kafka broker; each run has its own topics, a fresh mock LLM (``--profile clean`` with
 ``--fairness-slots`` slots: ``mock-small`` answers in ``--fairness-latency`` seconds, ``mock-large`` (the long
 generations) in ``--long-latency``) and ``--fairness-workers`` workers (2) that share the slots' worth of in-flight
-calls, fixed. The workers warm up on a few requests; then the run's records are produced, on their priority's
-topic and with their ``x-tenant``/``x-priority`` headers as ``submit`` writes them, and times run from their
-submission.
+calls, fixed. The workers form their group and warm up on a few requests; then the run's records are produced,
+on their priority's topic and with their ``x-tenant``/``x-priority`` headers as ``submit`` writes them, and times
+run from their submission.
 
 1. tenants: tenant A submits ``--flood`` requests (20,000 x ``--scale``); 10 s later tenant B (equal weight)
    ``--small`` (200 x ``--scale``). B's completion time (submission to last result) against
    1.5 x (B's count / half the server's capacity) + 5 s; A's throughput (its count / its submission to its last
    result) against A alone (>= 0.95), and A's and B's together against A alone (work-conserving).
 2. priorities: ``--small`` ``high`` requests right behind ``--flood`` ``low`` ones of the same tenant: the first
-   high result within 5 s of their submission, the last within 1.2 x the high batch's time alone.
+   high result within 5 s of their submission, the last within 1.2 x the high batch's time alone. The high ids
+   spread evenly over the partitions, the same in both runs.
 3. long requests: ``--mix`` requests, 5 % of them long (``max_tokens`` 2,000 on ``mock-large``): the short ones'
    p99 call latency against the same short ones alone (<= 1.5 x), and the tokens per second (the mock's usage)
    against the same mix without the pool (``STREAMPROC_LONG_REQUEST_TOKENS=0``, >= 0.9 x).
@@ -30,11 +31,13 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from benchmarks.fleet_workers import formed
 from benchmarks.pipeline import Bench, BenchError, Stack, open_bench, spawn_mock, suite_main, table, worker_env
 from streamproc import codec
 from streamproc.app.topics import ensure_topics
@@ -43,6 +46,7 @@ from streamproc.core.tenancy import Tenancy, tenancy_headers
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import free_port
+from streamproc.devstack.chaos.facts import partition_of
 from streamproc.kafka.connection import KafkaConnection
 
 B_DELAY_S = 10.0
@@ -160,6 +164,8 @@ class FairnessRun:
                 env["STREAMPROC_LONG_REQUEST_TOKENS"] = "0"
             self.processes.append(stack.spawn(f"{self.name}-worker-{n}", [sys.executable, "-m", "streamproc",
                                                                           "worker"], env))
+        # every worker in the group before the warm-up, or a rebalance for a late one lands in the measured run
+        await formed(self.bench.bootstrap, env["STREAMPROC_APP_ID"], args.fairness_workers, 180)
         warm = Batch([request(f"{self.name}-warm", i, Tenancy("warm-up"))
                       for i in range(2 * self.bench.partitions)])
         await self.submit(warm)
@@ -188,6 +194,23 @@ def completion_bound_s(count: int, capacity_per_s: float) -> float:
 
 def _batch(name: str, count: int, tenancy: Tenancy) -> Batch:
     return Batch([request(name, i, tenancy) for i in range(count)])
+
+
+def _even_batch(name: str, count: int, tenancy: Tenancy, partitions: int) -> Batch:
+    """A batch whose request ids spread evenly over the partitions (the first ids that fill each partition's part),
+    so a figure does not hang on which partitions each worker was assigned: 200 ids taken in order put 85 to 115
+    on one of two workers, which moved the last result by a second."""
+    per_partition = Counter[int]()
+    requests: list[InferenceRequest] = []
+    i = 0
+    while len(requests) < count:
+        candidate = request(name, i, tenancy)
+        partition = partition_of(candidate.request_id, partitions)
+        if per_partition[partition] < -(-count // partitions):
+            per_partition[partition] += 1
+            requests.append(candidate)
+        i += 1
+    return Batch(requests)
 
 
 def row(name: str, result: str, target: str, ok: bool) -> tuple[str, str, str, str]:
@@ -220,10 +243,10 @@ async def priorities(bench: Bench, args: argparse.Namespace) -> list[tuple[str, 
     """Figure 2: the high batch alone; right behind the low flood (the flood is not waited for)."""
     tenancy = Tenancy(args.priority_tenant, "high")
     async with FairnessRun(bench, args, "high-alone") as run:
-        alone = await run.wait(await run.submit(_batch("high", args.small, tenancy)))
+        alone = await run.wait(await run.submit(_even_batch("high", args.small, tenancy, bench.partitions)))
     async with FairnessRun(bench, args, "high-behind-low") as run:
         await run.submit(_batch("low", args.flood, Tenancy(args.priority_tenant, "low")))
-        behind = await run.wait(await run.submit(_batch("high", args.small, tenancy)))
+        behind = await run.wait(await run.submit(_even_batch("high", args.small, tenancy, bench.partitions)))
     ratio = behind[-1] / alone[-1]
     print(f"priorities: high alone last {alone[-1]:.1f}s; behind the low flood first {behind[0]:.1f}s, last "
           f"{behind[-1]:.1f}s", flush=True)

@@ -8,13 +8,15 @@ backlog topic past that, so the agent reads on past a flood and a small tenant's
 large one's. The backlog agent's records wait the same way until their lane has room again. A lane's records count
 against its tenant's quota with the same tenant's more urgent ones only (``lane_has_room``), so a tenant's ``high``
 records reach past its own ``low`` flood. A tenant at its RPM/TPM quota (``held_back``) takes no new place, and its
-records in hand do not shrink the others' parts.
+records in hand do not shrink the others' parts. A record waiting in memory also lets more urgent records still on
+their way to the agents (``arriving``) take a freed place first, for :data:`ARRIVING_YIELD_S` at most.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,6 +33,7 @@ from streamproc.core.tenant_share import EQUAL_WEIGHTS, Lane, TenantWeights, lan
 from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants, parse_tenants
 
 _POLL_S = 0.2  # how often a waiting record looks whether the worker gives its records back (a rebalance, a stop)
+ARRIVING_YIELD_S = 5.0  # at most this long a waiting record lets more urgent records on their way go first
 
 
 def load_tenants(path: Path | None) -> Tenants:
@@ -65,14 +68,17 @@ def scheduled_lane(record_headers: Mapping[str, bytes]) -> Lane:
 
 class TenantHand:
     """Counts each lane's records in hand; a hand of ``hand`` records is shared by ``weights`` among the tenants
-    not ``held_back`` at their RPM/TPM quota, and within a tenant by priority (``lane_has_room``)."""
+    not ``held_back`` at their RPM/TPM quota, and within a tenant by priority (``lane_has_room``). ``arriving(p)``:
+    whether records more urgent than priority ``p`` have not yet reached the agents."""
 
     def __init__(self, hand: int, read_ahead: int, weights: TenantWeights = EQUAL_WEIGHTS,
-                 held_back: Callable[[str], bool] = lambda _: False) -> None:
+                 held_back: Callable[[str], bool] = lambda _: False,
+                 arriving: Callable[[str], bool] = lambda _: False) -> None:
         self._hand = hand
         self._read_ahead = read_ahead
         self._weights = weights
         self._held_back = held_back
+        self._arriving = arriving
         self._held: Counter[Lane] = Counter()
         self._waiting: Counter[Lane] = Counter()  # records waiting for room in memory, per lane
         self._changed = asyncio.Event()
@@ -87,6 +93,10 @@ class TenantHand:
     def priorities_present(self) -> set[str]:
         """The priorities of the records in hand or waiting in memory, any tenant's."""
         return {priority for (_, priority), count in (*self._held.items(), *self._waiting.items()) if count > 0}
+
+    def priorities_waiting(self) -> set[str]:
+        """The priorities of the records waiting in memory for room, any tenant's."""
+        return {priority for (_, priority), count in self._waiting.items() if count > 0}
 
     async def changed(self, timeout_s: float = _POLL_S) -> None:
         """Return once a record was given back, or after ``timeout_s``."""
@@ -127,9 +137,17 @@ class TenantHand:
 
     async def wait_to_take(self, lane: Lane, give_up: Callable[[], bool]) -> bool:
         """For a record counted as waiting: wait until ``lane`` has room and take a place (True), or until
-        ``give_up()`` (False)."""
+        ``give_up()`` (False). Room found is left to more urgent records on their way for :data:`ARRIVING_YIELD_S`."""
+        yield_until: float | None = None  # set when room is first found but left to the records arriving
         try:
-            while not self._has_room(lane):
+            while True:
+                if self._has_room(lane):
+                    if not self._arriving(lane[1]):
+                        break
+                    now = time.monotonic()
+                    yield_until = now + ARRIVING_YIELD_S if yield_until is None else yield_until
+                    if now >= yield_until:
+                        break
                 if give_up():
                     return False
                 changed = self._changed

@@ -1,30 +1,33 @@
-"""Which input topics hold records that faust has fetched, or the broker has, and not yet handed to their agent.
+"""Which input topics hold records that have not yet reached their agent: still at the broker, fetched by faust and
+not handed over, or handed over and waiting in the agent's buffer.
 
 faust hands the records of one fetch (up to ``broker_max_poll_records``) to the agents one by one, yielding to the
 loop after each, and fetches again only once the whole batch is handed over. A batch of a ``low`` flood is thus handed
 over at the pace its agent takes it (a reservation, a wait or a send per record), and ``high`` records fetched
 meanwhile wait behind the rest of it: 18 to 34 s on a loaded machine (design §5.11, reading). A lower priority's agent
 that holds off while a more urgent topic has such records lets faust hand the rest of its batch over at once (into a
-buffer one fetch never fills, ``input_buffer``) and reach them.
+buffer one fetch never fills, ``input_buffer``) and reach them. Records handed over but still in the ``high`` agent's
+buffer count too: a ``low`` record waiting in memory that took the place a ``high`` call gave back would start
+beside the ``high`` ones still to come.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 
-def unread_topics(consumer: Any, topics: Collection[str]) -> set[str]:
+def unread_topics(consumer: Any, topics: Collection[str], reached: Mapping[Any, int]) -> set[str]:
     """The ``topics`` with an assigned partition whose log end (as of the consumer's latest fetch response) is past
-    the record faust last handed to its agent. A partition with nothing handed over since it was assigned and no
-    committed offset counts as read: nothing says where its agent stands."""
-    read = consumer._read_offset  # faust: the last offset handed to the agents, per partition (set after each)
-    committed = consumer._committed_offset
+    the last record that reached its agent (``reached``: offset per partition, kept by the worker). A partition no
+    record reached since it was assigned counts from its committed offset; with none, as read: nothing says where
+    its agent stands."""
+    committed = consumer._committed_offset  # faust: the offset committed per partition
     found: set[str] = set()
     for tp in consumer.assignment():
         if tp.topic not in topics or tp.topic in found:
             continue
-        last = read.get(tp)
+        last = reached.get(tp)
         next_offset = last + 1 if last is not None else committed.get(tp)
         end = consumer.highwater(tp)
         if next_offset is not None and end is not None and end > next_offset:

@@ -14,7 +14,7 @@ import os
 import ssl
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -94,6 +94,7 @@ _REBALANCE_POLL_S = 0.2
 # §5.11, reading): handing over the rest of one fetch takes well under a second; a partition left unread (paused,
 # its agent stuck) must not stop the lower priorities for ever
 _UNREAD_YIELD_S = 5.0
+_ARRIVING_FRESH_S = 0.05
 _PURGE_INTERVAL_S = 5.0  # how soon a forgotten batch leaves this worker's disk (requests of it are refused at once)
 
 
@@ -275,7 +276,8 @@ class WorkerRuntime:
         self.sink = FaustSink(self.app, self.topology, encode_outcome,
                               registered.encode if registered is not None else codec.encode)
         self.sink.on_not_authorized = self._on_not_authorized
-        self.dispatcher = Dispatcher(records_in_hand(settings.in_flight), on_stuck=self._on_stuck,
+        self._hand = records_in_hand(settings.in_flight)
+        self.dispatcher = Dispatcher(self._hand, on_stuck=self._on_stuck,
                                      waiting_room=self.app.conf.stream_buffer_maxsize)
         # records waiting for their tenant's room hold at most half the waiting room (new requests) and a hand's
         # worth of it (parked ones), so the retry tiers' sleepers keep theirs
@@ -283,12 +285,15 @@ class WorkerRuntime:
         # a tenant's RPM/TPM quota is the fleet's: each worker paces its part (its records spread over all partitions)
         pace = TenantPace(tenants.quotas, (lambda: 1 / fleet.shares.workers) if fleet is not None
                           else lambda: settings.guards.rate.share)
-        self.tenant_hand = TenantHand(records_in_hand(settings.in_flight), read_ahead, tenants.weights,
-                                      lambda tenant: pace.holds_back(tenant, time.monotonic()))
-        self._backlog_places = asyncio.Semaphore(records_in_hand(settings.in_flight))
         self._topic_priority = {self.topology.priority_requests(priority): priority for priority in PRIORITIES}
         self._urgent_topics = {priority: frozenset(self.topology.priority_requests(other)
                                                    for other in more_urgent(priority)) for priority in PRIORITIES}
+        self._reached: dict[Any, int] = {}  # per input partition: the offset of the last record that reached its agent
+        self._arriving_known: dict[str, tuple[float, bool]] = {}  # priority -> (when asked, more urgent arriving)
+        self._submitting: Counter[str] = Counter()  # per priority: records taken, waiting for a dispatcher slot
+        self.tenant_hand = TenantHand(self._hand, read_ahead, tenants.weights,
+                                      lambda tenant: pace.holds_back(tenant, time.monotonic()), self._urgent_arriving)
+        self._backlog_places = asyncio.Semaphore(self._hand)
         guards = settings.guards
         self.llm = DeploymentCaller.connect(models, settings.llm_endpoint, connections=guards.in_flight.ceiling,
                                             hedge_ratio=guards.hedge_ratio,
@@ -297,6 +302,7 @@ class WorkerRuntime:
         self.guards = Guards.from_settings(guards, fleet.metered(self.llm) if fleet is not None else self.llm,
                                            self._expected_first_attempts, models, self._rebalancing_or_stopping)
         self.guards.share_among(tenants.weights, pace)
+        self.guards.yield_to_urgent(self._urgent_coming)
         if fleet is not None and self.guards.limiter is not None:  # the fleet sets its shares from now on
             fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership, self.guards.out)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
@@ -362,6 +368,8 @@ class WorkerRuntime:
         """faust's signal: its sender (the app), then the partitions revoked (a set of TPs)."""
         revoked = args[1] if len(args) > 1 else kwargs.get("revoked", ())
         partitions = {tp.partition for tp in revoked if tp.topic == self.topology.requests}
+        for tp in revoked:  # assigned again, a partition is read from its committed offset
+            self._reached.pop(tp, None)
         self.summaries.revoked(partitions)
         if self.provider_batches is not None:
             self.provider_batches.revoked(partitions)
@@ -433,6 +441,7 @@ class WorkerRuntime:
             if self._halted.is_set():
                 continue  # held: never acked, read again after the operator's fix
             message = event.message
+            self._reached[message.tp] = message.offset
             record = Record(message.topic, message.partition, message.offset, message.key, message.value,
                             headers.as_mapping(message.headers))
 
@@ -448,14 +457,19 @@ class WorkerRuntime:
         in memory or is parked on the backlog (design §5.11), so the records behind it, another tenant's among them,
         are read on, and none of them takes its id. Read from a priority's topic, it first lets more urgent records
         go first (:meth:`_yield_reading`)."""
-        await self._yield_reading(record.topic)
+        if (priority := self._topic_priority.get(record.topic)) is not None:
+            await self._yield_reading(priority)
         if record.key is None:  # the handler first writes it again under its id; that copy is the one scheduled
             await self.dispatcher.submit(lane, record.offset, functools.partial(self.handler.handle, record), ack)
             return
         lane_of_hand = scheduled_lane(record.headers)
         if self.tenant_hand.may_take(lane_of_hand):
-            await self.dispatcher.submit(lane, record.offset,
-                                         functools.partial(self._handle_held, lane_of_hand, record), ack)
+            self._submitting[lane_of_hand[1]] += 1
+            try:
+                await self.dispatcher.submit(lane, record.offset,
+                                             functools.partial(self._handle_held, lane_of_hand, record), ack)
+            finally:
+                self._submitting[lane_of_hand[1]] -= 1
             return
         try:
             digest = await self.handler.reserve(record)
@@ -468,35 +482,56 @@ class WorkerRuntime:
             await self.dispatcher.submit(lane, record.offset, functools.partial(self._park, record, digest), ack,
                                          call=False)
 
-    async def _yield_reading(self, topic: str) -> None:
-        """Hold off a lower priority's record while every slot is taken and more urgent records are in hand or
+    async def _yield_reading(self, priority: str) -> None:
+        """Hold off a record of a lower ``priority`` while every slot is taken and more urgent records are in hand or
         waiting (``reading_yields``): its reservation or parking would take the CPU their handling needs, and a slot
         would not be free for it anyway. Hold it off too, for ``_UNREAD_YIELD_S`` at most, while a more urgent topic
-        has records faust has not handed over yet (``unread_topics``): faust hands the rest of this agent's fetch
+        has records that have not reached their agent (``unread_topics``): faust hands the rest of this agent's fetch
         over at once then, instead of at this agent's pace, and reaches them. A rebalance or stop ends the wait (the
         record is then handled as any)."""
-        priority = self._topic_priority.get(topic)
-        if priority is None:
-            return
-        urgent_topics = self._urgent_topics[priority]
         unread_until = time.monotonic() + _UNREAD_YIELD_S
         while not self._rebalancing_or_stopping():
             if not (reading_yields(priority, self.tenant_hand.priorities_present(), self.dispatcher.slots_full)
-                    or (urgent_topics and time.monotonic() < unread_until
-                        and unread_topics(self.app.consumer, urgent_topics))):
+                    or (time.monotonic() < unread_until and self._urgent_arriving(priority))):
                 return
             await self.tenant_hand.changed()
 
+    def _urgent_coming(self, priority: str) -> bool:
+        """Whether calls more urgent than ``priority``'s are on their way to the gate: records taken and waiting for a
+        dispatcher slot, waiting in memory for room, or not yet at their agent (the gate lets ``priority``'s calls
+        wait a bounded time for them, design §5.11)."""
+        urgent = more_urgent(priority)
+        if not urgent or self.guards.calls_waiting >= self._hand:
+            return False  # every dispatcher slot is held by a call waiting at the gate: the urgent ones cannot come
+        waiting = self.tenant_hand.priorities_waiting()
+        return (any(self._submitting[other] > 0 or other in waiting for other in urgent)
+                or self._urgent_arriving(priority))
+
+    def _urgent_arriving(self, priority: str) -> bool:
+        """Whether a topic more urgent than ``priority``'s has records that have not reached their agent yet; known
+        for ``_ARRIVING_FRESH_S`` (every record waiting in memory asks at each record given back)."""
+        urgent_topics = self._urgent_topics.get(priority)
+        if not urgent_topics:
+            return False
+        now = time.monotonic()
+        known = self._arriving_known.get(priority)
+        if known is None or now - known[0] > _ARRIVING_FRESH_S:
+            known = now, bool(unread_topics(self.app.consumer, urgent_topics, self._reached))
+            self._arriving_known[priority] = known
+        return known[1]
+
     async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
         """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota. Its id is
-        reserved already, unless an older release parked it (reserving again writes nothing then)."""
+        reserved already, unless an older release parked it (reserving again writes nothing then). Its reading
+        yields to more urgent records as a priority's topic does (:meth:`_yield_reading`, by its own priority)."""
+        lane_of_hand = scheduled_lane(record.headers)
+        await self._yield_reading(lane_of_hand[1])
         try:
             digest = await self.handler.reserve(record)
         except StateWriteFailed as exc:
             await self._hold(lane, record, ack, exc)
             return
         await self._backlog_places.acquire()
-        lane_of_hand = scheduled_lane(record.headers)
         self.tenant_hand.will_wait(lane_of_hand)
         await self._submit_to_wait(lane, record, ack, lane_of_hand, self._backlog_places, digest)
 

@@ -10,7 +10,9 @@ Long calls (:mod:`streamproc.core.guards.long_requests`) hold at most a share of
 short calls are about, and their latency feeds the limit only when no short call does. Among the waiting calls that
 may start, the next is the request's tenant's turn by priority and weighted fair share
 (:class:`streamproc.core.tenant_share.FairChoice`, design §5.11); a tenant at its RPM/TPM quota
-(:class:`streamproc.core.tenant_pace.TenantPace`) has none that may start until its quota refills.
+(:class:`streamproc.core.tenant_pace.TenantPace`) has none that may start until its quota refills. A call of a lower
+priority also lets more urgent calls still on their way to the gate (``yields``: read and not yet here) go first,
+for :data:`YIELD_S` at most.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ from streamproc.llm.layer import Layer, Refused
 
 log = logging.getLogger(__name__)
 
+# at most this long (from its first yield) a waiting call lets more urgent calls on their way go first: longer than a
+# burst of them takes to reach the gate through the dispatcher's slots, short of FairChoice's ageing
+YIELD_S = 10.0
+_YIELD_POLL_S = 0.1  # how soon the gate looks again while a call yields (nothing else wakes it when they arrive)
+
 
 class AdaptiveGate:
     """Slots for the calls in flight: each deployment's own, as many as its GradientLimit says, all within the
@@ -63,8 +70,10 @@ class AdaptiveGate:
         self._waiters: deque[tuple[_Waiting, asyncio.Future[None]]] = deque()
         self._quiet_timer: asyncio.TimerHandle | None = None  # wakes long calls once short ones are quiet
         self._pace_timer: asyncio.TimerHandle | None = None  # wakes the calls of tenants at their quota once it refills
+        self._yield_timer: asyncio.TimerHandle | None = None  # wakes the calls that yield once the urgent ones came
         self.fair = FairChoice()
         self.pace = TenantPace({})
+        self.yields: Callable[[str], bool] = lambda _priority: False  # more urgent calls than this priority's coming
 
     @property
     def in_use(self) -> int:
@@ -134,7 +143,8 @@ class AdaptiveGate:
 
     def _may_start(self, waiting: _Waiting, now: float, short_waiting: set[str]) -> bool:
         limits = self.limits()
-        return (self.pace.wait_s(waiting.contender.tenant, waiting.tokens, now) == 0
+        return (not self._yielding(waiting, now)
+                and self.pace.wait_s(waiting.contender.tenant, waiting.tokens, now) == 0
                 and self._parts.may_start(waiting.key, limits)
                 and self.pool.may_start(waiting.key, waiting.long, limits[waiting.key], now,
                                         waiting.key in short_waiting))
@@ -159,6 +169,19 @@ class AdaptiveGate:
             self._start(waiting)
             waiter.set_result(None)
 
+    def _yielding(self, waiting: _Waiting, now: float) -> bool:
+        """Whether the call lets more urgent calls on their way go first (for :data:`YIELD_S` from its first yield);
+        the gate then looks again soon."""
+        if not self.yields(waiting.contender.priority):
+            return False
+        if waiting.yielding_since is None:
+            waiting.yielding_since = now
+        elif now - waiting.yielding_since >= YIELD_S:
+            return False
+        if self._yield_timer is None or self._yield_timer.when() <= asyncio.get_running_loop().time():
+            self._yield_timer = asyncio.get_running_loop().call_later(_YIELD_POLL_S, self._wake)
+        return True
+
     def _wake_when_paced(self, now: float) -> None:
         """Wake the waiters when the first tenant held at its quota may start again (nothing else would)."""
         if not self.pace:
@@ -181,12 +204,13 @@ class AdaptiveGate:
         return _Slot(self, key, long, tenancy, tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Waiting:
     key: str  # the deployment
     long: bool  # the call is long (core.guards.long_requests)
     contender: Contender  # whose call, how urgent, waiting since
     tokens: int = 0  # its estimate (prompt + completion budget), for its tenant's TPM quota
+    yielding_since: float | None = None  # when it first let more urgent calls on their way go first
 
 
 class _Slot:

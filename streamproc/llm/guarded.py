@@ -209,11 +209,22 @@ class Guards:
             if pace is not None:
                 self._gate.pace = pace
 
+    def yield_to_urgent(self, coming: Callable[[str], bool]) -> None:
+        """Let a call wait (a bounded time) while ``coming(its priority)``: more urgent calls are on their way to the
+        gate (design §5.11)."""
+        if self._gate is not None:
+            self._gate.yields = coming
+
     # -- for metrics ---------------------------------------------------------------------------------------
     @property
     def breakers(self) -> Mapping[str, CircuitBreaker]:
         """The breaker of each model called so far (none when breakers are off)."""
         return self._breakers.by_model
+
+    @property
+    def calls_waiting(self) -> int:
+        """The calls waiting at the in-flight gate for a slot (none without a gate)."""
+        return self._gate.waiting if self._gate is not None else 0
 
     @property
     def in_flight_limit(self) -> int | None:

@@ -20,6 +20,9 @@ _DEFAULTS = ChaosConfig()
 @click.option("--tenants", default=_DEFAULTS.tenants, show_default=True, type=click.IntRange(min=1, max=MAX_TENANTS),
               help="Tenants of equal weight (a tenants file) the batch is split among: the first submits 3/4 of it, "
                    "the others a share of the rest behind it; every tenant's requests are counted apart.")
+@click.option("--priorities", is_flag=True,
+              help="With --tenants: the first tenant's batch is submitted at priority low, the others' at high, "
+                   "each on its priority's requests topic.")
 @click.option("--workers", default=_DEFAULTS.workers, show_default=True, type=click.IntRange(min=1))
 @click.option("--kills", default=_DEFAULTS.kills, show_default=True, type=click.IntRange(min=0),
               help="Worker SIGKILLs, alternating between workers, each restarted after --kill-pause.")
@@ -49,10 +52,10 @@ _DEFAULTS = ChaosConfig()
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where broker data and logs go [default: a temporary dir, removed after a passing run].")
 @click.option("--keep", is_flag=True, help="Keep the temporary work dir after a passing run.")
-def chaos(requests: int, tenants: int, workers: int, kills: int, kill_pause: float, broker_restarts: int,
-          broker_down: float, outage: float, poison_per_kind: int, big_body_bytes: int, mock_rpm: int | None,
-          in_flight: int | None, mock_profile: str, seed: int, retry_tiers: str,
-          timeout_s: float, work_dir: Path | None, keep: bool) -> None:
+def chaos(requests: int, tenants: int, priorities: bool, workers: int, kills: int, kill_pause: float,
+          broker_restarts: int, broker_down: float, outage: float, poison_per_kind: int, big_body_bytes: int,
+          mock_rpm: int | None, in_flight: int | None, mock_profile: str, seed: int, retry_tiers: str, timeout_s: float,
+          work_dir: Path | None, keep: bool) -> None:
     """Prove that nothing is lost or stalled under faults: a batch through 2 workers on a private broker
     while workers are SIGKILLed, the broker restarts, the LLM goes down and poison records arrive.
 
@@ -62,7 +65,8 @@ def chaos(requests: int, tenants: int, workers: int, kills: int, kill_pause: flo
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # a restarting broker is the point, not news
     try:
-        config = ChaosConfig(requests=requests, tenants=tenants, workers=workers, kills=kills, kill_pause_s=kill_pause,
+        config = ChaosConfig(requests=requests, tenants=tenants, priorities=priorities, workers=workers, kills=kills,
+                             kill_pause_s=kill_pause,
                              broker_restarts=broker_restarts, broker_down_s=broker_down, outage_s=outage,
                              poison_per_kind=poison_per_kind, big_body_bytes=big_body_bytes, mock_rpm=mock_rpm,
                              in_flight=in_flight,

@@ -100,8 +100,8 @@ class ChaosRun:
         self.exits: list[WorkerExit] = []
         self.metrics = MetricsLedger()
         self.progress = _Progress()
-        self.batches = [MeasuredBatch(names.tenant_batch_id(i), tenant_name(i) if config.tenants > 1 else None, [])
-                        for i in range(config.tenants)]
+        self.batches = [MeasuredBatch(names.tenant_batch_id(i), tenant_name(i) if config.tenants > 1 else None, [],
+                                      priority=config.tenant_priority(i)) for i in range(config.tenants)]
         self.states = StateFollower(stack.kafka, self.topology, [b.batch_id for b in self.batches])
         self.outcomes = OutcomeReader(stack.kafka, self.topology)
         self.group_watch = GroupStallWatch(stack.kafka, names.app_id, self.topology.inputs, config.partitions,
@@ -137,7 +137,8 @@ class ChaosRun:
             self.submitted_at_s = self.now()
             for batch, path in zip(self.batches, paths, strict=True):  # the largest first: the others wait behind it
                 self.progress.batch_submitted_at_s[batch.batch_id] = self.now()
-                await self._submit(path, batch.batch_id, *(("--tenant", batch.tenant) if batch.tenant else ()))
+                await self._submit(path, batch.batch_id, *(("--tenant", batch.tenant) if batch.tenant else ()),
+                                   *(("--priority", batch.priority) if batch.priority else ()))
                 self.say(f"[{self.now():5.0f}s] submitted {len(batch.submitted)} requests as batch {batch.batch_id}"
                          + (f" of {batch.label}" if batch.tenant else ""))
             self.poison += await inject(self.stack.kafka, self._duplicates(1), [])

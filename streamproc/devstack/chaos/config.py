@@ -20,6 +20,7 @@ class ChaosConfig:
 
     requests: int = 3000
     tenants: int = 1  # more: the batch is split among tenants of equal weight, the first the largest (a flood)
+    priorities: bool = False  # with tenants: the flood is submitted ``low``, the others ``high`` (their own topics)
     workers: int = 2
     kills: int = 5
     kill_pause_s: float = 5.0
@@ -49,6 +50,8 @@ class ChaosConfig:
             raise ValueError("killing workers needs at least 2 of them (one keeps the batch moving)")
         if not 1 <= self.tenants <= MAX_TENANTS:
             raise ValueError(f"tenants must be 1 to {MAX_TENANTS}")
+        if self.priorities and self.tenants < 2:
+            raise ValueError("priorities need at least 2 tenants (the first submits low, the others high)")
         if min(self.tenant_sizes()) < 1:
             raise ValueError(f"{self.requests} requests are too few for {self.tenants} tenants")
         if self.poison_per_kind < 1:
@@ -59,6 +62,13 @@ class ChaosConfig:
         the rest, so a small tenant's batch waits behind a flood on the same partitions."""
         small = self.requests // (4 * (self.tenants - 1)) if self.tenants > 1 else 0
         return [self.requests - small * (self.tenants - 1)] + [small] * (self.tenants - 1)
+
+    def tenant_priority(self, index: int) -> str | None:
+        """The priority a tenant's batch is submitted at: with ``priorities``, the flood ``low`` and the others
+        ``high``, so records go through every priority's requests topic while the faults hit; else the default."""
+        if not self.priorities:
+            return None
+        return "low" if index == 0 else "high"
 
 
 MAX_TENANTS = 4

@@ -44,10 +44,12 @@ class MeasuredBatch:
     verified_json: Mapping[str, object] | None = None  # `streamproc status --json --verify` (the changelog fold)
     converged_after_s: float | None = None  # from its own submit: a small tenant's wait behind a flood
     own_bodies: Mapping[str, str] = field(default_factory=dict)  # request id -> body_digest of its line in the file
+    priority: str | None = None  # None: submitted without --priority
 
     @property
     def label(self) -> str:
-        return f"tenant {self.tenant}" if self.tenant else "the batch"
+        named = f"tenant {self.tenant}" if self.tenant else "the batch"
+        return f"{named} ({self.priority})" if self.priority else named
 
 
 @dataclass(frozen=True)

@@ -120,3 +120,26 @@ async def test_the_priorities_present_are_those_of_the_records_in_hand_or_waitin
     hand.give_back(("a", "low"))
     await asyncio.wait_for(waking, 1)  # woken by the record given back, long before its timeout
     assert hand.priorities_present() == set()
+
+
+async def test_a_waiting_record_leaves_a_freed_place_to_more_urgent_records_still_arriving_for_a_bounded_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    arriving = {"high"}  # records more urgent than these priorities have not reached their agent
+    urgent = {"high": (), "normal": ("high",), "low": ("high", "normal")}
+    hand = TenantHand(hand=1, read_ahead=4,
+                      arriving=lambda priority: any(other in arriving for other in urgent[priority]))
+    a_low = ("a", "low")
+    assert hand.may_take(a_low)
+    assert hand.may_wait(a_low)
+    waiter = asyncio.create_task(hand.wait_to_take(a_low, lambda: False))
+    hand.give_back(a_low)
+    await asyncio.sleep(0.3)
+    assert not waiter.done()  # the place is free, but high records are on their way to it
+    arriving.clear()
+    assert await asyncio.wait_for(waiter, 1) is True
+    hand.give_back(a_low)
+
+    monkeypatch.setattr("streamproc.app.tenant_hand.ARRIVING_YIELD_S", 0.3)
+    arriving.add("high")  # a high partition left unread (its agent stuck) holds the low ones back no longer than that
+    assert hand.may_wait(a_low)
+    assert await asyncio.wait_for(hand.wait_to_take(a_low, lambda: False), 2) is True

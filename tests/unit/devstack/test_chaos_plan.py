@@ -151,3 +151,11 @@ def test_tenants_split_the_batch_the_first_a_flood() -> None:
     assert names.tenant_batch_id(0) == names.batch_id and names.tenant_batch_id(1) == "run-batch-team-b"
     with pytest.raises(ValueError, match="too few"):
         ChaosConfig(requests=10, tenants=4)
+
+
+def test_with_priorities_the_flood_is_submitted_low_and_the_other_tenants_high() -> None:
+    config = ChaosConfig(requests=1000, tenants=3, priorities=True)
+    assert [config.tenant_priority(i) for i in range(3)] == ["low", "high", "high"]
+    assert ChaosConfig(tenants=2).tenant_priority(1) is None
+    with pytest.raises(ValueError, match="at least 2 tenants"):
+        ChaosConfig(priorities=True)

@@ -11,7 +11,7 @@ from streamproc.core.guards.long_requests import LongRequests
 from streamproc.core.tenancy import Tenancy
 from streamproc.core.tenant_pace import TenantPace
 from streamproc.core.tenants_file import TenantQuota
-from streamproc.llm.gated import AdaptiveGate
+from streamproc.llm.gated import YIELD_S, AdaptiveGate
 
 
 async def settle(rounds: int = 10) -> None:
@@ -286,3 +286,28 @@ async def test_a_tenant_at_its_rpm_quota_waits_without_a_slot_while_another_tena
     now[0] = 1.0  # the quota refilled: the timer set for it wakes the waiter, no release needed
     await asyncio.wait_for(held, 2)
     assert gate.in_use == 7
+
+
+async def test_a_lower_priority_call_lets_more_urgent_calls_on_their_way_go_first_for_a_bounded_time() -> None:
+    now = [0.0]
+    gate = AdaptiveGate(GradientLimit(1, 2, initial=2), clock=lambda: now[0])
+    coming: set[str] = set()  # more urgent calls read and not yet at the gate
+    gate.yields = lambda priority: priority == "low" and bool(coming)
+    await gate.acquire(tenancy=Tenancy(priority="low"))
+    coming.add("high")
+    low = asyncio.create_task(gate.acquire(tenancy=Tenancy(priority="low")))
+    await asyncio.sleep(0.3)
+    assert not low.done() and gate.in_use == 1  # a slot is free, but left to the high calls coming
+    await gate.acquire(tenancy=Tenancy(priority="high"))  # one comes and takes it at once
+    gate.release()
+    coming.clear()  # the rest came: the gate looks again on its own, no release needed
+    await asyncio.wait_for(low, 1)
+
+    gate.release()
+    gate.release()
+    coming.add("high")
+    held = asyncio.create_task(gate.acquire(tenancy=Tenancy(priority="low")))
+    await asyncio.sleep(0.2)
+    assert not held.done()
+    now[0] += YIELD_S  # the bound: it yielded that long, so it goes though more urgent calls are still coming
+    await asyncio.wait_for(held, 1)
