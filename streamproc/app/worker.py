@@ -501,7 +501,9 @@ class WorkerRuntime:
         dispatcher slot, waiting in memory for room, or not yet at their agent (the gate lets ``priority``'s calls
         wait a bounded time for them, design §5.11)."""
         urgent = more_urgent(priority)
-        if not urgent or self.guards.calls_waiting >= self._hand:
+        if not urgent or self._rebalancing_or_stopping():
+            return False  # a rebalance or stop waits for the calls in hand: none is held back then
+        if self.guards.calls_waiting >= self._hand:
             return False  # every dispatcher slot is held by a call waiting at the gate: the urgent ones cannot come
         waiting = self.tenant_hand.priorities_waiting()
         return (any(self._submitting[other] > 0 or other in waiting for other in urgent)
