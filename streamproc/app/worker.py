@@ -14,7 +14,7 @@ import os
 import ssl
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -55,7 +55,7 @@ from streamproc.app.table_purge import TablePurge
 from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_lane
 from streamproc.app.topic_reader import TopicReader
 from streamproc.app.topics import ensure_pipeline_topics
-from streamproc.app.unread_inputs import unread_topics
+from streamproc.app.urgent_records import UrgentRecords
 from streamproc.app.written_outcomes import WrittenOutcomes
 from streamproc.codec.releases import write_as_release
 from streamproc.core import headers
@@ -94,7 +94,6 @@ _REBALANCE_POLL_S = 0.2
 # §5.11, reading): handing over the rest of one fetch takes well under a second; a partition left unread (paused,
 # its agent stuck) must not stop the lower priorities for ever
 _UNREAD_YIELD_S = 5.0
-_ARRIVING_FRESH_S = 0.05
 _PURGE_INTERVAL_S = 5.0  # how soon a forgotten batch leaves this worker's disk (requests of it are refused at once)
 
 
@@ -286,13 +285,13 @@ class WorkerRuntime:
         pace = TenantPace(tenants.quotas, (lambda: 1 / fleet.shares.workers) if fleet is not None
                           else lambda: settings.guards.rate.share)
         self._topic_priority = {self.topology.priority_requests(priority): priority for priority in PRIORITIES}
-        self._urgent_topics = {priority: frozenset(self.topology.priority_requests(other)
-                                                   for other in more_urgent(priority)) for priority in PRIORITIES}
-        self._reached: dict[Any, int] = {}  # per input partition: the offset of the last record that reached its agent
-        self._arriving_known: dict[str, tuple[float, bool]] = {}  # priority -> (when asked, more urgent arriving)
-        self._submitting: Counter[str] = Counter()  # per priority: records taken, waiting for a dispatcher slot
+        urgent_topics = {priority: frozenset(self.topology.priority_requests(other) for other in more_urgent(priority))
+                         for priority in PRIORITIES}
+        self.urgent = UrgentRecords(lambda: self.app.consumer, urgent_topics,
+                                    lambda: self.tenant_hand.priorities_waiting(),
+                                    lambda: self.guards.calls_waiting >= self._hand, self._rebalancing_or_stopping)
         self.tenant_hand = TenantHand(self._hand, read_ahead, tenants.weights,
-                                      lambda tenant: pace.holds_back(tenant, time.monotonic()), self._urgent_arriving)
+                                      lambda tenant: pace.holds_back(tenant, time.monotonic()), self.urgent.arriving)
         self._backlog_places = asyncio.Semaphore(self._hand)
         guards = settings.guards
         self.llm = DeploymentCaller.connect(models, settings.llm_endpoint, connections=guards.in_flight.ceiling,
@@ -302,7 +301,7 @@ class WorkerRuntime:
         self.guards = Guards.from_settings(guards, fleet.metered(self.llm) if fleet is not None else self.llm,
                                            self._expected_first_attempts, models, self._rebalancing_or_stopping)
         self.guards.share_among(tenants.weights, pace)
-        self.guards.yield_to_urgent(self._urgent_coming)
+        self.guards.yield_to_urgent(self.urgent.coming)
         if fleet is not None and self.guards.limiter is not None:  # the fleet sets its shares from now on
             fleet.attach(self.guards.limiter, self.guards.estimator.cost, self._membership, self.guards.out)
         self.result_index = ResultIndex(settings.data_dir / "result-index" / settings.app_id,
@@ -368,8 +367,7 @@ class WorkerRuntime:
         """faust's signal: its sender (the app), then the partitions revoked (a set of TPs)."""
         revoked = args[1] if len(args) > 1 else kwargs.get("revoked", ())
         partitions = {tp.partition for tp in revoked if tp.topic == self.topology.requests}
-        for tp in revoked:  # assigned again, a partition is read from its committed offset
-            self._reached.pop(tp, None)
+        self.urgent.revoked(revoked)
         self.summaries.revoked(partitions)
         if self.provider_batches is not None:
             self.provider_batches.revoked(partitions)
@@ -441,7 +439,7 @@ class WorkerRuntime:
             if self._halted.is_set():
                 continue  # held: never acked, read again after the operator's fix
             message = event.message
-            self._reached[message.tp] = message.offset
+            self.urgent.reached(message.tp, message.offset)
             record = Record(message.topic, message.partition, message.offset, message.key, message.value,
                             headers.as_mapping(message.headers))
 
@@ -464,12 +462,9 @@ class WorkerRuntime:
             return
         lane_of_hand = scheduled_lane(record.headers)
         if self.tenant_hand.may_take(lane_of_hand):
-            self._submitting[lane_of_hand[1]] += 1
-            try:
+            with self.urgent.submitting(lane_of_hand[1]):
                 await self.dispatcher.submit(lane, record.offset,
                                              functools.partial(self._handle_held, lane_of_hand, record), ack)
-            finally:
-                self._submitting[lane_of_hand[1]] -= 1
             return
         try:
             digest = await self.handler.reserve(record)
@@ -492,35 +487,9 @@ class WorkerRuntime:
         unread_until = time.monotonic() + _UNREAD_YIELD_S
         while not self._rebalancing_or_stopping():
             if not (reading_yields(priority, self.tenant_hand.priorities_present(), self.dispatcher.slots_full)
-                    or (time.monotonic() < unread_until and self._urgent_arriving(priority))):
+                    or (time.monotonic() < unread_until and self.urgent.arriving(priority))):
                 return
             await self.tenant_hand.changed()
-
-    def _urgent_coming(self, priority: str) -> bool:
-        """Whether calls more urgent than ``priority``'s are on their way to the gate: records taken and waiting for a
-        dispatcher slot, waiting in memory for room, or not yet at their agent (the gate lets ``priority``'s calls
-        wait a bounded time for them, design §5.11)."""
-        urgent = more_urgent(priority)
-        if not urgent or self._rebalancing_or_stopping():
-            return False  # a rebalance or stop waits for the calls in hand: none is held back then
-        if self.guards.calls_waiting >= self._hand:
-            return False  # every dispatcher slot is held by a call waiting at the gate: the urgent ones cannot come
-        waiting = self.tenant_hand.priorities_waiting()
-        return (any(self._submitting[other] > 0 or other in waiting for other in urgent)
-                or self._urgent_arriving(priority))
-
-    def _urgent_arriving(self, priority: str) -> bool:
-        """Whether a topic more urgent than ``priority``'s has records that have not reached their agent yet; known
-        for ``_ARRIVING_FRESH_S`` (every record waiting in memory asks at each record given back)."""
-        urgent_topics = self._urgent_topics.get(priority)
-        if not urgent_topics:
-            return False
-        now = time.monotonic()
-        known = self._arriving_known.get(priority)
-        if known is None or now - known[0] > _ARRIVING_FRESH_S:
-            known = now, bool(unread_topics(self.app.consumer, urgent_topics, self._reached))
-            self._arriving_known[priority] = known
-        return known[1]
 
     async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
         """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota. Its id is

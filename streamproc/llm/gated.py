@@ -143,11 +143,11 @@ class AdaptiveGate:
 
     def _may_start(self, waiting: _Waiting, now: float, short_waiting: set[str]) -> bool:
         limits = self.limits()
-        return (not self._yielding(waiting, now)
-                and self.pace.wait_s(waiting.contender.tenant, waiting.tokens, now) == 0
+        return (self.pace.wait_s(waiting.contender.tenant, waiting.tokens, now) == 0
                 and self._parts.may_start(waiting.key, limits)
                 and self.pool.may_start(waiting.key, waiting.long, limits[waiting.key], now,
-                                        waiting.key in short_waiting))
+                                        waiting.key in short_waiting)
+                and not self._yielding(waiting, now))  # last: only a call that could start yields
 
     def _start(self, waiting: _Waiting) -> None:
         self._parts.start(waiting.key)

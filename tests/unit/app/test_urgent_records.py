@@ -1,0 +1,84 @@
+"""``UrgentRecords``: whether more urgent records than a priority's are arriving (not yet at their agent) or coming
+to the gate (arriving, taken and waiting for a dispatcher slot, or waiting in memory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from faust.types import TP
+
+from streamproc.app.urgent_records import FRESH_S, UrgentRecords
+
+HIGH = "p.requests.high"
+URGENT = {"high": frozenset[str](), "normal": frozenset({HIGH}), "low": frozenset({HIGH, "p.requests"})}
+
+
+@dataclass
+class FakeConsumer:
+    ends: dict[TP, int | None]
+    _committed_offset: dict[TP, int | None] = field(default_factory=dict)
+
+    def assignment(self) -> set[TP]:
+        return set(self.ends)
+
+    def highwater(self, tp: TP) -> int | None:
+        return self.ends[tp]
+
+
+@dataclass
+class World:
+    consumer: FakeConsumer = field(default_factory=lambda: FakeConsumer({TP(HIGH, 0): 0}))
+    waiting: set[str] = field(default_factory=set)
+    gate_full: bool = False
+    stopping: bool = False
+    now: float = 0.0
+
+    def records(self) -> UrgentRecords:
+        return UrgentRecords(lambda: self.consumer, URGENT, lambda: self.waiting, lambda: self.gate_full,
+                             lambda: self.stopping, clock=lambda: self.now)
+
+    def later(self) -> None:
+        self.now += 2 * FRESH_S  # past what the answers are kept for
+
+
+def test_records_not_yet_at_their_agent_are_arriving_until_they_reach_it() -> None:
+    world = World()
+    urgent = world.records()
+    urgent.reached(TP(HIGH, 0), 4)
+    world.consumer.ends[TP(HIGH, 0)] = 10  # 5 more high records on the broker or in the agent's buffer
+    assert urgent.arriving("low") and urgent.arriving("normal") and not urgent.arriving("high")
+    urgent.reached(TP(HIGH, 0), 9)
+    assert urgent.arriving("low")  # the answer is kept a moment: the gate asks for every call at each wake
+    world.later()
+    assert not urgent.arriving("low")
+
+
+def test_a_partition_taken_away_is_read_again_from_its_committed_offset() -> None:
+    world = World(FakeConsumer({TP(HIGH, 0): 10}, {TP(HIGH, 0): 6}))
+    urgent = world.records()
+    urgent.reached(TP(HIGH, 0), 9)
+    assert not urgent.arriving("low")
+    urgent.revoked({TP(HIGH, 0)})  # assigned again: the records from 6 come again
+    world.later()
+    assert urgent.arriving("low")
+
+
+def test_records_taken_or_waiting_in_memory_are_coming_unless_they_could_never_come() -> None:
+    world = World()
+    urgent = world.records()
+    assert not urgent.coming("low")
+    with urgent.submitting("high"):  # a high record waits for a dispatcher slot
+        world.later()
+        assert urgent.coming("low") and urgent.coming("normal") and not urgent.coming("high")
+        world.gate_full = True  # every dispatcher slot is held by a call waiting at the gate
+        world.later()
+        assert not urgent.coming("low")
+        world.gate_full, world.stopping = False, True  # a rebalance waits for the calls in hand
+        world.later()
+        assert not urgent.coming("low")
+        world.stopping = False
+    world.later()
+    assert not urgent.coming("low")
+    world.waiting = {"normal"}  # a normal record waits in memory: coming for low, not for normal itself
+    world.later()
+    assert urgent.coming("low") and not urgent.coming("normal")
