@@ -3,27 +3,12 @@ fetch, or in the agent's buffer)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from faust.types import TP
 
 from streamproc.app.unread_inputs import unread_topics
+from tests.unit.app.fake_consumer import FakeConsumer
 
 HIGH, LOW = "p.requests.high", "p.requests.low"
-
-
-@dataclass
-class FakeConsumer:
-    """faust's consumer as ``unread_topics`` reads it: the assignment, highwaters and committed offsets."""
-
-    ends: dict[TP, int | None]
-    _committed_offset: dict[TP, int | None] = field(default_factory=dict)
-
-    def assignment(self) -> set[TP]:
-        return set(self.ends)
-
-    def highwater(self, tp: TP) -> int | None:
-        return self.ends[tp]
 
 
 def test_a_topic_is_unread_while_its_log_end_is_past_the_last_record_that_reached_its_agent() -> None:

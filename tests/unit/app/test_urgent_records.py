@@ -8,21 +8,11 @@ from dataclasses import dataclass, field
 from faust.types import TP
 
 from streamproc.app.urgent_records import FRESH_S, UrgentRecords
+from tests.unit.app.fake_consumer import FakeConsumer
 
 HIGH = "p.requests.high"
 URGENT = {"high": frozenset[str](), "normal": frozenset({HIGH}), "low": frozenset({HIGH, "p.requests"})}
 
-
-@dataclass
-class FakeConsumer:
-    ends: dict[TP, int | None]
-    _committed_offset: dict[TP, int | None] = field(default_factory=dict)
-
-    def assignment(self) -> set[TP]:
-        return set(self.ends)
-
-    def highwater(self, tp: TP) -> int | None:
-        return self.ends[tp]
 
 
 @dataclass
