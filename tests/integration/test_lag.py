@@ -195,7 +195,7 @@ async def test_cli_json_and_max_lag_exit_code(scene: Scene) -> None:
     done = await asyncio.to_thread(run_cli, scene.bootstrap, "--group", scene.group, "--json", "--interval", "0.5")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
-    assert document["interval_s"] == pytest.approx(0.5, abs=0.5)
+    assert 0.5 <= document["interval_s"] < 30  # the span between the two readings: the interval and their time
     [group] = document["groups"]
     assert group["group"] == scene.group and group["lag"] == 40 and group["members"] == 1
     assert {p["partition"]: (p["committed"], p["start"], p["end"]) for p in group["partitions"]} == offsets

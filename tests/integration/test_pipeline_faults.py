@@ -69,11 +69,12 @@ async def test_sigkill_mid_batch_loses_nothing(settings: Settings, slow_mock: Mo
     assert settings.kafka_bootstrap is not None
     topology = settings.topology()
     port = free_port()
-    # the kill is taken at full load: start the adaptive limit there (its ramp is not what this test is about;
-    # a slow start that ends early on latency noise left the test waiting for 256 in flight)
+    # the kill is taken at full load: the adaptive limit is held there (its ramp and probes are not what this
+    # test is about; a probe that held calls on a loaded machine let the batch end before 256 were in flight)
     # no hedged calls: a hedge also calls a request twice, and this test counts what a crash repeats
     env = worker_env(settings, slow_mock.url, tmp_path / "w1", in_flight=str(IN_FLIGHT),
-                     adaptive_initial_in_flight=str(IN_FLIGHT), worker_metrics_port=str(port), llm_hedge_ratio="0")
+                     adaptive_initial_in_flight=str(IN_FLIGHT),
+                     adaptive_min_in_flight=str(IN_FLIGHT), worker_metrics_port=str(port), llm_hedge_ratio="0")
     worker = WorkerProcess(env, tmp_path / "worker.log")
     requests = [chat_request(f"k-{i}", i) for i in range(1500)]
     ids = [r.request_id for r in requests]
