@@ -54,7 +54,7 @@ from streamproc.core.outcome import ConfigurationProblem, Failure, Success
 from streamproc.core.provider_batch_deadline import Way, past_deadline, routed, way_of
 from streamproc.core.record_size import CARRIED_BYTES, response_too_large, result_record_bytes
 from streamproc.core.request_line import LineLimits
-from streamproc.core.request_state import RecordRef, Skip, input_hash, on_terminal_failure, superseded
+from streamproc.core.request_state import RecordRef, Skip, input_hash, on_terminal_failure, redelivers, superseded
 from streamproc.core.reservation import parked_at, reservation
 from streamproc.core.retry_policy import CompletionBudget, Tier
 from streamproc.core.spend_cap import Charge
@@ -219,6 +219,13 @@ class Handler:
         except Exception as exc:
             log.exception("unexpected error handling %s[%d]@%d", record.topic, record.partition, record.offset)
             return await self._internal_error(record, exc)
+
+    def redelivered(self, record: Record) -> bool:
+        """Whether ``record`` started its request's attempt still in flight: a worker that died admitted it, and
+        only this record continues the attempt (a parked copy of it would be skipped as a duplicate)."""
+        request_id = _text(record.key)
+        return request_id is not None and redelivers(self._store.get(request_id), RecordRef(record.topic,
+                                                                                            record.offset))
 
     async def reserve(self, record: Record) -> str | None:
         """Hold the id of a record about to wait or be parked before admission (core.reservation): its ``pending``

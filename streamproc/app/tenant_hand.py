@@ -29,7 +29,7 @@ from streamproc.core.tenancy import (
     priority_problem,
     tenant_problem,
 )
-from streamproc.core.tenant_share import EQUAL_WEIGHTS, Lane, TenantWeights, lane_has_room, outranked
+from streamproc.core.tenant_share import EQUAL_WEIGHTS, BoundedYield, Lane, TenantWeights, lane_has_room, outranked
 from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants, parse_tenants
 
 _POLL_S = 0.2  # how often a waiting record looks whether the worker gives its records back (a rebalance, a stop)
@@ -138,16 +138,11 @@ class TenantHand:
     async def wait_to_take(self, lane: Lane, give_up: Callable[[], bool]) -> bool:
         """For a record counted as waiting: wait until ``lane`` has room and take a place (True), or until
         ``give_up()`` (False). Room found is left to more urgent records on their way for :data:`ARRIVING_YIELD_S`."""
-        yield_until: float | None = None  # set when room is first found but left to the records arriving
+        leaving = BoundedYield(ARRIVING_YIELD_S)  # room found but left to the records arriving
         try:
             while True:
-                if self._has_room(lane):
-                    if not self._arriving(lane[1]):
-                        break
-                    now = time.monotonic()
-                    yield_until = now + ARRIVING_YIELD_S if yield_until is None else yield_until
-                    if now >= yield_until:
-                        break
+                if self._has_room(lane) and not (self._arriving(lane[1]) and leaving.still(time.monotonic())):
+                    break
                 if give_up():
                     return False
                 changed = self._changed

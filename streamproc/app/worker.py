@@ -466,6 +466,8 @@ class WorkerRuntime:
                 await self.dispatcher.submit(lane, record.offset,
                                              functools.partial(self._handle_held, lane_of_hand, record), ack)
             return
+        if await self._resume(lane, record, ack):
+            return
         try:
             digest = await self.handler.reserve(record)
         except StateWriteFailed as exc:
@@ -497,6 +499,8 @@ class WorkerRuntime:
         yields to more urgent records as a priority's topic does (:meth:`_yield_reading`, by its own priority)."""
         lane_of_hand = scheduled_lane(record.headers)
         await self._yield_reading(lane_of_hand[1])
+        if await self._resume(lane, record, ack):
+            return
         try:
             digest = await self.handler.reserve(record)
         except StateWriteFailed as exc:
@@ -505,6 +509,15 @@ class WorkerRuntime:
         await self._backlog_places.acquire()
         self.tenant_hand.will_wait(lane_of_hand)
         await self._submit_to_wait(lane, record, ack, lane_of_hand, self._backlog_places, digest)
+
+    async def _resume(self, lane: Any, record: Record, ack: Ack) -> bool:
+        """Handle at once, outside the hand, a record that started an attempt a dead worker left in flight (True):
+        that worker had admitted it, and a parked copy, another record, would be skipped as a duplicate of the
+        attempt, stranding the request until the reconciler's grace ended (design §5.11)."""
+        if not self.handler.redelivered(record):
+            return False
+        await self.dispatcher.submit(lane, record.offset, functools.partial(self.handler.handle, record), ack)
+        return True
 
     async def _hold(self, lane: Any, record: Record, ack: Ack, why: StateWriteFailed) -> None:
         """A record whose id could not be reserved is held unacked: the dispatcher stops the worker, and the record

@@ -143,10 +143,7 @@ def admit(
     if 0 < run < current.run:
         return Skip(SkipReason.EARLIER_RUN)
     status = current.status
-    if status is RequestStatus.IN_FLIGHT and (current.source_topic, current.source_offset) == (
-        source.topic,
-        source.offset,
-    ):
+    if redelivers(current, source):
         return Start(_in_flight(current, request, digest, attempt, now_ms, source, run))  # crash redelivery
     if (deferred and status is RequestStatus.RETRYING and current.last_error_code in DEFERRAL_CODES
             and attempt == current.attempts and digest == current.input_hash):
@@ -203,6 +200,13 @@ def _replayed(current: RequestState, source: RecordRef) -> bool:
     (replays of one id share a partition, so offsets order them)."""
     return (current.replay_topic == source.topic and current.replay_offset is not None
             and source.offset <= current.replay_offset)
+
+
+def redelivers(current: RequestState | None, source: RecordRef) -> bool:
+    """Whether ``source`` is the record that started ``current``'s attempt, still ``in_flight``: read again after
+    a crash, it continues an attempt admitted already, and only that record does (any copy of it is skipped)."""
+    return (current is not None and current.status is RequestStatus.IN_FLIGHT
+            and (current.source_topic, current.source_offset) == (source.topic, source.offset))
 
 
 def _in_flight(

@@ -81,6 +81,21 @@ def reading_yields(priority: str, present: Iterable[str], slots_full: bool) -> b
     return slots_full and any(_priority_rank(other) < rank for other in present)
 
 
+@dataclass
+class BoundedYield:
+    """Lets more urgent records go first for ``limit_s`` at most, counted from the first time it did: a record or
+    call that yields must still be served if the urgent ones never come."""
+
+    limit_s: float
+    since: float | None = None  # when it first yielded (seconds, any monotonic clock)
+
+    def still(self, now: float) -> bool:
+        """Yield now (True) unless ``limit_s`` passed since the first yield; a call counts as a yield."""
+        if self.since is None:
+            self.since = now
+        return now - self.since < self.limit_s
+
+
 def more_urgent(priority: str) -> tuple[str, ...]:
     """The priorities more urgent than ``priority``, most urgent first."""
     rank = _priority_rank(priority)

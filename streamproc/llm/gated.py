@@ -22,7 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -34,7 +34,7 @@ from streamproc.core.model_list import ANY_MODEL
 from streamproc.core.outcome import Success
 from streamproc.core.tenancy import DEFAULT_TENANCY, Tenancy
 from streamproc.core.tenant_pace import TenantPace
-from streamproc.core.tenant_share import Contender, FairChoice
+from streamproc.core.tenant_share import BoundedYield, Contender, FairChoice
 from streamproc.llm.client import CallResult
 from streamproc.llm.completion import billed_tokens
 from streamproc.llm.layer import Layer, Refused
@@ -172,11 +172,7 @@ class AdaptiveGate:
     def _yielding(self, waiting: _Waiting, now: float) -> bool:
         """Whether the call lets more urgent calls on their way go first (for :data:`YIELD_S` from its first yield);
         the gate then looks again soon."""
-        if not self.yields(waiting.contender.priority):
-            return False
-        if waiting.yielding_since is None:
-            waiting.yielding_since = now
-        elif now - waiting.yielding_since >= YIELD_S:
+        if not (self.yields(waiting.contender.priority) and waiting.yielding.still(now)):
             return False
         if self._yield_timer is None or self._yield_timer.when() <= asyncio.get_running_loop().time():
             self._yield_timer = asyncio.get_running_loop().call_later(_YIELD_POLL_S, self._wake)
@@ -210,7 +206,7 @@ class _Waiting:
     long: bool  # the call is long (core.guards.long_requests)
     contender: Contender  # whose call, how urgent, waiting since
     tokens: int = 0  # its estimate (prompt + completion budget), for its tenant's TPM quota
-    yielding_since: float | None = None  # when it first let more urgent calls on their way go first
+    yielding: BoundedYield = field(default_factory=lambda: BoundedYield(YIELD_S))  # to more urgent calls on their way
 
 
 class _Slot:

@@ -6,7 +6,7 @@ import pytest
 
 from streamproc import codec
 from streamproc.app.handler import Disposition, Record, StateWriteFailed
-from streamproc.core.request_state import RecordRef, input_hash
+from streamproc.core.request_state import RecordRef, Start, admit, input_hash
 from streamproc.core.vocabulary import RequestStatus
 from tests.unit.app.test_handler import BODY, PARTITION, Rig, answer, make_request, only_failure, submission
 
@@ -57,3 +57,33 @@ async def test_a_reservation_that_cannot_be_sent_on_raises_so_the_record_is_held
     rig.store.unsent = {RequestStatus.PENDING}
     with pytest.raises(StateWriteFailed):
         await rig.handler.reserve(submission(make_request()))
+
+
+async def test_a_record_a_dead_worker_left_in_flight_is_redelivered_only_by_itself() -> None:
+    """Why the worker handles such a record at once instead of parking it (design §5.11): its parked copy is
+    another record, which the state machine skips as a duplicate of the attempt in flight, and the request would
+    wait for the reconciler."""
+    rig = Rig([answer("the answer")])
+    original = submission(make_request(), offset=100)
+    started = admit(None, make_request(), 1, 1_000, source=RecordRef(original.topic, original.offset))
+    assert isinstance(started, Start)
+    rig.store.states["req-1"] = started.state  # written by a worker killed during the call
+
+    assert rig.handler.redelivered(original)
+    copy = parked_copy(original, 7)
+    assert not rig.handler.redelivered(copy)
+    assert await rig.handle(copy) is Disposition.ACK
+    assert rig.state().status is RequestStatus.IN_FLIGHT and not rig.sink.results  # skipped: stranded
+
+    assert await rig.handle(original) is Disposition.ACK
+    assert rig.state().status is RequestStatus.SUCCEEDED and len(rig.sink.results) == 1
+    assert not rig.handler.redelivered(original)
+
+
+async def test_a_reserved_or_unknown_id_is_not_a_redelivery() -> None:
+    rig = Rig()
+    original = submission(make_request(), offset=100)
+    assert not rig.handler.redelivered(original)
+    await rig.handler.reserve(original)
+    assert not rig.handler.redelivered(original)
+    assert not rig.handler.redelivered(Record("llm.requests", PARTITION, 100, None, original.value, {}))

@@ -21,6 +21,7 @@ from streamproc.core.request_state import (
     on_retry_scheduled,
     on_success,
     on_terminal_failure,
+    redelivers,
 )
 from streamproc.core.vocabulary import FailureLayer, RequestStatus
 
@@ -157,6 +158,15 @@ def test_same_offset_on_another_topic_is_not_a_redelivery() -> None:
     current = state(IN_FLIGHT, attempts=2, source=SUBMITTED)
     other_topic = RecordRef("llm.retry.5s", SUBMITTED.offset)
     assert admit(current, REQUEST, 2, 9_000, source=other_topic) == Skip(SkipReason.IN_FLIGHT)
+
+
+def test_only_the_record_that_started_the_attempt_in_flight_redelivers_it() -> None:
+    in_flight = state(IN_FLIGHT, attempts=1, source=SUBMITTED)
+    assert redelivers(in_flight, SUBMITTED)
+    assert not redelivers(in_flight, RecordRef("llm.backlog", SUBMITTED.offset))  # its parked copy, say
+    assert not redelivers(in_flight, RESUBMITTED)
+    assert not redelivers(state(RETRYING, attempts=1, source=SUBMITTED), SUBMITTED)
+    assert not redelivers(None, SUBMITTED)
 
 
 def test_a_retry_record_newer_than_a_stale_in_flight_state_starts() -> None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from streamproc.core.tenancy import PRIORITIES
 from streamproc.core.tenant_share import (
+    BoundedYield,
     Contender,
     FairChoice,
     Lane,
@@ -142,3 +143,16 @@ def test_the_priorities_more_urgent_than_one_come_most_urgent_first() -> None:
 @given(st.sampled_from(PRIORITIES), st.sets(st.sampled_from(PRIORITIES)))
 def test_reading_never_yields_with_a_free_slot(priority: str, present: set[str]) -> None:
     assert not reading_yields(priority, present, slots_full=False)
+
+
+def test_a_yield_is_bounded_from_the_first_time_it_yielded() -> None:
+    leaving = BoundedYield(5.0)
+    assert leaving.since is None
+    assert leaving.still(100.0) and leaving.since == 100.0
+    assert leaving.still(104.9)
+    assert not leaving.still(105.0)
+    assert not leaving.still(200.0)  # once over, it stays over
+
+
+def test_a_yield_that_never_began_has_its_whole_bound() -> None:
+    assert BoundedYield(10.0).still(1e9)
