@@ -1,4 +1,4 @@
-"""Six fixes to faust-streaming 0.15.3's offset bookkeeping, without which a worker can lose requests or state.
+"""Seven fixes to faust-streaming 0.15.3's offset bookkeeping, without which a worker can lose requests or state.
 
 They bite after a crash or a rebalance, mostly on partitions with no committed offset yet (the worker died
 before its first commit); design §5.6 tells how each was found:
@@ -62,6 +62,16 @@ before its first commit); design §5.6 tells how each was found:
    unread and unacked, like the records of fix 3: the rebalance ends with every stream partition sought to
    its committed offset (fix 2), so it is fetched again by whoever then holds its partition.
 
+7. **Acks of an earlier generation counted in the next.** faust forgets a partition's acked offsets when the
+   partition is revoked, *before* it waits for the records in hand; a record of the old generation acked after
+   that (a waiting record parked at the rebalance, a call that ended then) lands in the emptied list, and when
+   the partition comes back to this worker the stale ack counts for the new generation, which reads the record
+   again from the committed offset: a commit can pass the copy in hand while it runs, and a SIGKILL then leaves
+   its request ``in_flight`` behind a committed offset, for the reconciler to re-drive a minute later (the chaos
+   run with priorities: 40 such re-drives in one run, after a broker restart held a commit for 31 s; design
+   §5.6). Here a record fetched in an earlier generation than the consumer's is never acked, and an assignment
+   starts its partitions with no acked offsets.
+
 A dropped record becomes a lost request because faust then commits past it: with no committed offset,
 ``Consumer._new_offset`` does not check the head of the acked offsets. Importing this module applies the
 fixes once; :func:`streamproc.app.faust_app.make_faust_app` does.
@@ -84,6 +94,7 @@ from faust.transport.producer import ProducerBuffer
 _recovery_completed: Callable[..., Awaitable[None]] = Recovery.on_recovery_completed
 _fetch_records: Callable[..., Awaitable[Any]] = AIOKafkaConsumerThread._fetch_records
 _ack: Callable[[Any, Any], bool] = Consumer.ack
+_on_partitions_assigned: Callable[..., Awaitable[None]] = Consumer.on_partitions_assigned
 _send_pending: Callable[[Any, Any], Awaitable[None]] = ProducerBuffer._send_pending
 _new_offset: Callable[[Any, Any], int | None] = Consumer._new_offset
 _add_gap: Callable[[Any, Any, int, int], Awaitable[None]] = Consumer._add_gap
@@ -158,10 +169,22 @@ async def _fetch_active_records(self: Any, consumer: Any, active_partitions: Any
 
 
 def _ack_taken(self: Any, message: Any) -> bool:
-    """faust's ack for a record an agent took; a record the stream dropped unseen is not done (fix 3)."""
+    """faust's ack for a record an agent took; a record the stream dropped unseen is not done (fix 3), nor a
+    record of an earlier consumer generation (fix 7: the new one reads it again from the committed offset)."""
     if not message.tracked:
         return False
+    if message.generation_id is not None and message.generation_id != self.app.consumer_generation_id:
+        return False
     return _ack(self, message)
+
+
+async def _assigned_unacked(self: Any, assigned: Any, generation_id: int = 0) -> None:
+    """faust's assignment, each partition starting with no acked offsets (fix 7: acks made after its revoke,
+    before this assignment, were the earlier generation's)."""
+    for tp in assigned:
+        self._acked.pop(tp, None)
+        self._acked_index.pop(tp, None)
+    await _on_partitions_assigned(self, assigned, generation_id)
 
 
 async def _send_counted(self: Any, fut: Any) -> None:
@@ -261,6 +284,7 @@ def _compile_unassigned_tolerant_handler(self: Any) -> Callable[[Any], Awaitable
 Recovery.on_recovery_completed = _on_recovery_completed  # type: ignore[method-assign]
 AIOKafkaConsumerThread._fetch_records = _fetch_active_records  # type: ignore[method-assign,assignment]
 Consumer.ack = _ack_taken  # type: ignore[method-assign]
+Consumer.on_partitions_assigned = _assigned_unacked  # type: ignore[method-assign]
 ProducerBuffer._send_pending = _send_counted  # type: ignore[method-assign]
 ProducerBuffer.flush = _flush_all  # type: ignore[method-assign]
 Consumer._add_gap = _add_gap_checked  # type: ignore[method-assign]

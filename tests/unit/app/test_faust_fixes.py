@@ -112,6 +112,7 @@ def _acking_consumer() -> Any:
     """A real faust consumer (never started) whose app consumes topic ``requests`` with acks."""
     app = faust.App("fix-3", broker="kafka://127.0.0.1:1")
     app.topics.acking_topics.add("requests")
+    app.consumer_generation_id = 2
     return app.consumer
 
 
@@ -136,6 +137,39 @@ def test_records_an_agent_took_are_acked_and_committed_as_before() -> None:
         message.tracked = True  # what the stream does when it hands the record to an agent
         assert consumer.ack(message) is True
     assert consumer._new_offset(tp) == 3
+
+
+def test_a_record_of_an_earlier_generation_acked_late_is_not_counted_for_the_next() -> None:
+    """The partition came back to this worker (generation 3); the record read in generation 2, parked when the
+    rebalance woke it, was acked after faust had emptied the partition's acked offsets. The new generation reads
+    it again from the committed offset 0: a commit must not pass it while that copy runs."""
+    consumer = _acking_consumer()
+    consumer.app.consumer_generation_id = 3
+    tp = TP("requests", 0)
+    consumer._committed_offset[tp] = 0
+    late = _message(0, generation_id=2)
+    late.tracked = True
+    assert consumer.ack(late) is False
+    assert consumer._new_offset(tp) is None
+
+
+async def test_an_assignment_starts_its_partitions_with_no_acked_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = _acking_consumer()
+    tp, other = TP("requests", 0), TP("requests", 1)
+    _ack_taken(consumer, 0, 1)  # acked after the revoke, before the assignment: the earlier generation's
+    consumer._acked[other].append(5)
+    assigned: list[set[TP]] = []
+
+    async def fausts(self: Any, partitions: set[TP], generation_id: int = 0) -> None:
+        assigned.append(partitions)
+
+    monkeypatch.setattr(faust_fixes, "_on_partitions_assigned", fausts)
+    await faust_fixes._assigned_unacked(consumer, {tp}, 3)
+    assert assigned == [{tp}]
+    assert not consumer._acked.get(tp) and not consumer._acked_index.get(tp)
+    assert consumer._acked[other] == [5]  # not assigned here: untouched
+    consumer._committed_offset[tp] = 0
+    assert consumer._new_offset(tp) is None
 
 
 class SlowChannel:
