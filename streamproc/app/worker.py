@@ -513,7 +513,7 @@ class WorkerRuntime:
     async def _resume(self, lane: Any, record: Record, ack: Ack) -> bool:
         """Handle at once, outside the hand, a record that started an attempt a dead worker left in flight (True):
         that worker had admitted it, and a parked copy, another record, would be skipped as a duplicate of the
-        attempt, stranding the request until the reconciler's grace ended (design §5.11)."""
+        attempt, stranding the request until the reconciler's grace ended (design §4, "Reservations")."""
         if not self.handler.redelivered(record):
             return False
         await self.dispatcher.submit(lane, record.offset, functools.partial(self.handler.handle, record), ack)
