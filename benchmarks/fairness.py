@@ -42,7 +42,8 @@ from benchmarks.pipeline import Bench, BenchError, Stack, open_bench, spawn_mock
 from streamproc import codec
 from streamproc.app.topics import ensure_topics
 from streamproc.core.events import InferenceRequest, InferenceResult
-from streamproc.core.tenancy import Tenancy, tenancy_headers
+from streamproc.core.scheduling_headers import scheduling_headers
+from streamproc.core.tenancy import Tenancy
 from streamproc.core.topology import Topology
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.devstack.broker import free_port
@@ -81,7 +82,7 @@ async def produce(bootstrap: str, topology: Topology, requests: Sequence[Inferen
     try:
         for r in requests:
             await producer.send(topology.request_topic(r.priority), key=r.request_id.encode(), value=codec.encode(r),
-                                headers=list(tenancy_headers(Tenancy(r.tenant, r.priority))))
+                                headers=list(scheduling_headers(r)))
         await producer.flush()
     finally:
         await producer.stop()

@@ -10,6 +10,11 @@ against its tenant's quota with the same tenant's more urgent ones only (``lane_
 records reach past its own ``low`` flood. A tenant at its RPM/TPM quota (``held_back``) takes no new place, and its
 records in hand do not shrink the others' parts. A record waiting in memory also lets more urgent records still on
 their way to the agents (``arriving``) take a freed place first, for :data:`ARRIVING_YIELD_S` at most.
+
+Long records (``long_requests``: by their size header) hold at most the pool's share of the hand while short records
+are about, as their calls do of the gate's slots; past it they wait or are parked like a tenant over its quota, so
+records waiting at the gate for the long share never fill the hand and the short records behind them are read on
+(the pool caps the long calls, not everyone's pace). With no short record about, long ones take the whole hand.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from streamproc.core.guards.long_requests import NO_POOL, LongRequests
 from streamproc.core.tenancy import (
     DEFAULT_PRIORITY,
     DEFAULT_TENANT,
@@ -69,18 +75,26 @@ def scheduled_lane(record_headers: Mapping[str, bytes]) -> Lane:
 class TenantHand:
     """Counts each lane's records in hand; a hand of ``hand`` records is shared by ``weights`` among the tenants
     not ``held_back`` at their RPM/TPM quota, and within a tenant by priority (``lane_has_room``). ``arriving(p)``:
-    whether records more urgent than priority ``p`` have not yet reached the agents."""
+    whether records more urgent than priority ``p`` have not yet reached the agents. Every method taking ``long``
+    counts a long record apart too (:data:`long_requests`)."""
 
     def __init__(self, hand: int, read_ahead: int, weights: TenantWeights = EQUAL_WEIGHTS,
                  held_back: Callable[[str], bool] = lambda _: False,
-                 arriving: Callable[[str], bool] = lambda _: False) -> None:
+                 arriving: Callable[[str], bool] = lambda _: False, long_requests: LongRequests = NO_POOL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._hand = hand
         self._read_ahead = read_ahead
         self._weights = weights
         self._held_back = held_back
         self._arriving = arriving
+        self.long_requests = long_requests
+        self._clock = clock
         self._held: Counter[Lane] = Counter()
         self._waiting: Counter[Lane] = Counter()  # records waiting for room in memory, per lane
+        self._long_held = 0
+        self._long_waiting: Counter[Lane] = Counter()  # of ``_waiting``, the long records
+        self._short_held = 0
+        self._short_seen_at: float | None = None  # when a short record was last given back
         self._changed = asyncio.Event()
 
     def held(self) -> dict[str, int]:
@@ -103,60 +117,93 @@ class TenantHand:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout_s)
 
-    def _has_room(self, lane: Lane) -> bool:
-        if self._held_back(lane[0]) or outranked(lane, self._waiting):
+    def _shorts_about(self) -> bool:
+        """Whether short records are in hand or waiting, or one was given back within the pool's quiet time."""
+        if self._short_held or sum(self._waiting.values()) > sum(self._long_waiting.values()):
+            return True
+        return self._short_seen_at is not None and self._clock() - self._short_seen_at < self.long_requests.quiet_s
+
+    def _long_has_room(self) -> bool:
+        return self._long_held < self.long_requests.cap(self._hand) or not self._shorts_about()
+
+    def _has_room(self, lane: Lane, long: bool) -> bool:
+        if self._held_back(lane[0]):
+            return False
+        if long and not self._long_has_room():
+            return False
+        # long records held back by the pool hold no more urgent lane's turn: they wait for the long share only
+        waiting = self._waiting if self._long_has_room() else self._waiting - self._long_waiting
+        if outranked(lane, waiting):
             return False
         sharing = {other: count for other, count in self._held.items() if not self._held_back(other[0])}
         return lane_has_room(lane, sharing, self._hand, self._weights)
 
-    def may_take(self, lane: Lane) -> bool:
+    def _waiting_of(self, lane: Lane, long: bool) -> int:
+        return self._long_waiting[lane] if long else self._waiting[lane] - self._long_waiting[lane]
+
+    def may_take(self, lane: Lane, long: bool = False) -> bool:
         """Take a place for a record read from the requests topic, if its lane has room and no record of the lane
-        waits (those go first, so a lane's own records are not overtaken for long)."""
-        if self._waiting[lane] or not self._has_room(lane):
+        and size class waits (those go first, so a lane's own records are not overtaken for long)."""
+        if self._waiting_of(lane, long) or not self._has_room(lane, long):
             return False
-        self._held[lane] += 1
+        self._take(lane, long)
         return True
 
-    def may_wait(self, lane: Lane) -> bool:
+    def _take(self, lane: Lane, long: bool) -> None:
+        self._held[lane] += 1
+        if long:
+            self._long_held += 1
+        else:
+            self._short_held += 1
+
+    def may_wait(self, lane: Lane, long: bool = False) -> bool:
         """Count a record of ``lane`` without room as waiting in memory (True) while the lane has room in the
         read-ahead (shared like the hand: by tenant, then by priority); else it is to be parked."""
         if not lane_has_room(lane, self._waiting, self._read_ahead, self._weights):
             return False
-        self.will_wait(lane)
+        self.will_wait(lane, long)
         return True
 
-    def will_wait(self, lane: Lane) -> None:
+    def will_wait(self, lane: Lane, long: bool = False) -> None:
         """Count a record of ``lane`` as waiting (counted when it is read, so the next read sees it), until
         :meth:`wait_to_take` ends or :meth:`stop_waiting`."""
         self._waiting[lane] += 1
+        if long:
+            self._long_waiting[lane] += 1
 
-    def stop_waiting(self, lane: Lane) -> None:
-        self._waiting[lane] -= 1
-        if not self._waiting[lane]:
-            del self._waiting[lane]
+    def stop_waiting(self, lane: Lane, long: bool = False) -> None:
+        for counts in (self._waiting, self._long_waiting) if long else (self._waiting,):
+            counts[lane] -= 1
+            if not counts[lane]:
+                del counts[lane]
 
-    async def wait_to_take(self, lane: Lane, give_up: Callable[[], bool]) -> bool:
+    async def wait_to_take(self, lane: Lane, give_up: Callable[[], bool], long: bool = False) -> bool:
         """For a record counted as waiting: wait until ``lane`` has room and take a place (True), or until
         ``give_up()`` (False). Room found is left to more urgent records on their way for :data:`ARRIVING_YIELD_S`."""
         leaving = BoundedYield(ARRIVING_YIELD_S)  # room found but left to the records arriving
         try:
             while True:
-                if self._has_room(lane) and not (self._arriving(lane[1]) and leaving.still(time.monotonic())):
+                if self._has_room(lane, long) and not (self._arriving(lane[1]) and leaving.still(time.monotonic())):
                     break
                 if give_up():
                     return False
                 changed = self._changed
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), _POLL_S)
-            self._held[lane] += 1
+            self._take(lane, long)
             return True
         finally:
-            self.stop_waiting(lane)
+            self.stop_waiting(lane, long)
 
-    def give_back(self, lane: Lane) -> None:
+    def give_back(self, lane: Lane, long: bool = False) -> None:
         """A record of ``lane`` is done (acked, parked or held): wake the waiters."""
         self._held[lane] -= 1
         if self._held[lane] <= 0:
             del self._held[lane]
+        if long:
+            self._long_held -= 1
+        else:
+            self._short_held -= 1
+            self._short_seen_at = self._clock()
         self._changed.set()
         self._changed = asyncio.Event()

@@ -291,7 +291,8 @@ class WorkerRuntime:
                                     lambda: self.tenant_hand.priorities_waiting(),
                                     lambda: self.guards.calls_waiting >= self._hand, self._rebalancing_or_stopping)
         self.tenant_hand = TenantHand(self._hand, read_ahead, tenants.weights,
-                                      lambda tenant: pace.holds_back(tenant, time.monotonic()), self.urgent.arriving)
+                                      lambda tenant: pace.holds_back(tenant, time.monotonic()), self.urgent.arriving,
+                                      long_requests_of(settings.guards.in_flight))
         self._backlog_places = asyncio.Semaphore(self._hand)
         guards = settings.guards
         self.llm = DeploymentCaller.connect(models, settings.llm_endpoint, connections=guards.in_flight.ceiling,
@@ -461,10 +462,11 @@ class WorkerRuntime:
             await self.dispatcher.submit(lane, record.offset, functools.partial(self.handler.handle, record), ack)
             return
         lane_of_hand = scheduled_lane(record.headers)
-        if self.tenant_hand.may_take(lane_of_hand):
+        long = self.tenant_hand.long_requests.is_long_record(record.headers)
+        if self.tenant_hand.may_take(lane_of_hand, long):
             with self.urgent.submitting(lane_of_hand[1]):
                 await self.dispatcher.submit(lane, record.offset,
-                                             functools.partial(self._handle_held, lane_of_hand, record), ack)
+                                             functools.partial(self._handle_held, lane_of_hand, long, record), ack)
             return
         if await self._resume(lane, record, ack):
             return
@@ -473,8 +475,8 @@ class WorkerRuntime:
         except StateWriteFailed as exc:
             await self._hold(lane, record, ack, exc)
             return
-        if self.tenant_hand.may_wait(lane_of_hand):
-            await self._submit_to_wait(lane, record, ack, lane_of_hand, None, digest)
+        if self.tenant_hand.may_wait(lane_of_hand, long):
+            await self._submit_to_wait(lane, record, ack, lane_of_hand, long, None, digest)
         else:
             await self.dispatcher.submit(lane, record.offset, functools.partial(self._park, record, digest), ack,
                                          call=False)
@@ -506,9 +508,10 @@ class WorkerRuntime:
         except StateWriteFailed as exc:
             await self._hold(lane, record, ack, exc)
             return
+        long = self.tenant_hand.long_requests.is_long_record(record.headers)
         await self._backlog_places.acquire()
-        self.tenant_hand.will_wait(lane_of_hand)
-        await self._submit_to_wait(lane, record, ack, lane_of_hand, self._backlog_places, digest)
+        self.tenant_hand.will_wait(lane_of_hand, long)
+        await self._submit_to_wait(lane, record, ack, lane_of_hand, long, self._backlog_places, digest)
 
     async def _resume(self, lane: Any, record: Record, ack: Ack) -> bool:
         """Handle at once, outside the hand, a record that started an attempt a dead worker left in flight (True):
@@ -525,30 +528,31 @@ class WorkerRuntime:
         log.error("holding %s[%d]@%d: %s", record.topic, record.partition, record.offset, why)
         await self.dispatcher.submit(lane, record.offset, _held, ack, call=False)
 
-    async def _submit_to_wait(self, lane: Any, record: Record, ack: Ack, lane_of_hand: Lane,
+    async def _submit_to_wait(self, lane: Any, record: Record, ack: Ack, lane_of_hand: Lane, long: bool,
                               place: asyncio.Semaphore | None, digest: str | None) -> None:
         """Wait in the waiting room (no slot) until ``lane_of_hand`` has room in the hand, then handle the record;
         woken by a rebalance or stop first, it is parked at the backlog's tail (the worker must not wait for it,
-        design §5.7). The record counts as waiting already (``TenantHand.may_wait``/``will_wait``); ``place``:
+        design §5.7). The record counts as waiting already (``TenantHand.may_wait``/``will_wait``); ``long``: its size
+        class in the hand; ``place``:
         released once the wait ends; ``digest``: its input hash, which names the parked copy in its reservation."""
         taken: list[bool] = []
 
         async def wait() -> None:
             try:
-                taken.append(await self.tenant_hand.wait_to_take(lane_of_hand, self._rebalancing_or_stopping))
+                taken.append(await self.tenant_hand.wait_to_take(lane_of_hand, self._rebalancing_or_stopping, long))
             finally:
                 if place is not None:
                     place.release()
 
         async def work() -> Disposition:
             if taken == [True]:
-                return await self._handle_held(lane_of_hand, record)
+                return await self._handle_held(lane_of_hand, long, record)
             return await self._park(record, digest)
 
         try:
             await self.dispatcher.submit(lane, record.offset, work, ack, wait=wait)
         except BaseException:  # not taken into the waiting room: its wait never runs
-            self.tenant_hand.stop_waiting(lane_of_hand)
+            self.tenant_hand.stop_waiting(lane_of_hand, long)
             if place is not None:
                 place.release()
             raise
@@ -558,11 +562,11 @@ class WorkerRuntime:
         await self.dispatcher.submit(lane, record.offset, functools.partial(self._when_due, record, due_ms),
                                      ack, wait=functools.partial(self._sleep_until, due_ms))
 
-    async def _handle_held(self, lane_of_hand: Lane, record: Record) -> Disposition:
+    async def _handle_held(self, lane_of_hand: Lane, long: bool, record: Record) -> Disposition:
         try:
             return await self.handler.handle(record)
         finally:
-            self.tenant_hand.give_back(lane_of_hand)
+            self.tenant_hand.give_back(lane_of_hand, long)
 
     def _open_lane(self, lane: tuple[Any, int]) -> None:
         """A record of a newer consumer generation means a rebalance happened: the older lanes get no more

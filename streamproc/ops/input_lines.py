@@ -17,7 +17,8 @@ from streamproc import codec
 from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import request_id_for
 from streamproc.core.request_line import MAX_CUSTOM_ID_BYTES, InvalidLine, LineLimits, loads_line, read_request
-from streamproc.core.tenancy import DEFAULT_TENANCY, InvalidTenancy, Tenancy, tenancy_headers, tenancy_of
+from streamproc.core.scheduling_headers import scheduling_headers
+from streamproc.core.tenancy import DEFAULT_TENANCY, InvalidTenancy, Tenancy, tenancy_of
 
 __all__ = ["LINE_CAP_FACTOR", "MAX_CUSTOM_ID_BYTES", "BatchLimits", "LineError", "parse_line", "record_bytes"]
 
@@ -81,7 +82,7 @@ def _parse(text: str, limits: BatchLimits, batch_id: str, submitted_ms: int) -> 
                                batch_id=batch_id, submitted_ms=submitted_ms, tenant=tenancy.tenant,
                                priority=tenancy.priority)
     if limits.max_record_bytes is not None:
-        record = record_bytes(request, limits.record_headers + tenancy_headers(tenancy))
+        record = record_bytes(request, limits.record_headers + scheduling_headers(request))
         if record > limits.max_record_bytes:
             raise InvalidLine(f"its record is {record:,} bytes encoded (key, value and headers), over the "
                               f"producer's {limits.max_record_bytes:,}-byte max request size", asked.custom_id)

@@ -22,8 +22,9 @@ from streamproc.core import headers
 from streamproc.core.events import InferenceRequest
 from streamproc.core.identity import batch_id_problem
 from streamproc.core.reuse import REUSE_RESULTS, REUSE_RESULTS_ON
+from streamproc.core.scheduling_headers import scheduling_headers
 from streamproc.core.spend_cap import Cap
-from streamproc.core.tenancy import DEFAULT_TENANCY, Tenancy, tenancy_headers
+from streamproc.core.tenancy import DEFAULT_TENANCY, Tenancy
 from streamproc.core.topology import Topology
 from streamproc.errors import ExitCode, UserFacingError
 from streamproc.kafka.clients import kafka_producer
@@ -141,7 +142,7 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
         pending: list[asyncio.Future[object]] = []
         submitted_ms = int(time.time() * 1000)
         for request in iter_requests(path, limits, batch_id, submitted_ms, skip_invalid):
-            scheduled_by = tenancy_headers(Tenancy(request.tenant, request.priority))
+            scheduled_by = scheduling_headers(request)
             # a priority's own topic: a high batch is not read behind a low flood (design §5.11, lanes)
             pending.append(await producer.send(topology.request_topic(request.priority),
                                                key=request.request_id.encode(),

@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from streamproc import codec
 from streamproc.app.topics import ensure_pipeline_topics
 from streamproc.core.events import FailureEvent, InferenceRequest, InferenceResult
+from streamproc.core.scheduling_headers import scheduling_headers
 from streamproc.core.vocabulary import FailureLayer
 from streamproc.kafka.connection import KafkaConnection
 from streamproc.mockllm.runner import MockLLMProcess
@@ -94,13 +95,15 @@ def worker_env(settings: Settings, llm_url: str, data_dir: Path, **extra: str) -
     return env
 
 
-async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:
+async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
+                  headers: Callable[[int], Sequence[tuple[str, bytes]]] = lambda _: ()) -> int:
+    """Write the records; ``headers(i)``: the i-th record's headers."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
     count = 0
     try:
         for key, value in records:
-            await producer.send(topic, key=key, value=value)
+            await producer.send(topic, key=key, value=value, headers=list(headers(count)) or None)
             count += 1
         await producer.flush()
     finally:
@@ -108,11 +111,14 @@ async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | No
     return count
 
 
-async def produce_requests(bootstrap: str, settings: Settings, requests: Iterable[InferenceRequest]) -> int:
+async def produce_requests(bootstrap: str, settings: Settings, requests: Iterable[InferenceRequest],
+                           scheduled: bool = False) -> int:
+    """Write the requests on the requests topic; ``scheduled``: with the headers ``submit`` sets (tenancy, size)."""
     topology = settings.topology()
     await ensure_pipeline_topics(KafkaConnection(bootstrap=bootstrap), topology)
-    topic = topology.requests
-    return await produce(bootstrap, topic, ((r.request_id.encode(), codec.encode(r)) for r in requests))
+    listed = list(requests)
+    return await produce(bootstrap, topology.requests, ((r.request_id.encode(), codec.encode(r)) for r in listed),
+                         lambda i: scheduling_headers(listed[i]) if scheduled else ())
 
 
 @dataclass

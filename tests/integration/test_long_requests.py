@@ -76,7 +76,7 @@ async def test_short_calls_are_not_held_behind_long_generations(settings: Settin
     ids = [r.request_id for r in requests]
     try:
         assert settings.kafka_bootstrap is not None
-        await produce_requests(settings.kafka_bootstrap, settings, requests)
+        await produce_requests(settings.kafka_bootstrap, settings, requests, scheduled=True)
         async with OutcomeReader(settings.kafka_bootstrap, settings) as reader:
             outcomes = await reader.wait_until_ended(ids, 180, worker)
     finally:

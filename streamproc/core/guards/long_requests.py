@@ -12,6 +12,11 @@ long calls after it are held to their share again.
 The two classes are also measured apart: a long call's latency is no queue signal for the adaptive in-flight
 limit while short calls feed it, and each class has its own adaptive read timeout (:func:`timing_key`).
 
+The worker's hand holds long records to the same share (design §5.11): a long record waiting at the gate for its
+share would otherwise hold a place the short records behind it need, and the pool would cap everyone's pace. The
+hand knows a record's size from its ``x-estimated-tokens`` header (:data:`SIZE_HEADER`, set by ``submit``) without
+decoding it.
+
 Pure: the gate says what starts, ends and waits, and the time.
 """
 
@@ -24,6 +29,7 @@ from typing import Any, Final
 
 from streamproc.core.guards.token_estimate import TokenEstimator
 
+SIZE_HEADER: Final = "x-estimated-tokens"  # a request record's estimated size, for scheduling without decoding
 LONG_TIMING_SUFFIX: Final = "#long"  # never in a model name (core.model_names allows no '#')
 _ESTIMATOR: Final = TokenEstimator()  # uncalibrated: the same body is the same size everywhere
 
@@ -45,7 +51,18 @@ class LongRequests:
             raise ValueError(f"quiet_s must be >= 0, got {self.quiet_s}")
 
     def is_long(self, body: Mapping[str, Any]) -> bool:
-        return self.threshold_tokens > 0 and estimated_size(body) > self.threshold_tokens
+        return self.is_long_size(estimated_size(body))
+
+    def is_long_size(self, size_tokens: int) -> bool:
+        return self.threshold_tokens > 0 and size_tokens > self.threshold_tokens
+
+    def is_long_record(self, record_headers: Mapping[str, bytes]) -> bool:
+        """Whether a record is long by its :data:`SIZE_HEADER` (none or not a number: short, as far as scheduling
+        goes; the gate still sizes the body)."""
+        raw = record_headers.get(SIZE_HEADER)
+        if raw is None or not raw.isdigit() or len(raw) > 12:
+            return False
+        return self.is_long_size(int(raw))
 
     def cap(self, limit: int) -> int:
         """The long calls a deployment with this in-flight limit may have while short calls are about: at
@@ -60,6 +77,11 @@ def estimated_size(body: Mapping[str, Any]) -> int:
     """Prompt tokens (characters / 4, as the rate limiter estimates them before calibration) plus the
     completion budget (``max_completion_tokens``, ``max_tokens``, else 256)."""
     return _ESTIMATOR.raw(body) + _ESTIMATOR.max_tokens(body)
+
+
+def size_header(body: Mapping[str, Any]) -> tuple[str, bytes]:
+    """The :data:`SIZE_HEADER` of a request record whose body is ``body``."""
+    return SIZE_HEADER, str(estimated_size(body)).encode()
 
 
 def timing_key(model: str, long: bool) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_lane, scheduled_tenant
+from streamproc.core.guards.long_requests import NO_POOL, SIZE_HEADER, LongRequests
 from streamproc.core.tenant_share import TenantWeights
 
 a_normal, b_normal = ("a", "normal"), ("b", "normal")
@@ -143,3 +144,68 @@ async def test_a_waiting_record_leaves_a_freed_place_to_more_urgent_records_stil
     arriving.add("high")  # a high partition left unread (its agent stuck) holds the low ones back no longer than that
     assert hand.may_wait(a_low)
     assert await asyncio.wait_for(hand.wait_to_take(a_low, lambda: False), 2) is True
+
+
+POOL = LongRequests(threshold_tokens=2000, share=0.25, quiet_s=2.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_long_records_hold_their_share_of_the_hand_so_short_ones_behind_them_are_taken() -> None:
+    clock = Clock()
+    hand = TenantHand(hand=8, read_ahead=8, long_requests=POOL, clock=clock)
+    assert hand.may_take(a_normal)  # a short record in hand: the long ones get 2 of the 8 places
+    assert [hand.may_take(a_normal, long=True) for _ in range(3)] == [True, True, False]
+    assert hand.may_wait(a_normal, long=True)
+    waiting = asyncio.create_task(hand.wait_to_take(a_normal, lambda: False, long=True))
+    # the long record waiting is no record of the short ones' class: they are taken past it
+    assert [hand.may_take(a_normal) for _ in range(5)] == [True] * 5
+    hand.give_back(a_normal, long=True)
+    assert await asyncio.wait_for(waiting, 1) is True
+    assert hand.held() == {"a": 8}
+
+
+async def test_with_no_short_record_about_long_records_take_the_whole_hand() -> None:
+    clock = Clock()
+    hand = TenantHand(hand=8, read_ahead=8, long_requests=POOL, clock=clock)
+    assert hand.may_take(a_normal)
+    assert [hand.may_take(a_normal, long=True) for _ in range(2)] == [True, True]
+    assert hand.may_wait(a_normal, long=True)
+    waiting = asyncio.create_task(hand.wait_to_take(a_normal, lambda: False, long=True))
+    hand.give_back(a_normal)  # the last short record ends: long ones wait out the pool's quiet time
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    clock.now += POOL.quiet_s
+    assert await asyncio.wait_for(waiting, 1) is True
+    assert [hand.may_take(a_normal, long=True) for _ in range(6)] == [True] * 5 + [False]  # the hand is full
+
+
+def test_without_a_pool_every_record_is_short() -> None:
+    hand = TenantHand(hand=4, read_ahead=0)
+    assert [hand.may_take(a_normal, long=True) for _ in range(5)] == [True] * 4 + [False]
+    assert not NO_POOL.is_long_record({SIZE_HEADER: b"999999"})
+
+
+def test_a_record_is_long_by_its_size_header_and_a_bad_header_is_short() -> None:
+    assert POOL.is_long_record({SIZE_HEADER: b"2001"})
+    assert not POOL.is_long_record({SIZE_HEADER: b"2000"})
+    assert not POOL.is_long_record({})
+    assert not POOL.is_long_record({SIZE_HEADER: b"-5"})
+    assert not POOL.is_long_record({SIZE_HEADER: b"9" * 40})  # no giant int from a hostile producer
+
+
+async def test_a_long_record_held_by_the_pool_does_not_hold_back_a_less_urgent_lane() -> None:
+    hand = TenantHand(hand=8, read_ahead=8, long_requests=POOL, clock=Clock())
+    a_high, a_low = ("a", "high"), ("a", "low")
+    assert hand.may_take(a_low)
+    assert [hand.may_take(a_high, long=True) for _ in range(3)] == [True, True, False]
+    assert hand.may_wait(a_high, long=True)
+    waiting = asyncio.create_task(hand.wait_to_take(a_high, lambda: False, long=True))
+    assert hand.may_take(a_low)  # the high record waits for the long share only, not for room a low one takes
+    waiting.cancel()
