@@ -51,6 +51,12 @@ def input_buffer(stream_buffer: int, records_per_fetch: int = RECORDS_PER_FETCH)
     return max(stream_buffer, round(records_per_fetch * _PRESSURE_RATIO / (_PRESSURE_RATIO - 1)))
 
 
+def fetch_fits(queued: int, maxsize: int, records_per_fetch: int = RECORDS_PER_FETCH) -> bool:
+    """Whether an agent's buffer holding ``queued`` of ``maxsize`` records takes a whole fetch without filling up
+    (a full buffer makes faust wait, for every topic, until its agent takes a record)."""
+    return queued + records_per_fetch <= maxsize
+
+
 def faust_credentials(connection: KafkaConnection) -> faust.types.auth.CredentialsT | None:
     """The connection's security as faust's ``broker_credentials``, which faust hands to each client it builds."""
     context = tls_context(connection)

@@ -13,15 +13,18 @@ beside the ``high`` ones still to come.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Container, Mapping
 from typing import Any
 
 
-def unread_topics(consumer: Any, topics: Collection[str], reached: Mapping[Any, int]) -> set[str]:
+def unread_topics(consumer: Any, topics: Collection[str], reached: Mapping[Any, int],
+                  fetched: Container[Any] = ()) -> set[str]:
     """The ``topics`` with an assigned partition whose log end (as of the consumer's latest fetch response) is past
     the last record that reached its agent (``reached``: offset per partition, kept by the worker). A partition no
-    record reached since it was assigned counts from its committed offset; with none, as read: nothing says where
-    its agent stands."""
+    record reached since it was assigned counts from its committed offset. With none (a topic never committed,
+    such as a first ``high`` batch's) the log end says nothing, but records the client holds fetched (``fetched``:
+    :func:`fetched_partitions`) have not reached the agent. (faust's own read offset cannot tell: its seek sets it
+    to the committed position, 0 for a partition never committed, as if record 0 had been handed over.)"""
     committed = consumer._committed_offset  # faust: the offset committed per partition
     found: set[str] = set()
     for tp in consumer.assignment():
@@ -29,7 +32,21 @@ def unread_topics(consumer: Any, topics: Collection[str], reached: Mapping[Any, 
             continue
         last = reached.get(tp)
         next_offset = last + 1 if last is not None else committed.get(tp)
+        if next_offset is None:
+            if tp in fetched:
+                found.add(tp.topic)
+            continue
         end = consumer.highwater(tp)
-        if next_offset is not None and end is not None and end > next_offset:
+        if end is not None and end > next_offset:
             found.add(tp.topic)
     return found
+
+
+def fetched_partitions(consumer: Any) -> Container[Any]:
+    """The partitions the Kafka client holds a fetched batch of that faust has not taken yet (aiokafka's fetcher
+    buffer, in the consumer's thread: a membership test of its dict is atomic)."""
+    try:
+        records: Container[Any] = consumer._thread._ensure_consumer()._fetcher._records
+    except (AttributeError, RuntimeError):  # not started, or stopped
+        return ()
+    return records

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from streamproc.app.unread_inputs import unread_topics
+from streamproc.app.unread_inputs import fetched_partitions, unread_topics
 from streamproc.core.tenant_share import more_urgent
 
 FRESH_S = 0.05
@@ -24,17 +24,18 @@ FRESH_S = 0.05
 
 class UrgentRecords:
     """``consumer()``: faust's consumer; ``urgent_topics``: per priority, the more urgent priorities' topics;
-    ``waiting_priorities()``: the priorities of records waiting in memory; ``gate_is_full_of_waiters()``: every
-    dispatcher slot is held by a call waiting at the gate (the urgent records could then never come);
+    ``waiting_priorities()``: the priorities of records waiting in memory; ``gate_left_idle()``: every
+    dispatcher slot is taken while the gate could start more calls (urgent records not yet holding a slot cannot
+    come before a call ends, so a call yielding to them would only leave the gate idle);
     ``stopping()``: a rebalance or stop is under way (it waits for the calls in hand: none is held back)."""
 
     def __init__(self, consumer: Callable[[], Any], urgent_topics: Mapping[str, frozenset[str]],
-                 waiting_priorities: Callable[[], set[str]], gate_is_full_of_waiters: Callable[[], bool],
+                 waiting_priorities: Callable[[], set[str]], gate_left_idle: Callable[[], bool],
                  stopping: Callable[[], bool], clock: Callable[[], float] = time.monotonic) -> None:
         self._consumer = consumer
         self._urgent_topics = urgent_topics
         self._waiting_priorities = waiting_priorities
-        self._gate_is_full_of_waiters = gate_is_full_of_waiters
+        self._gate_left_idle = gate_left_idle
         self._stopping = stopping
         self._clock = clock
         self._reached: dict[Any, int] = {}  # per input partition: the offset of the last record that reached its agent
@@ -66,7 +67,8 @@ class UrgentRecords:
         if not urgent_topics:
             return False
         return self._known(self._arriving_known, priority,
-                           lambda: bool(unread_topics(self._consumer(), urgent_topics, self._reached)))
+                           lambda: bool(unread_topics(consumer := self._consumer(), urgent_topics, self._reached,
+                                                      fetched_partitions(consumer))))
 
     def coming(self, priority: str) -> bool:
         """Whether calls more urgent than ``priority``'s are on their way to the gate: arriving, taken and waiting for
@@ -77,7 +79,7 @@ class UrgentRecords:
         return self._known(self._coming_known, priority, lambda: self._on_their_way(urgent, priority))
 
     def _on_their_way(self, urgent: tuple[str, ...], priority: str) -> bool:
-        if self._stopping() or self._gate_is_full_of_waiters():
+        if self._stopping() or self._gate_left_idle():
             return False
         waiting = self._waiting_priorities()
         return any(self._submitting[other] > 0 or other in waiting for other in urgent) or self.arriving(priority)

@@ -38,7 +38,7 @@ from streamproc.app.auto_forget import AutoForget
 from streamproc.app.batch_summaries import PUBLISH_EVERY_S, BatchSummaries
 from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.dispatcher import Ack, Dispatcher
-from streamproc.app.faust_app import input_buffer, make_faust_app
+from streamproc.app.faust_app import fetch_fits, input_buffer, make_faust_app
 from streamproc.app.faust_fixes import watch_skipped_records
 from streamproc.app.fleet import FleetMember, FleetTopic
 from streamproc.app.forgetting import BatchForgetter
@@ -285,11 +285,12 @@ class WorkerRuntime:
         pace = TenantPace(tenants.quotas, (lambda: 1 / fleet.shares.workers) if fleet is not None
                           else lambda: settings.guards.rate.share)
         self._topic_priority = {self.topology.priority_requests(priority): priority for priority in PRIORITIES}
+        self._input_buffers: dict[str, Any] = {}  # input topic -> its agent's buffer (faust's channel queue)
         urgent_topics = {priority: frozenset(self.topology.priority_requests(other) for other in more_urgent(priority))
                          for priority in PRIORITIES}
         self.urgent = UrgentRecords(lambda: self.app.consumer, urgent_topics,
                                     lambda: self.tenant_hand.priorities_waiting(),
-                                    lambda: self.guards.calls_waiting >= self._hand, self._rebalancing_or_stopping)
+                                    self._gate_left_idle, self._rebalancing_or_stopping)
         self.tenant_hand = TenantHand(self._hand, read_ahead, tenants.weights,
                                       lambda tenant: pace.holds_back(tenant, time.monotonic()), self.urgent.arriving,
                                       long_requests_of(settings.guards.in_flight))
@@ -436,10 +437,12 @@ class WorkerRuntime:
 
     async def _consume(self, stream: Any, submit: Callable[[Any, Record, Ack, float | None], Awaitable[None]]) -> None:
         manual = stream.noack()
+        buffer = stream.channel.queue  # the agent's input buffer, which faust fills from the fetches
         async for event in manual.events():
             if self._halted.is_set():
                 continue  # held: never acked, read again after the operator's fix
             message = event.message
+            self._input_buffers.setdefault(message.topic, buffer)
             self.urgent.reached(message.tp, message.offset)
             record = Record(message.topic, message.partition, message.offset, message.key, message.value,
                             headers.as_mapping(message.headers))
@@ -457,7 +460,7 @@ class WorkerRuntime:
         are read on, and none of them takes its id. Read from a priority's topic, it first lets more urgent records
         go first (:meth:`_yield_reading`)."""
         if (priority := self._topic_priority.get(record.topic)) is not None:
-            await self._yield_reading(priority)
+            await self._yield_reading(priority, record.topic)
         if record.key is None:  # the handler first writes it again under its id; that copy is the one scheduled
             await self.dispatcher.submit(lane, record.offset, functools.partial(self.handler.handle, record), ack)
             return
@@ -481,17 +484,21 @@ class WorkerRuntime:
             await self.dispatcher.submit(lane, record.offset, functools.partial(self._park, record, digest), ack,
                                          call=False)
 
-    async def _yield_reading(self, priority: str) -> None:
+    async def _yield_reading(self, priority: str, topic: str) -> None:
         """Hold off a record of a lower ``priority`` while every slot is taken and more urgent records are in hand or
         waiting (``reading_yields``): its reservation or parking would take the CPU their handling needs, and a slot
         would not be free for it anyway. Hold it off too, for ``_UNREAD_YIELD_S`` at most, while a more urgent topic
         has records that have not reached their agent (``unread_topics``): faust hands the rest of this agent's fetch
-        over at once then, instead of at this agent's pace, and reaches them. A rebalance or stop ends the wait (the
-        record is then handled as any)."""
+        over at once then, instead of at this agent's pace, and reaches them; but only while this agent's buffer
+        (``topic``'s) has room for a whole fetch: faust waits, for every topic, while that buffer is full, so holding
+        off then would keep the urgent records out. A rebalance or stop ends the wait (the record is then handled as
+        any)."""
         unread_until = time.monotonic() + _UNREAD_YIELD_S
+        buffer = self._input_buffers.get(topic)
         while not self._rebalancing_or_stopping():
+            takes_a_fetch = buffer is None or fetch_fits(buffer.qsize(), buffer.maxsize)
             if not (reading_yields(priority, self.tenant_hand.priorities_present(), self.dispatcher.slots_full)
-                    or (time.monotonic() < unread_until and self.urgent.arriving(priority))):
+                    or (time.monotonic() < unread_until and takes_a_fetch and self.urgent.arriving(priority))):
                 return
             await self.tenant_hand.changed()
 
@@ -500,7 +507,7 @@ class WorkerRuntime:
         reserved already, unless an older release parked it (reserving again writes nothing then). Its reading
         yields to more urgent records as a priority's topic does (:meth:`_yield_reading`, by its own priority)."""
         lane_of_hand = scheduled_lane(record.headers)
-        await self._yield_reading(lane_of_hand[1])
+        await self._yield_reading(lane_of_hand[1], record.topic)
         if await self._resume(lane, record, ack):
             return
         try:
@@ -596,6 +603,13 @@ class WorkerRuntime:
         if digest is not None and record.key is not None:
             await self.handler.name_parked(record.key.decode("utf-8", "replace"), digest, parked)
         return Disposition.ACK
+
+    def _gate_left_idle(self) -> bool:
+        """Every dispatcher slot is taken while the gate could start more calls: a call yielding to urgent records
+        that hold no slot yet would keep its own from them (a ``high`` record waits for the slot a ``low`` call
+        yielding at the gate holds) and leave the gate idle."""
+        limit = self.guards.in_flight_limit
+        return self.dispatcher.slots_full and limit is not None and self.guards.calls_in_flight < limit
 
     def _rebalancing_or_stopping(self) -> bool:
         """Whether the worker is giving its records back (faust suspends its flow control for a rebalance, and

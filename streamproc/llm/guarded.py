@@ -227,6 +227,11 @@ class Guards:
         return self._gate.waiting if self._gate is not None else 0
 
     @property
+    def calls_in_flight(self) -> int:
+        """The calls holding a slot of the in-flight gate (none without a gate)."""
+        return self._gate.in_use if self._gate is not None else 0
+
+    @property
     def in_flight_limit(self) -> int | None:
         """What the worker may have in flight now: its deployments' in-flight limits, within its total."""
         return self._gate.total_limit if self._gate is not None else None

@@ -30,6 +30,17 @@ def test_with_nothing_handed_over_yet_the_committed_offset_says_where_the_agent_
     assert unread_topics(FakeConsumer({high: None}), {HIGH}, {high: 3}) == set()
 
 
+def test_a_topic_never_committed_is_unread_while_the_client_holds_its_fetch() -> None:
+    """A first high batch: no commit, no record reached its agent, so the log end cannot say where the agent stands
+    (the 22 s a high batch behind 20,000 low records waited in the client's buffer, not held off for)."""
+    high = TP(HIGH, 1)
+    assert unread_topics(FakeConsumer({high: 25}), {HIGH}, {}, fetched={high}) == {HIGH}
+    assert unread_topics(FakeConsumer({high: 25}), {HIGH}, {}, fetched=set()) == set()
+    # once a record reached the agent, the log end says it again: the rest of the fetch is unread, then none
+    assert unread_topics(FakeConsumer({high: 25}), {HIGH}, {high: 3}, fetched={high}) == {HIGH}
+    assert unread_topics(FakeConsumer({high: 25}), {HIGH}, {high: 24}, fetched={high}) == set()
+
+
 def test_partitions_not_assigned_and_other_topics_do_not_count() -> None:
     consumer = FakeConsumer({TP(LOW, 2): 50})
     assert unread_topics(consumer, {HIGH}, {TP(LOW, 2): 10, TP(HIGH, 2): 0}) == set()

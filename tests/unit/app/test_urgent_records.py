@@ -19,12 +19,12 @@ URGENT = {"high": frozenset[str](), "normal": frozenset({HIGH}), "low": frozense
 class World:
     consumer: FakeConsumer = field(default_factory=lambda: FakeConsumer({TP(HIGH, 0): 0}))
     waiting: set[str] = field(default_factory=set)
-    gate_full: bool = False
+    gate_idle: bool = False
     stopping: bool = False
     now: float = 0.0
 
     def records(self) -> UrgentRecords:
-        return UrgentRecords(lambda: self.consumer, URGENT, lambda: self.waiting, lambda: self.gate_full,
+        return UrgentRecords(lambda: self.consumer, URGENT, lambda: self.waiting, lambda: self.gate_idle,
                              lambda: self.stopping, clock=lambda: self.now)
 
     def later(self) -> None:
@@ -60,10 +60,10 @@ def test_records_taken_or_waiting_in_memory_are_coming_unless_they_could_never_c
     with urgent.submitting("high"):  # a high record waits for a dispatcher slot
         world.later()
         assert urgent.coming("low") and urgent.coming("normal") and not urgent.coming("high")
-        world.gate_full = True  # every dispatcher slot is held by a call waiting at the gate
+        world.gate_idle = True  # every dispatcher slot is taken while the gate could start more calls
         world.later()
         assert not urgent.coming("low")
-        world.gate_full, world.stopping = False, True  # a rebalance waits for the calls in hand
+        world.gate_idle, world.stopping = False, True  # a rebalance waits for the calls in hand
         world.later()
         assert not urgent.coming("low")
         world.stopping = False
