@@ -91,9 +91,8 @@ class TenantHand:
         self._clock = clock
         self._held: Counter[Lane] = Counter()
         self._waiting: Counter[Lane] = Counter()  # records waiting for room in memory, per lane
-        self._long_held = 0
+        self._long_held = 0  # of ``_held``, the long records
         self._long_waiting: Counter[Lane] = Counter()  # of ``_waiting``, the long records
-        self._short_held = 0
         self._short_seen_at: float | None = None  # when a short record was last given back
         self._changed = asyncio.Event()
 
@@ -119,7 +118,7 @@ class TenantHand:
 
     def _shorts_about(self) -> bool:
         """Whether short records are in hand or waiting, or one was given back within the pool's quiet time."""
-        if self._short_held or sum(self._waiting.values()) > sum(self._long_waiting.values()):
+        if sum(self._held.values()) > self._long_held or sum(self._waiting.values()) > sum(self._long_waiting.values()):
             return True
         return self._short_seen_at is not None and self._clock() - self._short_seen_at < self.long_requests.quiet_s
 
@@ -129,10 +128,11 @@ class TenantHand:
     def _has_room(self, lane: Lane, long: bool) -> bool:
         if self._held_back(lane[0]):
             return False
-        if long and not self._long_has_room():
+        long_room = self._long_has_room()
+        if long and not long_room:
             return False
         # long records held back by the pool hold no more urgent lane's turn: they wait for the long share only
-        waiting = self._waiting if self._long_has_room() else self._waiting - self._long_waiting
+        waiting = self._waiting if long_room else self._waiting - self._long_waiting
         if outranked(lane, waiting):
             return False
         sharing = {other: count for other, count in self._held.items() if not self._held_back(other[0])}
@@ -153,8 +153,6 @@ class TenantHand:
         self._held[lane] += 1
         if long:
             self._long_held += 1
-        else:
-            self._short_held += 1
 
     def may_wait(self, lane: Lane, long: bool = False) -> bool:
         """Count a record of ``lane`` without room as waiting in memory (True) while the lane has room in the
@@ -203,7 +201,6 @@ class TenantHand:
         if long:
             self._long_held -= 1
         else:
-            self._short_held -= 1
             self._short_seen_at = self._clock()
         self._changed.set()
         self._changed = asyncio.Event()
