@@ -146,8 +146,10 @@ async def test_a_killed_workers_open_batches_are_taken_over_not_created_again(se
 async def test_a_rebalance_hands_open_batches_to_the_new_owner_without_creating_them_again(
         settings: Settings, tmp_path: Path) -> None:
     """A second worker joins while every request waits in an open provider batch: the first's waiting calls give
-    way (parked, ``rebalancing``) and it stops following; the owners after the rebalance take the batches over."""
-    async with _all_open(settings, tmp_path, "moved", 120, batch_seconds=15) as run:
+    way (parked, ``rebalancing``) and it stops following; the owners after the rebalance take the batches over.
+    The batches stay open 45 s: on a loaded machine the second worker's start and join took longer than 15 s, the
+    first ended every batch itself and nothing was left to take over."""
+    async with _all_open(settings, tmp_path, "moved", 120, batch_seconds=45) as run:
         run.second.start()
         outcomes = await _settled_outcomes(settings, run.ids, run.second)
         stats = run.mock.stats(detail=True)
