@@ -33,7 +33,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -81,8 +81,8 @@ async def produce(bootstrap: str, topology: Topology, requests: Sequence[Inferen
     await producer.start()
     try:
         for r in requests:
-            await producer.send(topology.request_topic(r.priority), key=r.request_id.encode(), value=codec.encode(r),
-                                headers=list(scheduling_headers(r)))
+            await producer.send(topology.request_topic(r.priority, r.tenant), key=r.request_id.encode(),
+                                value=codec.encode(r), headers=list(scheduling_headers(r)))
         await producer.flush()
     finally:
         await producer.stop()
@@ -140,7 +140,8 @@ class FairnessRun:
 
     def __init__(self, bench: Bench, args: argparse.Namespace, name: str, pool: bool = True) -> None:
         self.bench, self.args, self.name, self.pool = bench, args, name, pool
-        self.topology = bench.topology(name)
+        self.topology = replace(bench.topology(name), tenant_groups=args.tenant_groups,
+                                pinned_groups=_pinned_groups(args.tenant_groups))
         self.results = Results(bench.bootstrap, self.topology)
         self.processes: list[subprocess.Popen[bytes]] = []
 
@@ -160,7 +161,9 @@ class FairnessRun:
                         "STREAMPROC_ADAPTIVE_INITIAL_IN_FLIGHT": in_flight, "STREAMPROC_LLM_HEDGE_RATIO": "0",
                         "STREAMPROC_RETRY_BUDGET_MIN": "100000",
                         "STREAMPROC_LLM_TIMEOUT_S": str(max(60.0, 3 * args.long_latency)),
-                        "STREAMPROC_WORKER_METRICS_PORT": str(free_port())})
+                        "STREAMPROC_WORKER_METRICS_PORT": str(free_port()),
+                        "STREAMPROC_TENANT_GROUPS": str(args.tenant_groups),
+                        "STREAMPROC_TENANT_GROUP_OF": json.dumps(dict(self.topology.pinned_groups))})
             if not self.pool:
                 env["STREAMPROC_LONG_REQUEST_TOKENS"] = "0"
             self.processes.append(stack.spawn(f"{self.name}-worker-{n}", [sys.executable, "-m", "streamproc",
@@ -186,6 +189,11 @@ class FairnessRun:
     async def wait(self, batch: Batch) -> list[float]:
         await self.results.wait_for(batch.ids, 120 + 2 * len(batch.requests), f"{self.name}: {len(batch.requests)}")
         return self.results.done_s(batch)
+
+
+def _pinned_groups(groups: int) -> dict[str, int]:
+    """A and B in groups of their own when there are two or more (hashed, both names fall in one of two)."""
+    return {"team-a": 0, "team-b": 1} if groups > 1 else {}
 
 
 def completion_bound_s(count: int, capacity_per_s: float) -> float:
@@ -317,6 +325,9 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
     parser.add_argument("--fairness-slots", type=int, default=32, help="the mock's slots [32]")
     parser.add_argument("--fairness-latency", type=float, default=1.0, help="a short call's latency, s [1]")
     parser.add_argument("--long-latency", type=float, default=10.0, help="a long generation's latency, s [10]")
+    parser.add_argument("--tenant-groups", type=int, default=2,
+                        help="the workers' STREAMPROC_TENANT_GROUPS, team-a and team-b pinned apart; 1: every tenant "
+                             "on one topic per priority [2]")
     parser.add_argument("--priority-tenant", default="team-a",
                         help="the tenant of the low flood and the high batch [team-a]")
 
@@ -325,8 +336,9 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     args.flood = args.flood if args.flood is not None else round(20_000 * args.scale)
     args.small = args.small if args.small is not None else round(200 * args.scale)
     args.mix = args.mix if args.mix is not None else round(4_000 * args.scale)
-    if min(args.flood, args.small, args.fairness_workers, args.fairness_slots) < 1 or args.mix < LONG_SHARE:
-        parser.error(f"the counts, workers and slots must be at least 1, --mix at least {LONG_SHARE}")
+    if (min(args.flood, args.small, args.fairness_workers, args.fairness_slots, args.tenant_groups) < 1
+            or args.mix < LONG_SHARE):
+        parser.error(f"the counts, workers, slots and groups must be at least 1, --mix at least {LONG_SHARE}")
     if args.fairness_latency <= 0 or args.long_latency <= 0:
         parser.error("--fairness-latency and --long-latency must be positive")
     if unknown := set(args.figures.split(",")) - set(FIGURES):

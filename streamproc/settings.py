@@ -10,6 +10,7 @@ made here: ``app.bootstrap.resolve_connection`` builds it, since it also reads f
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, SecretStr, field_validator, model_validator
@@ -19,6 +20,7 @@ from streamproc.core.replication import ReplicationRequest
 from streamproc.core.retention import outcomes_retention_ms, parse_retention_ms
 from streamproc.core.retry_policy import RetryPolicy
 from streamproc.core.tenancy import tenant_problem
+from streamproc.core.tenant_groups import pinning_problem
 from streamproc.core.topology import DEFAULT_PREFIX, Topology, default_app_id, parse_tiers
 
 DEFAULT_KAFKA_VERSION = "3.9.2"
@@ -376,6 +378,14 @@ class Settings(BaseSettings):
         '"tpm", "max_cost_usd_per_day"}, e.g. {"team-a": 3, "team-b": {"rpm": 600}}: a worker shares its records in '
         'hand and its call slots among the tenants with work by these weights (a tenant not named weighs 1); a '
         'tenant at its quota waits; the tenants named are the metric labels. Unset: all equal, no quota.')
+    tenant_groups: int = Field(
+        default=1, ge=1, le=64, description="Each priority's requests topic split in this many (<prefix>.requests"
+        "[.<priority>][.g<k>]), a tenant's requests all on one (hashed, or STREAMPROC_TENANT_GROUP_OF): a tenant in "
+        "another group is never read behind a flood. Set it on every worker before on submit; never lower it while "
+        "requests wait on the last group's topics.")
+    tenant_group_of: dict[str, int] = Field(
+        default_factory=dict, description='JSON: tenants pinned to a group, e.g. {"team-a": 1, "team-b": 2}; the '
+        "others are hashed into STREAMPROC_TENANT_GROUPS, the default tenant is in group 0.")
     tenant_read_ahead: int = Field(
         default=512, ge=1, description="Records of new requests a worker holds waiting in memory for their "
         "tenant's turn, shared by the tenants' weights; a tenant's records past its part are parked on the backlog "
@@ -436,6 +446,15 @@ class Settings(BaseSettings):
             if (problem := tenant_problem(tenant)) is not None:
                 raise ValueError(f"tenant {problem}")
         return value
+
+    @model_validator(mode="after")
+    def _tenant_pins(self) -> Settings:
+        for tenant in self.tenant_group_of:
+            if (problem := tenant_problem(tenant)) is not None:
+                raise ValueError(f"STREAMPROC_TENANT_GROUP_OF: tenant {problem}")
+        if (problem := pinning_problem(self.tenant_groups, self.tenant_group_of)) is not None:
+            raise ValueError(f"STREAMPROC_TENANT_GROUP_OF: {problem}")
+        return self
 
     @field_validator("retain_finished")
     @classmethod
@@ -524,7 +543,8 @@ class Settings(BaseSettings):
     def topology(self) -> Topology:
         """Every topic name and size, derived from these settings in one place."""
         return Topology(self.topic_prefix, self.partitions, parse_tiers(self.retry_tiers), self.app_id,
-                        outcomes_retention_ms(self.retain_finished_ms), by_priority=self.upgrade_from is None)
+                        outcomes_retention_ms(self.retain_finished_ms), by_priority=self.upgrade_from is None,
+                        tenant_groups=self.tenant_groups, pinned_groups=MappingProxyType(dict(self.tenant_group_of)))
 
     def retry_policy(self) -> RetryPolicy:
         """The retry policy the workers apply: the tiers and the backoff base."""

@@ -284,9 +284,11 @@ class WorkerRuntime:
         # a tenant's RPM/TPM quota is the fleet's: each worker paces its part (its records spread over all partitions)
         pace = TenantPace(tenants.quotas, (lambda: 1 / fleet.shares.workers) if fleet is not None
                           else lambda: settings.guards.rate.share)
-        self._topic_priority = {self.topology.priority_requests(priority): priority for priority in PRIORITIES}
+        self._topic_priority = {topic: priority for priority in PRIORITIES
+                                for topic in self.topology.priority_topics(priority)}
         self._input_buffers: dict[str, Any] = {}  # input topic -> its agent's buffer (faust's channel queue)
-        urgent_topics = {priority: frozenset(self.topology.priority_requests(other) for other in more_urgent(priority))
+        urgent_topics = {priority: frozenset(topic for other in more_urgent(priority)
+                                             for topic in self.topology.priority_topics(other))
                          for priority in PRIORITIES}
         self.urgent = UrgentRecords(lambda: self.app.consumer, urgent_topics,
                                     lambda: self.tenant_hand.priorities_waiting(),
@@ -402,7 +404,8 @@ class WorkerRuntime:
 
     # -- agents ------------------------------------------------------------------------------------------
     def _register_agents(self) -> None:
-        for topic in self.topology.request_topics:  # an agent per priority: none is read behind another's flood
+        for topic in self.topology.request_topics:  # an agent per priority and tenant group: none is read behind
+            # another's flood
             name = "dispatch-requests" + topic.removeprefix(self.topology.requests).replace(".", "-")
             self.app.agent(self.sink.topic(topic), name=name)(self._dispatch)
         self.app.agent(self.sink.topic(self.topology.backlog), name="dispatch-backlog")(self._dispatch_parked)

@@ -6,9 +6,9 @@ command touches:
 
 * every command that ensures the topics (submit, worker, sink) creates the missing ones and describes all of
   them, the state changelog included: Create + Describe on ``<prefix>.`` and on the changelog;
-* the worker consumes ``<prefix>.requests`` (and ``.requests.high``/``.requests.low``), the retry tiers and the
-  manifests, writes results, failures, retries and dead letters, reads and writes the workers' beats
-  (``<prefix>.fleet``), writes the batch summaries (``<prefix>.summaries``), will read and write the open
+* the worker consumes ``<prefix>.requests`` (and ``.requests.high``/``.requests.low``, each tenant group's ``.g<k>``),
+  the retry tiers and the manifests, writes results, failures, retries and dead letters, reads and writes the
+  workers' beats (``<prefix>.fleet``), writes the batch summaries (``<prefix>.summaries``), will read and write the open
   provider batches (``<prefix>.provider-batches``, issue 31: nothing does yet) and describes its group (the beats'
   fallback), and faust creates, writes and reads its own topics, all named ``<app_id>-...`` (the table's
   changelog, its leader topic); its group is the app id;
@@ -135,7 +135,8 @@ def worker_grants(topology: Topology) -> list[Grant]:
 def submitter_grants(topology: Topology) -> list[Grant]:
     return [
         *_ensure_topics(SUBMITTER, topology, changelog=("Read",)),
-        # ``<prefix>.requests`` and each priority's ``<prefix>.requests.<p>`` (design §5.11, lanes): nothing else
+        # ``<prefix>.requests`` and each priority's and tenant group's ``<prefix>.requests.<p>[.g<k>]`` (design §5.11):
+        # nothing else
         Grant(SUBMITTER, ("Write", "Describe"), Resource(ResourceType.TOPIC, topology.requests, PatternType.PREFIXED)),
         Grant(SUBMITTER, ("Read", "Write", "Describe"), Resource(ResourceType.TOPIC, topology.batches)),
         Grant(SUBMITTER, ("Read", "Describe"), Resource(ResourceType.TOPIC, topology.fleet)),

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Final
 
 from streamproc.core.durations import parse_duration_ms
 from streamproc.core.retry_policy import Tier
-from streamproc.core.tenancy import DEFAULT_PRIORITY, PRIORITIES
+from streamproc.core.tenancy import DEFAULT_PRIORITY, DEFAULT_TENANT, PRIORITIES
+from streamproc.core.tenant_groups import tenant_group
 from streamproc.core.vocabulary import FailureLayer
 
 DEFAULT_PREFIX: Final = "llm"
@@ -37,30 +40,39 @@ class Topology:
     # the broker's default); longer than automatic retention keeps a batch, so a batch is exported before it goes
     by_priority: bool = True  # whether a request is written on its priority's topic (False during a rolling upgrade
     # from a release whose workers read ``requests`` alone: :meth:`request_topic`)
+    tenant_groups: int = 1  # each priority's requests topic split in this many, a tenant's requests all on one
+    pinned_groups: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}), hash=False)  # tenant ->
+    # its group (the others hashed: :func:`~streamproc.core.tenant_groups.tenant_group`)
 
     @property
     def requests(self) -> str:
         return f"{self.prefix}.requests"
 
-    def priority_requests(self, priority: str) -> str:
-        """The requests topic of ``priority``: ``<prefix>.requests`` for the default one, ``<prefix>.requests.<p>``
-        for the others (design §5.11, lanes). Each has its own agent, so a batch is never read behind a flood of
-        another priority; keyed by request id and co-partitioned like the others, so a request's state stays on its
-        partition."""
-        return self.requests if priority == DEFAULT_PRIORITY else f"{self.requests}.{priority}"
+    def priority_requests(self, priority: str, group: int = 0) -> str:
+        """The requests topic of ``priority`` and tenant ``group``: ``<prefix>.requests`` for the default priority,
+        ``<prefix>.requests.<p>`` for the others, and ``.g<k>`` after either for a group past the first (design
+        §5.11, lanes and tenant groups). Each has its own agent, so a batch is never read behind a flood of another
+        priority or tenant group; keyed by request id and co-partitioned like the others, so a request's state stays
+        on its partition."""
+        topic = self.requests if priority == DEFAULT_PRIORITY else f"{self.requests}.{priority}"
+        return topic if group == 0 else f"{topic}.g{group}"
+
+    def priority_topics(self, priority: str) -> list[str]:
+        """Every tenant group's requests topic of ``priority``."""
+        return [self.priority_requests(priority, group) for group in range(self.tenant_groups)]
 
     @property
     def request_topics(self) -> list[str]:
-        """Every priority's requests topic, the most urgent first."""
-        return [self.priority_requests(priority) for priority in PRIORITIES]
+        """Every priority's and tenant group's requests topic, the most urgent priority first."""
+        return [topic for priority in PRIORITIES for topic in self.priority_topics(priority)]
 
-    def request_topic(self, priority: str) -> str:
-        """Where a new request of ``priority`` is written: its priority's topic, or ``<prefix>.requests`` while
-        :attr:`by_priority` is off (the older workers of a rolling upgrade read no other); an unknown priority goes
-        to ``<prefix>.requests`` (the handler refuses it there)."""
+    def request_topic(self, priority: str, tenant: str = DEFAULT_TENANT) -> str:
+        """Where a new request of ``priority`` and ``tenant`` is written: its priority's topic of its tenant's group,
+        or ``<prefix>.requests`` while :attr:`by_priority` is off (the older workers of a rolling upgrade read no
+        other); an unknown priority goes to ``<prefix>.requests`` (the handler refuses it there)."""
         if not self.by_priority or priority not in PRIORITIES:
             return self.requests
-        return self.priority_requests(priority)
+        return self.priority_requests(priority, tenant_group(tenant, self.tenant_groups, self.pinned_groups))
 
     @property
     def results(self) -> str:

@@ -143,8 +143,9 @@ async def submit_file(connect: Callable[[], KafkaConnection], topology: Topology
         submitted_ms = int(time.time() * 1000)
         for request in iter_requests(path, limits, batch_id, submitted_ms, skip_invalid):
             scheduled_by = scheduling_headers(request)
-            # a priority's own topic: a high batch is not read behind a low flood (design §5.11, lanes)
-            pending.append(await producer.send(topology.request_topic(request.priority),
+            # a priority's and tenant group's own topic: a high batch is not read behind a low flood, nor a tenant
+            # behind another group's (design §5.11, lanes and tenant groups)
+            pending.append(await producer.send(topology.request_topic(request.priority, request.tenant),
                                                key=request.request_id.encode(),
                                                value=encode_request(request),
                                                headers=[*record_headers, *scheduled_by] or None))

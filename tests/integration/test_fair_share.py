@@ -14,7 +14,14 @@ import pytest
 
 from streamproc.core.tenancy import TENANT_HEADER
 from streamproc.settings import Settings
-from tests.integration.pipeline import OutcomeReader, WorkerProcess, parked_records, start_mock, worker_env
+from tests.integration.pipeline import (
+    OutcomeReader,
+    WorkerProcess,
+    parked_records,
+    record_positions,
+    start_mock,
+    worker_env,
+)
 from tests.integration.test_operations import cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
@@ -40,10 +47,10 @@ async def _parked(settings: Settings) -> dict[str, int]:
 
 
 async def _run(settings: Settings, tmp_path: Path, workers: int,
-               batches: list[tuple[str, str, int, tuple[str, ...]]]) -> dict[str, list[int]]:
+               batches: list[tuple[str, str, int, tuple[str, ...]]], **deployment: str) -> dict[str, list[int]]:
     """Submit ``batches`` (batch id, id prefix, count, submit's options) in order to ``workers`` workers sharing
-    IN_FLIGHT calls against a mock of SERVER_SLOTS slots; every request must end exactly once. Each batch's
-    completion times (ms), sorted."""
+    IN_FLIGHT calls against a mock of SERVER_SLOTS slots (``deployment``: settings of the workers and ``submit``);
+    every request must end exactly once. Each batch's completion times (ms), sorted."""
     profile = tmp_path / "slots.json"
     profile.write_text(json.dumps({"base": "clean", "slots": SERVER_SLOTS,
                                    "models": {"mock-small": {"latency": LATENCY_S}}}))
@@ -52,7 +59,8 @@ async def _run(settings: Settings, tmp_path: Path, workers: int,
     fleet = [WorkerProcess(worker_env(settings, mock.url, tmp_path / f"w{n}", in_flight=in_flight,
                                       adaptive_min_in_flight=in_flight, adaptive_initial_in_flight=in_flight,
                                       llm_hedge_ratio="0", retry_budget_min="1000",
-                                      tenant_read_ahead="40"),  # past 40 waiting (20 each once B waits): parked
+                                      tenant_read_ahead="40",  # past 40 waiting (20 each once B waits): parked
+                                      **deployment),
                            tmp_path / f"worker-{n}.log")
              for n in range(1, workers + 1)]
     for worker in fleet:
@@ -60,7 +68,7 @@ async def _run(settings: Settings, tmp_path: Path, workers: int,
     try:
         for batch_id, prefix, count, options in batches:
             submitted = cli(settings, "submit", str(_batch(tmp_path / f"{prefix}.jsonl", prefix, count)),
-                            "--batch-id", batch_id, *options)
+                            "--batch-id", batch_id, *options, **deployment)
             assert submitted.returncode == 0, submitted.stderr
         ids = [f"{batch_id}/{prefix}-{i}" for batch_id, prefix, count, _ in batches for i in range(count)]
         assert settings.kafka_bootstrap is not None
@@ -80,13 +88,17 @@ async def _run(settings: Settings, tmp_path: Path, workers: int,
             for batch_id, _, _, _ in batches}
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
+@pytest.mark.parametrize(("workers", "groups"), [(1, 1), (2, 1), (2, 2)],
+                         ids=["one-worker", "two-workers", "two-workers-two-tenant-groups"])
 async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Settings, tmp_path: Path,
-                                                                 workers: int) -> None:
+                                                                 workers: int, groups: int) -> None:
     """With two workers each shares its own hand (design §5.11, costs (5)): B's records on either worker's
-    partitions still reach past A's."""
+    partitions still reach past A's. With two tenant groups B's records are on a topic of their own, never behind
+    A's."""
+    pinned = {"tenant_groups": str(groups), "tenant_group_of": json.dumps({"team-a": 0, "team-b": 1})} \
+        if groups > 1 else {}
     done = await _run(settings, tmp_path, workers, [("flood", "a", FLOOD, ("--tenant", "team-a")),
-                                                    ("small", "b", SMALL, ("--tenant", "team-b"))])
+                                                    ("small", "b", SMALL, ("--tenant", "team-b"))], **pinned)
     a_done, b_done = done["flood"], done["small"]
     start = min(a_done)
     a_half, a_last, b_last = a_done[len(a_done) // 2] - start, a_done[-1] - start, b_done[-1] - start
@@ -96,6 +108,11 @@ async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Setti
     parked = await _parked(settings)
     assert parked.get("team-a", 0) > FLOOD // 2, parked  # most of the flood went through the backlog
     assert parked.get("team-b", 0) == 0, parked  # within its part of the read-ahead
+    if groups > 1:
+        assert settings.kafka_bootstrap is not None
+        topology = settings.topology()
+        on_own = set(await record_positions(settings.kafka_bootstrap, topology.priority_requests("normal", 1)))
+        assert on_own == {f"small/b-{i}" for i in range(SMALL)}  # B's group topic holds B's records, none of A's
 
 
 async def test_a_high_batch_behind_its_own_tenants_low_flood_ends_long_before_it(settings: Settings,

@@ -156,3 +156,15 @@ def test_provider_batch_api_chooses_openai_unless_anthropic_is_named() -> None:
 def test_the_settings_turn_the_priority_topics_off_while_an_older_release_runs() -> None:
     assert Settings(upgrade_from=None).topology().by_priority
     assert not Settings(upgrade_from="0.1.0").topology().by_priority
+
+
+def test_tenant_groups_route_requests_and_refuse_pins_they_cannot_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMPROC_TENANT_GROUPS", "3")
+    monkeypatch.setenv("STREAMPROC_TENANT_GROUP_OF", '{"team-a": 2}')
+    assert Settings().topology().request_topic("low", "team-a") == "llm.requests.low.g2"
+    monkeypatch.setenv("STREAMPROC_TENANT_GROUP_OF", '{"team-a": 3}')
+    with pytest.raises(ValidationError, match=r"pinned outside groups 0\.\.2"):
+        Settings()
+    monkeypatch.setenv("STREAMPROC_TENANT_GROUP_OF", '{"no spaces": 1}')
+    with pytest.raises(ValidationError, match="STREAMPROC_TENANT_GROUP_OF: tenant"):
+        Settings()

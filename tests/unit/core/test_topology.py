@@ -33,3 +33,19 @@ def test_every_priority_topic_is_read_created_and_co_partitioned_with_the_others
         assert topic in t.inputs
         assert t.all_topics()[topic] == 6  # a request's state stays on its partition, whichever topic it came by
     assert t.inputs[:3] == t.request_topics and t.inputs[3] == t.backlog
+
+
+def test_tenant_groups_split_every_prioritys_topic_and_the_first_group_keeps_its_name() -> None:
+    t = Topology("acme", 6, TIERS, tenant_groups=2, pinned_groups={"team-b": 1, "team-a": 0})
+    assert t.request_topics == ["acme.requests.high", "acme.requests.high.g1", "acme.requests",
+                                "acme.requests.g1", "acme.requests.low", "acme.requests.low.g1"]
+    assert t.request_topic("normal", "team-a") == "acme.requests"
+    assert t.request_topic("normal", "team-b") == "acme.requests.g1"
+    assert t.request_topic("low", "team-b") == "acme.requests.low.g1"
+    assert t.request_topic("high") == "acme.requests.high"  # the default tenant: the first group
+    assert all(t.all_topics()[topic] == 6 for topic in t.request_topics) and t.inputs[:6] == t.request_topics
+
+
+def test_during_a_rolling_upgrade_no_tenant_is_written_on_a_group_topic() -> None:
+    t = Topology("acme", 6, TIERS, by_priority=False, tenant_groups=2, pinned_groups={"team-b": 1})
+    assert t.request_topic("normal", "team-b") == "acme.requests"
