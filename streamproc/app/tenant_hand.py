@@ -40,6 +40,10 @@ from streamproc.core.tenants_file import NO_TENANTS_FILE, Tenants, parse_tenants
 
 _POLL_S = 0.2  # how often a waiting record looks whether the worker gives its records back (a rebalance, a stop)
 ARRIVING_YIELD_S = 5.0  # at most this long a waiting record lets more urgent records on their way go first
+_LINGERING_KEPT = 64
+LINGER_S = 0.5  # a tenant that gave its last record back keeps its share this long: its agent's next record is
+# on its way (an agent hands one record at a time to the dispatcher), and another tenant's waiting records would
+# otherwise take every place the moment its calls end
 
 
 def load_tenants(path: Path | None) -> Tenants:
@@ -94,6 +98,7 @@ class TenantHand:
         self._long_held = 0  # of ``_held``, the long records
         self._long_waiting: Counter[Lane] = Counter()  # of ``_waiting``, the long records
         self._short_seen_at: float | None = None  # when a short record was last given back
+        self._given_back_at: dict[str, float] = {}  # tenant -> when it last gave a record back
         self._changed = asyncio.Event()
 
     def held(self) -> dict[str, int]:
@@ -136,7 +141,13 @@ class TenantHand:
         if outranked(lane, waiting):
             return False
         sharing = {other: count for other, count in self._held.items() if not self._held_back(other[0])}
-        return lane_has_room(lane, sharing, self._hand, self._weights)
+        return lane_has_room(lane, sharing, self._hand, self._weights, self._lingering())
+
+    def _lingering(self) -> list[str]:
+        """The tenants that gave a record back within :data:`LINGER_S` (and are not held back)."""
+        now = self._clock()
+        return [tenant for tenant, at in self._given_back_at.items()
+                if now - at < LINGER_S and not self._held_back(tenant)]
 
     def _waiting_of(self, lane: Lane, long: bool) -> int:
         return self._long_waiting[lane] if long else self._waiting[lane] - self._long_waiting[lane]
@@ -157,10 +168,14 @@ class TenantHand:
     def may_wait(self, lane: Lane, long: bool = False) -> bool:
         """Count a record of ``lane`` without room as waiting in memory (True) while the lane has room in the
         read-ahead (shared like the hand: by tenant, then by priority); else it is to be parked."""
-        if not lane_has_room(lane, self._waiting, self._read_ahead, self._weights):
+        if self.read_ahead_full(lane):
             return False
         self.will_wait(lane, long)
         return True
+
+    def read_ahead_full(self, lane: Lane) -> bool:
+        """Whether a record of ``lane`` without room would be parked (its part of the read-ahead is full)."""
+        return not lane_has_room(lane, self._waiting, self._read_ahead, self._weights)
 
     def will_wait(self, lane: Lane, long: bool = False) -> None:
         """Count a record of ``lane`` as waiting (counted when it is read, so the next read sees it), until
@@ -198,6 +213,10 @@ class TenantHand:
         self._held[lane] -= 1
         if self._held[lane] <= 0:
             del self._held[lane]
+        now = self._clock()
+        if len(self._given_back_at) > _LINGERING_KEPT:  # tenants long gone: forgotten
+            self._given_back_at = {tenant: at for tenant, at in self._given_back_at.items() if now - at < LINGER_S}
+        self._given_back_at[lane[0]] = now
         if long:
             self._long_held -= 1
         else:

@@ -27,13 +27,16 @@ class UrgentRecords:
     ``waiting_priorities()``: the priorities of records waiting in memory; ``gate_left_idle()``: every
     dispatcher slot is taken while the gate could start more calls (urgent records not yet holding a slot cannot
     come before a call ends, so a call yielding to them would only leave the gate idle);
-    ``stopping()``: a rebalance or stop is under way (it waits for the calls in hand: none is held back)."""
+    ``stopping()``: a rebalance or stop is under way (it waits for the calls in hand: none is held back);
+    ``peer_topics``: per requests topic, the other tenant groups' topics of its priority."""
 
     def __init__(self, consumer: Callable[[], Any], urgent_topics: Mapping[str, frozenset[str]],
                  waiting_priorities: Callable[[], set[str]], gate_left_idle: Callable[[], bool],
-                 stopping: Callable[[], bool], clock: Callable[[], float] = time.monotonic) -> None:
+                 stopping: Callable[[], bool], clock: Callable[[], float] = time.monotonic,
+                 peer_topics: Mapping[str, frozenset[str]] | None = None) -> None:
         self._consumer = consumer
         self._urgent_topics = urgent_topics
+        self._peer_topics = peer_topics or {}
         self._waiting_priorities = waiting_priorities
         self._gate_left_idle = gate_left_idle
         self._stopping = stopping
@@ -42,6 +45,7 @@ class UrgentRecords:
         self._submitting: Counter[str] = Counter()  # per priority: records taken, waiting for a dispatcher slot
         self._arriving_known: dict[str, tuple[float, bool]] = {}  # priority -> (when asked, the answer)
         self._coming_known: dict[str, tuple[float, bool]] = {}
+        self._peers_known: dict[str, tuple[float, bool]] = {}  # topic -> (when asked, the answer)
 
     def reached(self, tp: Any, offset: int) -> None:
         """A record came out of its agent's buffer."""
@@ -63,12 +67,19 @@ class UrgentRecords:
 
     def arriving(self, priority: str) -> bool:
         """Whether a topic more urgent than ``priority``'s has records that have not reached their agent yet."""
-        urgent_topics = self._urgent_topics.get(priority)
-        if not urgent_topics:
+        return self._unread(self._arriving_known, priority, self._urgent_topics.get(priority))
+
+    def peers_arriving(self, topic: str) -> bool:
+        """Whether another tenant group's topic of ``topic``'s priority has records that have not reached their
+        agent yet."""
+        return self._unread(self._peers_known, topic, self._peer_topics.get(topic))
+
+    def _unread(self, known: dict[str, tuple[float, bool]], key: str, topics: frozenset[str] | None) -> bool:
+        """Whether any of ``topics`` has records that have not reached their agent (kept in ``known`` a moment)."""
+        if not topics:
             return False
-        return self._known(self._arriving_known, priority,
-                           lambda: bool(unread_topics(consumer := self._consumer(), urgent_topics, self._reached,
-                                                      fetched_partitions(consumer))))
+        return self._known(known, key, lambda: bool(unread_topics(consumer := self._consumer(), topics, self._reached,
+                                                                  fetched_partitions(consumer))))
 
     def coming(self, priority: str) -> bool:
         """Whether calls more urgent than ``priority``'s are on their way to the gate: arriving, taken and waiting for

@@ -290,9 +290,11 @@ class WorkerRuntime:
         urgent_topics = {priority: frozenset(topic for other in more_urgent(priority)
                                              for topic in self.topology.priority_topics(other))
                          for priority in PRIORITIES}
+        peer_topics = {topic: frozenset(self.topology.priority_topics(priority)) - {topic}
+                       for priority in PRIORITIES for topic in self.topology.priority_topics(priority)}
         self.urgent = UrgentRecords(lambda: self.app.consumer, urgent_topics,
                                     lambda: self.tenant_hand.priorities_waiting(),
-                                    self._gate_left_idle, self._rebalancing_or_stopping)
+                                    self._gate_left_idle, self._rebalancing_or_stopping, peer_topics=peer_topics)
         self.tenant_hand = TenantHand(self._hand, read_ahead, tenants.weights,
                                       lambda tenant: pace.holds_back(tenant, time.monotonic()), self.urgent.arriving,
                                       long_requests_of(settings.guards.in_flight))
@@ -474,6 +476,8 @@ class WorkerRuntime:
                 await self.dispatcher.submit(lane, record.offset,
                                              functools.partial(self._handle_held, lane_of_hand, long, record), ack)
             return
+        if self.tenant_hand.read_ahead_full(lane_of_hand):
+            await self._yield_to_other_groups(record.topic)
         if await self._resume(lane, record, ack):
             return
         try:
@@ -503,6 +507,20 @@ class WorkerRuntime:
             if not (reading_yields(priority, self.tenant_hand.priorities_present(), self.dispatcher.slots_full)
                     or (time.monotonic() < unread_until and takes_a_fetch and self.urgent.arriving(priority))):
                 return
+            await self.tenant_hand.changed()
+
+    async def _yield_to_other_groups(self, topic: str) -> None:
+        """Hold off a record that would be parked (its tenant's part of the hand and of the read-ahead full), for
+        ``_UNREAD_YIELD_S`` at most, while another tenant group's topic of its priority has records that have not
+        reached their agent, and this agent's buffer takes a whole fetch. Reserving and parking a flood paces the
+        worker's loop (some 200 records a second), and faust hands the fetched records over in the order they were
+        fetched, the flood's first: held off, the flood's buffer fills, faust stops fetching its partitions and hands
+        the other group's records over (design §5.11, tenant groups)."""
+        until = time.monotonic() + _UNREAD_YIELD_S
+        buffer = self._input_buffers.get(topic)
+        while (not self._rebalancing_or_stopping() and time.monotonic() < until
+               and (buffer is None or fetch_fits(buffer.qsize(), buffer.maxsize))
+               and self.urgent.peers_arriving(topic)):
             await self.tenant_hand.changed()
 
     async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:

@@ -37,10 +37,12 @@ class TenantWeights:
 EQUAL_WEIGHTS: Final = TenantWeights()
 
 
-def hand_quota(tenant: str, in_hand: Mapping[str, int], hand: int, weights: TenantWeights) -> int:
+def hand_quota(tenant: str, in_hand: Mapping[str, int], hand: int, weights: TenantWeights,
+               lingering: Iterable[str] = ()) -> int:
     """The records ``tenant`` may hold of a hand of ``hand``: its weighted part among the tenants holding records
-    (``in_hand``) and itself, at least one. Alone, the whole hand."""
-    active = {name for name, count in in_hand.items() if count > 0} | {tenant}
+    (``in_hand``), those ``lingering`` (holding none for a moment) and itself, at least one. Alone, the whole
+    hand."""
+    active = {name for name, count in in_hand.items() if count > 0} | {tenant, *lingering}
     total = sum(weights.of(name) for name in active)
     return max(1, int(hand * weights.of(tenant) / total))
 
@@ -49,11 +51,13 @@ Lane = tuple[str, str]
 """A tenant and a priority: the unit the hand counts records in."""
 
 
-def lane_has_room(lane: Lane, counts: Mapping[Lane, int], budget: int, weights: TenantWeights) -> bool:
+def lane_has_room(lane: Lane, counts: Mapping[Lane, int], budget: int, weights: TenantWeights,
+                  lingering: Iterable[str] = ()) -> bool:
     """Whether ``lane`` may count one more record of a ``budget`` shared by tenants (``hand_quota`` over the
-    tenants' totals in ``counts``): its tenant's records of its priority or a more urgent one are under the
-    tenant's quota. Records of less urgent priorities do not count, so they never hold a more urgent one back
-    (they drain as their calls end; the gate starts the urgent calls first); alone, a lane gets the whole budget."""
+    tenants' totals in ``counts`` and those ``lingering``): its tenant's records of its priority or a more urgent one
+    are under the tenant's quota. Records of less urgent priorities do not count, so they never hold a more urgent
+    one back (they drain as their calls end; the gate starts the urgent calls first); alone, a lane gets the whole
+    budget."""
     tenant, priority = lane
     per_tenant: dict[str, int] = {}
     for (name, _), count in counts.items():
@@ -61,7 +65,7 @@ def lane_has_room(lane: Lane, counts: Mapping[Lane, int], budget: int, weights: 
     rank = _priority_rank(priority)
     as_urgent = sum(count for (name, other), count in counts.items()
                     if name == tenant and _priority_rank(other) <= rank)
-    return as_urgent < hand_quota(tenant, per_tenant, budget, weights)
+    return as_urgent < hand_quota(tenant, per_tenant, budget, weights, lingering)
 
 
 def outranked(lane: Lane, waiting: Mapping[Lane, int]) -> bool:

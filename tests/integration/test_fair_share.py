@@ -104,8 +104,8 @@ async def test_a_small_tenant_behind_a_flood_ends_long_before_it(settings: Setti
     a_half, a_last, b_last = a_done[len(a_done) // 2] - start, a_done[-1] - start, b_done[-1] - start
     print(f"A's first to half {a_half} ms, to last {a_last} ms; B's last {b_last} ms after A's first "
           f"({b_last / a_last:.2f} of A's run; B's median {statistics.median(b_done) - start} ms)")
-    assert b_last < a_half, (b_last, a_half)  # first come, first served: B's last comes after all of A's
     parked = await _parked(settings)
+    assert b_last < a_half, (b_last, a_half, parked)  # first come, first served: B's last comes after all of A's
     assert parked.get("team-a", 0) > FLOOD // 2, parked  # most of the flood went through the backlog
     assert parked.get("team-b", 0) == 0, parked  # within its part of the read-ahead
     if groups > 1:

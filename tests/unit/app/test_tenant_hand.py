@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streamproc.app.tenant_hand import TenantHand, load_tenants, scheduled_lane, scheduled_tenant
+from streamproc.app.tenant_hand import LINGER_S, TenantHand, load_tenants, scheduled_lane, scheduled_tenant
 from streamproc.core.guards.long_requests import NO_POOL, SIZE_HEADER, LongRequests
 from streamproc.core.tenant_share import TenantWeights
 
@@ -209,3 +209,14 @@ async def test_a_long_record_held_by_the_pool_does_not_hold_back_a_less_urgent_l
     waiting = asyncio.create_task(hand.wait_to_take(a_high, lambda: False, long=True))
     assert hand.may_take(a_low)  # the high record waits for the long share only, not for room a low one takes
     waiting.cancel()
+
+
+def test_a_tenant_that_just_gave_its_last_record_back_keeps_its_share_for_a_moment() -> None:
+    """Its agent's next record is on its way: the flood waiting in memory must not take every place meanwhile."""
+    now = [0.0]
+    hand = TenantHand(hand=4, read_ahead=8, clock=lambda: now[0])
+    assert hand.may_take(b_normal) and hand.may_take(a_normal) and hand.may_take(a_normal)
+    hand.give_back(b_normal)  # b holds none now
+    assert not hand.may_take(a_normal)  # a holds 2 of its half: b lingers
+    now[0] += LINGER_S
+    assert hand.may_take(a_normal) and hand.may_take(a_normal)  # b gone: a takes the whole hand (work-conserving)

@@ -72,3 +72,15 @@ def test_records_taken_or_waiting_in_memory_are_coming_unless_they_could_never_c
     world.waiting = {"normal"}  # a normal record waits in memory: coming for low, not for normal itself
     world.later()
     assert urgent.coming("low") and not urgent.coming("normal")
+
+
+def test_another_tenant_groups_records_of_the_same_priority_not_yet_at_their_agent_are_arriving_peers() -> None:
+    flood, small = "p.requests", "p.requests.g1"
+    consumer = FakeConsumer({TP(flood, 0): 100, TP(small, 0): 0}, {TP(small, 0): 0})
+    urgent = UrgentRecords(lambda: consumer, URGENT, set, lambda: False, lambda: False,
+                           peer_topics={flood: frozenset({small}), small: frozenset({flood})})
+    urgent.reached(TP(flood, 0), 99)  # the flood's partition all read
+    consumer.ends[TP(small, 0)] = 5  # the other group's batch fetched, not yet at its agent
+    assert urgent.peers_arriving(flood) and not urgent.peers_arriving(small)
+    assert not urgent.arriving("normal")  # a peer group is no more urgent: the priorities' yields are untouched
+    assert not urgent.peers_arriving("p.requests.low")  # a topic with no peers
