@@ -29,6 +29,7 @@ class SlotQueue:
         """Forget the history (the requests at work and in the queue stay where they are)."""
         self.max_queued = len(self._waiters)
         self.queued_seconds = 0.0
+        self.arrived = 0  # requests that asked for a slot
         self.waited = 0  # requests that found every slot busy
         self.abandoned = 0  # of those, the ones that left the queue before their turn
 
@@ -40,6 +41,7 @@ class SlotQueue:
         """Wait for a slot in arrival order; False if the server closed the queue (no slot was taken)."""
         if self._closed:
             return False
+        self.arrived += 1
         if self.busy < self.slots and not self._waiters:
             self.busy += 1
             return True
@@ -83,6 +85,7 @@ class SlotQueue:
             "slots": self.slots,
             "busy": self.busy,
             "queued": self.queued,
+            "arrived": self.arrived,
             "max_queued": self.max_queued,
             "waited": self.waited,
             "abandoned": self.abandoned,

@@ -14,7 +14,7 @@ from streamproc.mockllm.latency import FixedLatency
 from streamproc.mockllm.profiles import Overrides
 from streamproc.mockllm.runner import MockLLMHandle, running_mock_llm
 
-LATENCY = 0.2
+LATENCY = 0.4
 
 
 def chat(content: str) -> dict[str, Any]:
@@ -35,12 +35,13 @@ async def timed_post(
 
 
 async def in_order(http: aiohttp.ClientSession, mock: MockLLMHandle, count: int) -> list[tuple[str, int, float]]:
-    """``count`` concurrent requests that arrive in the order of their names, 10 ms apart."""
+    """``count`` concurrent requests that arrive in the order of their names, each sent once the one before it
+    is in (a fixed gap between sends let a loaded machine end the first before the last arrived)."""
     started = time.monotonic()
     tasks = []
     for i in range(count):
         tasks.append(asyncio.create_task(timed_post(http, mock, f"request {i}", started)))
-        await asyncio.sleep(0.01)
+        await wait_for(mock, "arrived", i + 1)
     return await asyncio.gather(*tasks)
 
 
@@ -64,8 +65,8 @@ async def test_one_slot_answers_one_request_after_the_other(http: aiohttp.Client
     assert finished[-1] < 5 * LATENCY + 0.5
     assert queue["slots"] == 1 and (queue["busy"], queue["queued"]) == (0, 0)
     assert (queue["max_queued"], queue["waited"], queue["abandoned"]) == (4, 4, 0)
-    # they waited about 0.19 + 0.38 + 0.57 + 0.76 s (arrivals were 10 ms apart)
-    assert 1.5 <= queue["queued_s_total"] <= 2.5
+    # they waited about 1 + 2 + 3 + 4 latencies (they arrived within milliseconds of each other)
+    assert 10 * LATENCY - 0.5 <= queue["queued_s_total"] <= 10 * LATENCY + 0.5
 
 
 async def test_two_slots_work_on_two_at_a_time(http: aiohttp.ClientSession) -> None:
@@ -138,4 +139,5 @@ async def test_reset_forgets_the_queue_history(http: aiohttp.ClientSession) -> N
         async with http.post(f"{mock.root}/control/reset", json={}) as response:
             assert response.status == 200
         queue = mock.stats()["queue"]
-    assert (queue["max_queued"], queue["waited"], queue["abandoned"], queue["queued_s_total"]) == (0, 0, 0, 0)
+    assert (queue["arrived"], queue["max_queued"], queue["waited"], queue["abandoned"], queue["queued_s_total"]) == (
+        0, 0, 0, 0, 0)
