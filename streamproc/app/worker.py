@@ -495,33 +495,36 @@ class WorkerRuntime:
         """Hold off a record of a lower ``priority`` while every slot is taken and more urgent records are in hand or
         waiting (``reading_yields``): its reservation or parking would take the CPU their handling needs, and a slot
         would not be free for it anyway. Hold it off too, for ``_UNREAD_YIELD_S`` at most, while a more urgent topic
-        has records that have not reached their agent (``unread_topics``): faust hands the rest of this agent's fetch
-        over at once then, instead of at this agent's pace, and reaches them; but only while this agent's buffer
-        (``topic``'s) has room for a whole fetch: faust waits, for every topic, while that buffer is full, so holding
-        off then would keep the urgent records out. A rebalance or stop ends the wait (the record is then handled as
-        any)."""
-        unread_until = time.monotonic() + _UNREAD_YIELD_S
-        buffer = self._input_buffers.get(topic)
-        while not self._rebalancing_or_stopping():
-            takes_a_fetch = buffer is None or fetch_fits(buffer.qsize(), buffer.maxsize)
-            if not (reading_yields(priority, self.tenant_hand.priorities_present(), self.dispatcher.slots_full)
-                    or (time.monotonic() < unread_until and takes_a_fetch and self.urgent.arriving(priority))):
-                return
+        has records that have not reached their agent (``unread_topics``, :meth:`_unread_hold`): faust hands the rest
+        of this agent's fetch over at once then, instead of at this agent's pace, and reaches them. A rebalance or stop
+        ends the wait (the record is then handled as any)."""
+        unread = self._unread_hold(topic, lambda: self.urgent.arriving(priority))
+
+        def yields() -> bool:
+            return reading_yields(priority, self.tenant_hand.priorities_present(), self.dispatcher.slots_full)
+
+        while not self._rebalancing_or_stopping() and (yields() or unread()):
             await self.tenant_hand.changed()
 
     async def _yield_to_other_groups(self, topic: str) -> None:
         """Hold off a record that would be parked (its tenant's part of the hand and of the read-ahead full), for
         ``_UNREAD_YIELD_S`` at most, while another tenant group's topic of its priority has records that have not
-        reached their agent, and this agent's buffer takes a whole fetch. Reserving and parking a flood paces the
+        reached their agent (:meth:`_unread_hold`). Reserving and parking a flood paces the
         worker's loop (some 200 records a second), and faust hands the fetched records over in the order they were
         fetched, the flood's first: held off, the flood's buffer fills, faust stops fetching its partitions and hands
         the other group's records over (design §5.11, tenant groups)."""
+        unread = self._unread_hold(topic, lambda: self.urgent.peers_arriving(topic))
+        while not self._rebalancing_or_stopping() and unread():
+            await self.tenant_hand.changed()
+
+    def _unread_hold(self, topic: str, arriving: Callable[[], bool]) -> Callable[[], bool]:
+        """Whether a record of ``topic`` still holds off for records on their way (``arriving()``): for
+        ``_UNREAD_YIELD_S`` from now at most, and only while ``topic``'s buffer takes a whole fetch (faust waits, for
+        every topic, while it is full, so holding off then would keep the awaited records out)."""
         until = time.monotonic() + _UNREAD_YIELD_S
         buffer = self._input_buffers.get(topic)
-        while (not self._rebalancing_or_stopping() and time.monotonic() < until
-               and (buffer is None or fetch_fits(buffer.qsize(), buffer.maxsize))
-               and self.urgent.peers_arriving(topic)):
-            await self.tenant_hand.changed()
+        return lambda: (time.monotonic() < until and (buffer is None or fetch_fits(buffer.qsize(), buffer.maxsize))
+                        and arriving())
 
     async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
         """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota. Its id is

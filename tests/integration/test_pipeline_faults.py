@@ -38,8 +38,11 @@ IN_FLIGHT = 256  # the worker's in-flight limit (STREAMPROC_IN_FLIGHT), passed e
 
 @pytest.fixture
 def slow_mock() -> Iterator[MockServer]:
-    """Every call takes 1-3 s (uniform), so hundreds are in flight at any moment and they end out of order."""
-    server = start_mock("clean", 1, "--latency", "uniform:1:3")
+    """Every call takes 4-8 s (uniform), so hundreds are in flight at any moment and they end out of order.
+
+    Long enough that a worker on a loaded machine fills its 256 slots: at 1-3 s it had to take 128 records a
+    second, which a CI run's worker did not reach in 120 s (one beside two busy loops took 35-45 a second)."""
+    server = start_mock("clean", 1, "--latency", "uniform:4:8")
     yield server
     server.stop()
 
@@ -74,9 +77,10 @@ async def test_sigkill_mid_batch_loses_nothing(settings: Settings, slow_mock: Mo
     # no hedged calls: a hedge also calls a request twice, and this test counts what a crash repeats
     env = worker_env(settings, slow_mock.url, tmp_path / "w1", in_flight=str(IN_FLIGHT),
                      adaptive_initial_in_flight=str(IN_FLIGHT),
-                     adaptive_min_in_flight=str(IN_FLIGHT), worker_metrics_port=str(port), llm_hedge_ratio="0")
+                     adaptive_min_in_flight=str(IN_FLIGHT), worker_metrics_port=str(port), llm_hedge_ratio="0",
+                     llm_timeout_s="30")  # the calls take up to 8 s
     worker = WorkerProcess(env, tmp_path / "worker.log")
-    requests = [chat_request(f"k-{i}", i) for i in range(1500)]
+    requests = [chat_request(f"k-{i}", i) for i in range(1000)]
     ids = [r.request_id for r in requests]
     await produce_requests(settings.kafka_bootstrap, settings, requests)
     positions = await record_positions(settings.kafka_bootstrap, topology.requests)
@@ -84,10 +88,12 @@ async def test_sigkill_mid_batch_loses_nothing(settings: Settings, slow_mock: Mo
     try:
         readings: list[float] = []
         open_calls: list[int] = []
+        last_seen: list[int] = []  # the mock's calls and open calls at the last look, for a timeout's message
 
         def ready_to_kill() -> bool:
             # the gauge is read last, right before the kill; mock stats only gate the moment
             mock = slow_mock.stats()
+            last_seen[:] = [mock["calls"], mock["in_flight"]]
             if mock["calls"] < 300 or mock["in_flight"] < 100:
                 return False
             open_calls.append(mock["in_flight"])
@@ -97,7 +103,11 @@ async def test_sigkill_mid_batch_loses_nothing(settings: Settings, slow_mock: Mo
             readings.append(value)
             return value >= IN_FLIGHT
 
-        await wait_for(ready_to_kill, 120, f"300 calls made, 100 open and the worker at its {IN_FLIGHT} in flight")
+        try:
+            await wait_for(ready_to_kill, 120, f"300 calls made, 100 open and the worker at its {IN_FLIGHT} in flight")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} (last seen: the mock's calls and open calls {last_seen}, "
+                                 f"the gauge {readings[-1:]})") from None
         worker.signal(signal.SIGKILL)
         in_flight_at_kill = int(readings[-1])
         assert worker.process is not None and worker.process.wait(10) == -signal.SIGKILL

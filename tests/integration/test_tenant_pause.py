@@ -30,8 +30,10 @@ from tests.integration.pipeline import (
 
 pytestmark = pytest.mark.integration
 
-REFUSED_CALLS = 8  # the mock refuses the first 8 calls of tenant A's (identical) body alike, then answers
-PROBE_S = 15.0
+# the mock refuses the first calls of tenant A's (identical) body alike, then answers; as many as pause A: the calls
+# in flight at the pause are answered, which neither prolongs nor ends it, so the first probe ends it
+REFUSED_CALLS = 5
+PROBE_S = 30.0  # A's pause lasts at least this: B's batch, and status, must be done inside it on a loaded machine
 
 
 def status(env: dict[str, str], batch_id: str) -> subprocess.CompletedProcess[str]:
@@ -53,7 +55,8 @@ async def test_a_tenant_refused_alike_is_paused_while_another_tenants_batch_comp
     mock = start_mock("clean", 3, "--latency", "0.3")
     port = free_port()
     env = worker_env(settings, mock.url, tmp_path / "w1", worker_metrics_port=str(port), in_flight="4",
-                     adaptive_initial_in_flight="4", tenant_pause_probe_s=str(PROBE_S))
+                     adaptive_initial_in_flight="4", tenant_pause_probe_s=str(PROBE_S),
+                     tenant_pause_after=str(REFUSED_CALLS))
     worker = WorkerProcess(env, tmp_path / "worker.log")
     of_b = [replace(chat_request(f"b-{i}", i, batch_id="batch-b"), tenant="team-b") for i in range(60)]
     of_a = [tenant_a_request(i) for i in range(20)]
@@ -72,7 +75,7 @@ async def test_a_tenant_refused_alike_is_paused_while_another_tenants_batch_comp
             paused_when_b_ended = scrape_gauge(port, "streamproc_tenant_paused", paused_labels)
             shown_a, shown_b = await asyncio.gather(asyncio.to_thread(status, env, "batch-a"),
                                                     asyncio.to_thread(status, env, "batch-b"))
-            outcomes = await reader.wait_until_ended([r.request_id for r in of_a], 120 + 4 * PROBE_S, worker)
+            outcomes = await reader.wait_until_ended([r.request_id for r in of_a], 120 + 2 * PROBE_S, worker)
             await asyncio.sleep(3)  # anything written twice would show now
             await reader.poll()
         paused_after = scrape_gauge(port, "streamproc_tenant_paused", paused_labels)
