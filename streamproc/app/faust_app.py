@@ -57,6 +57,12 @@ def fetch_fits(queued: int, maxsize: int, records_per_fetch: int = RECORDS_PER_F
     return queued + records_per_fetch <= maxsize
 
 
+def under_pressure(queued: int, maxsize: int) -> bool:
+    """Whether an agent's buffer holding ``queued`` of ``maxsize`` records is at the mark where faust stops fetching
+    its partitions."""
+    return queued * _PRESSURE_RATIO >= maxsize
+
+
 def faust_credentials(connection: KafkaConnection) -> faust.types.auth.CredentialsT | None:
     """The connection's security as faust's ``broker_credentials``, which faust hands to each client it builds."""
     context = tls_context(connection)

@@ -40,6 +40,7 @@ from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.dispatcher import Ack, Dispatcher
 from streamproc.app.faust_app import fetch_fits, input_buffer, make_faust_app
 from streamproc.app.faust_fixes import watch_skipped_records
+from streamproc.app.fetch_pause import FetchPause
 from streamproc.app.fleet import FleetMember, FleetTopic
 from streamproc.app.forgetting import BatchForgetter
 from streamproc.app.handler import Disposition, Handler, HandlerOptions, Record, StateWriteFailed
@@ -292,6 +293,7 @@ class WorkerRuntime:
                          for priority in PRIORITIES}
         peer_topics = {topic: frozenset(self.topology.priority_topics(priority)) - {topic}
                        for priority in PRIORITIES for topic in self.topology.priority_topics(priority)}
+        self.fetch_pause = FetchPause(self.app)
         self.urgent = UrgentRecords(lambda: self.app.consumer, urgent_topics,
                                     lambda: self.tenant_hand.priorities_waiting(),
                                     self._gate_left_idle, self._rebalancing_or_stopping, peer_topics=peer_topics)
@@ -495,36 +497,46 @@ class WorkerRuntime:
         """Hold off a record of a lower ``priority`` while every slot is taken and more urgent records are in hand or
         waiting (``reading_yields``): its reservation or parking would take the CPU their handling needs, and a slot
         would not be free for it anyway. Hold it off too, for ``_UNREAD_YIELD_S`` at most, while a more urgent topic
-        has records that have not reached their agent (``unread_topics``, :meth:`_unread_hold`): faust hands the rest
+        has records that have not reached their agent (``unread_topics``, :meth:`_hold_off`): faust hands the rest
         of this agent's fetch over at once then, instead of at this agent's pace, and reaches them. A rebalance or stop
         ends the wait (the record is then handled as any)."""
-        unread = self._unread_hold(topic, lambda: self.urgent.arriving(priority))
 
         def yields() -> bool:
             return reading_yields(priority, self.tenant_hand.priorities_present(), self.dispatcher.slots_full)
 
-        while not self._rebalancing_or_stopping() and (yields() or unread()):
-            await self.tenant_hand.changed()
+        await self._hold_off(topic, yields, lambda: self.urgent.arriving(priority))
 
     async def _yield_to_other_groups(self, topic: str) -> None:
         """Hold off a record that would be parked (its tenant's part of the hand and of the read-ahead full), for
         ``_UNREAD_YIELD_S`` at most, while another tenant group's topic of its priority has records that have not
-        reached their agent (:meth:`_unread_hold`). Reserving and parking a flood paces the
-        worker's loop (some 200 records a second), and faust hands the fetched records over in the order they were
-        fetched, the flood's first: held off, the flood's buffer fills, faust stops fetching its partitions and hands
-        the other group's records over (design §5.11, tenant groups)."""
-        unread = self._unread_hold(topic, lambda: self.urgent.peers_arriving(topic))
-        while not self._rebalancing_or_stopping() and unread():
-            await self.tenant_hand.changed()
+        reached their agent (:meth:`_hold_off`). Reserving and parking a flood paces the worker's loop (some 200
+        records a second), and faust hands the fetched records over in the order they were fetched, the flood's first
+        (design §5.11, tenant groups)."""
+        await self._hold_off(topic, lambda: False, lambda: self.urgent.peers_arriving(topic))
 
-    def _unread_hold(self, topic: str, arriving: Callable[[], bool]) -> Callable[[], bool]:
-        """Whether a record of ``topic`` still holds off for records on their way (``arriving()``): for
-        ``_UNREAD_YIELD_S`` from now at most, and only while ``topic``'s buffer takes a whole fetch (faust waits, for
-        every topic, while it is full, so holding off then would keep the awaited records out)."""
+    async def _hold_off(self, topic: str, yields: Callable[[], bool], arriving: Callable[[], bool]) -> None:
+        """Hold off a record of ``topic`` while ``yields()``, or while records of other topics are on their way
+        (``arriving()``): then for ``_UNREAD_YIELD_S`` from now at most, only while ``topic``'s buffer takes a whole
+        fetch (faust waits, for every topic, while it is full, so holding off then would keep the awaited records
+        out), and with ``topic``'s partitions not fetched (:class:`FetchPause`), so faust hands the awaited records
+        over at once instead of the ones fetched before them. A rebalance or stop ends the wait."""
         until = time.monotonic() + _UNREAD_YIELD_S
         buffer = self._input_buffers.get(topic)
-        return lambda: (time.monotonic() < until and (buffer is None or fetch_fits(buffer.qsize(), buffer.maxsize))
-                        and arriving())
+        paused = False
+        try:
+            while not self._rebalancing_or_stopping():
+                if not yields():
+                    if not (time.monotonic() < until and (buffer is None or fetch_fits(buffer.qsize(), buffer.maxsize))
+                            and arriving()):
+                        return
+                    if not paused:
+                        self.fetch_pause.pause(topic)
+                        paused = True
+                await self.tenant_hand.changed()
+        finally:
+            if paused:
+                self.fetch_pause.resume(topic, buffer.qsize() if buffer is not None else 0,
+                                        buffer.maxsize if buffer is not None else 1)
 
     async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
         """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota. Its id is
