@@ -536,7 +536,8 @@ class WorkerRuntime:
         finally:
             if paused:
                 self.fetch_pause.resume(topic, buffer.qsize() if buffer is not None else 0,
-                                        buffer.maxsize if buffer is not None else 1)
+                                        buffer.maxsize if buffer is not None else 1,
+                                        ran_out=time.monotonic() >= until)
 
     async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
         """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota. Its id is

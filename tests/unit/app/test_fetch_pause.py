@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from streamproc.app.fetch_pause import FetchPause
+from streamproc.app.fetch_pause import COOLDOWN_S, FetchPause
 
 
 class TP(NamedTuple):
@@ -89,3 +89,19 @@ def test_a_resume_without_a_pause_does_nothing() -> None:
     app.consumer.buffered = {LOW[0]}
     FetchPause(app).resume("p.requests.low", queued=0, maxsize=5000)
     assert app.consumer.buffered == {LOW[0]}
+
+
+def test_a_hold_that_ran_out_of_time_leaves_the_topic_unpaused_for_a_while() -> None:
+    """The awaited records never came (their agent blocked): the topic's buffer must fill again, as without a
+    pause, so the hold-off ends on a full buffer instead of holding each record to its time limit."""
+    now = [100.0]
+    app = app_with(*LOW)
+    pause = FetchPause(app, clock=lambda: now[0])
+    pause.pause("p.requests.low")
+    now[0] += 5.0
+    pause.resume("p.requests.low", queued=0, maxsize=5000, ran_out=True)
+    pause.pause("p.requests.low")
+    assert app.consumer.buffered == set()
+    now[0] += COOLDOWN_S
+    pause.pause("p.requests.low")
+    assert app.consumer.buffered == set(LOW)
