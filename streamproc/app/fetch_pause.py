@@ -17,8 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streamproc.app.faust_app import under_pressure
-
 COOLDOWN_S = 10.0
 
 
@@ -42,13 +40,14 @@ class FetchPause:
             consumer.on_buffer_full(tp)
         self._paused[topic] = (self._app.consumer_generation_id, partitions)
 
-    def resume(self, topic: str, queued: int, maxsize: int, ran_out: bool = False) -> None:
-        """Fetch ``topic`` again, unless its agent's buffer (``queued`` of ``maxsize``) is at faust's pressure mark;
-        ``ran_out``: the hold ended by its time limit, with the awaited records still on their way."""
+    def resume(self, topic: str, at_mark: bool = False, ran_out: bool = False) -> None:
+        """Fetch ``topic`` again, unless its agent's buffer is at faust's pressure mark (``at_mark``: faust gives the
+        partitions back itself once it drains); ``ran_out``: the hold ended by its time limit, with the awaited records
+        still on their way."""
         if ran_out:
             self._not_before[topic] = self._clock() + COOLDOWN_S
         generation, partitions = self._paused.pop(topic, (None, set()))
-        if generation != self._app.consumer_generation_id or under_pressure(queued, maxsize):
+        if generation != self._app.consumer_generation_id or at_mark:
             return
         consumer = self._app.consumer
         assigned = consumer.assignment()

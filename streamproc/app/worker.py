@@ -38,7 +38,7 @@ from streamproc.app.auto_forget import AutoForget
 from streamproc.app.batch_summaries import PUBLISH_EVERY_S, BatchSummaries
 from streamproc.app.bootstrap import resolve_connection
 from streamproc.app.dispatcher import Ack, Dispatcher
-from streamproc.app.faust_app import fetch_fits, input_buffer, make_faust_app
+from streamproc.app.faust_app import fetch_fits, input_buffer, make_faust_app, under_pressure
 from streamproc.app.faust_fixes import watch_skipped_records
 from streamproc.app.fetch_pause import FetchPause
 from streamproc.app.fleet import FleetMember, FleetTopic
@@ -535,9 +535,8 @@ class WorkerRuntime:
                 await self.tenant_hand.changed()
         finally:
             if paused:
-                self.fetch_pause.resume(topic, buffer.qsize() if buffer is not None else 0,
-                                        buffer.maxsize if buffer is not None else 1,
-                                        ran_out=time.monotonic() >= until)
+                at_mark = buffer is not None and under_pressure(buffer.qsize(), buffer.maxsize)
+                self.fetch_pause.resume(topic, at_mark=at_mark, ran_out=time.monotonic() >= until)
 
     async def _submit_parked(self, lane: Any, record: Record, ack: Ack, _produced_s: float | None) -> None:
         """A parked request: it waits in the waiting room (no slot) until its tenant is under its quota. Its id is

@@ -3,9 +3,12 @@ buffer is at its pressure mark or a rebalance came in between."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from streamproc.app.faust_app import under_pressure
 from streamproc.app.fetch_pause import COOLDOWN_S, FetchPause
 
 
@@ -43,51 +46,51 @@ LOW = [TP("p.requests.low", 0), TP("p.requests.low", 3)]
 HIGH = TP("p.requests.high", 0)
 
 
+def low_paused(clock: Callable[[], float] = time.monotonic) -> tuple[App, FetchPause]:
+    """An app assigned LOW, whose topic was just paused."""
+    app = app_with(*LOW)
+    pause = FetchPause(app, clock=clock)
+    pause.pause("p.requests.low")
+    return app, pause
+
+
 def test_a_pause_stops_fetching_only_that_topic_and_a_resume_gives_it_back() -> None:
     app = app_with(*LOW, HIGH)
     pause = FetchPause(app)
     pause.pause("p.requests.low")
     assert app.consumer.buffered == set(LOW)
-    pause.resume("p.requests.low", queued=10, maxsize=5000)
+    pause.resume("p.requests.low")
     assert app.consumer.buffered == set()
 
 
 def test_a_buffer_at_its_pressure_mark_stays_paused_for_faust_to_give_back() -> None:
-    app = app_with(*LOW)
-    pause = FetchPause(app)
-    pause.pause("p.requests.low")
-    pause.resume("p.requests.low", queued=4000, maxsize=5000)  # 5000 / 1.25
+    assert under_pressure(4000, 5000) and not under_pressure(3999, 5000)  # 5000 / 1.25
+    app, pause = low_paused()
+    pause.resume("p.requests.low", at_mark=True)
     assert app.consumer.buffered == set(LOW)
-    pause.pause("p.requests.low")
-    pause.resume("p.requests.low", queued=3999, maxsize=5000)
-    assert app.consumer.buffered == set()
 
 
 def test_after_a_rebalance_a_resume_touches_nothing() -> None:
-    app = app_with(*LOW)
-    pause = FetchPause(app)
-    pause.pause("p.requests.low")
+    app, pause = low_paused()
     app.consumer_generation_id = 2
     app.consumer.assigned = {LOW[0]}
     app.consumer.buffered = set()  # faust's state of the new generation
-    pause.resume("p.requests.low", queued=0, maxsize=5000)
+    pause.resume("p.requests.low")
     assert app.consumer.buffered == set()
 
 
 def test_a_partition_taken_away_in_between_is_not_given_back() -> None:
-    app = app_with(*LOW)
-    pause = FetchPause(app)
-    pause.pause("p.requests.low")
+    app, pause = low_paused()
     app.consumer.assigned = {LOW[0]}
     app.consumer.buffered.add(LOW[1])
-    pause.resume("p.requests.low", queued=0, maxsize=5000)
+    pause.resume("p.requests.low")
     assert app.consumer.buffered == {LOW[1]}
 
 
 def test_a_resume_without_a_pause_does_nothing() -> None:
     app = app_with(*LOW)
     app.consumer.buffered = {LOW[0]}
-    FetchPause(app).resume("p.requests.low", queued=0, maxsize=5000)
+    FetchPause(app).resume("p.requests.low")
     assert app.consumer.buffered == {LOW[0]}
 
 
@@ -95,11 +98,9 @@ def test_a_hold_that_ran_out_of_time_leaves_the_topic_unpaused_for_a_while() -> 
     """The awaited records never came (their agent blocked): the topic's buffer must fill again, as without a
     pause, so the hold-off ends on a full buffer instead of holding each record to its time limit."""
     now = [100.0]
-    app = app_with(*LOW)
-    pause = FetchPause(app, clock=lambda: now[0])
-    pause.pause("p.requests.low")
+    app, pause = low_paused(clock=lambda: now[0])
     now[0] += 5.0
-    pause.resume("p.requests.low", queued=0, maxsize=5000, ran_out=True)
+    pause.resume("p.requests.low", ran_out=True)
     pause.pause("p.requests.low")
     assert app.consumer.buffered == set()
     now[0] += COOLDOWN_S
